@@ -1,0 +1,337 @@
+"""Allocation mode: which backend runs each component, on how many devices, in which layout.
+
+Syntax (AReaL's, with this project's built-in ``local`` inference server)::
+
+    local:d1+fsdp:d2          inference on 1 device, FSDP training on 2 others
+    sglang:d4p1t2+fsdp:d4     4 SGLang replicas of tensor-parallel 2, FSDP data-parallel 4
+    vllm:d2+fsdp:d2t2         decoupled inference and training
+    sglang.d4+fsdp.d4         the older '.' separator is accepted as well as ':'
+    vllm:d2|fsdp:d2           '|' : training and inference share the same devices
+    d4                        training only (SFT), FSDP by default
+    vllm:d2                   inference only (serving or evaluation)
+    vllm[rollout]:d2+fsdp[actor]:d2   optional component names, looked up with mode["actor"]
+
+A component is ``backend:dims`` where dims is a sequence of ``<letter><size>`` with
+letters d (data), t (tensor), p (pipeline), c (context) and e (expert parallel), each at
+most once, each size >= 1; omitted letters mean 1.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+
+INFERENCE_BACKENDS = ("local", "sglang", "vllm")
+TRAIN_BACKENDS = ("fsdp", "megatron", "archon")
+_DIM_LETTERS = {
+    "d": "data_parallel_size",
+    "t": "tensor_parallel_size",
+    "p": "pipeline_parallel_size",
+    "c": "context_parallel_size",
+    "e": "expert_parallel_size",
+}
+_COMPONENT_RE = re.compile(
+    r"^(?P<backend>[A-Za-z_]+)(?:\[(?P<name1>[\w-]+)\]|\((?P<name2>[\w-]+)\))?(?P<sep>[:.])(?P<dims>.*)$"
+)
+_DIM_TOKEN_RE = re.compile(r"([a-z])(\d+)")
+
+
+class AllocationValidationError(ValueError):
+    """A syntactically valid allocation that is inconsistent (e.g. two inference components)."""
+
+
+class InvalidAllocationModeError(ValueError):
+    """An allocation string that cannot be parsed."""
+
+
+class AllocationType(enum.Enum):
+    """How inference and training share devices."""
+
+    COLOCATE = 0  # training and inference on the same devices (also: training only)
+    DECOUPLED_TRAIN = 1  # separate devices for inference and training
+    LLM_SERVER_ONLY = 2  # inference only
+
+
+@dataclass
+class ParallelStrategy:
+    """Sizes of the parallel dimensions of one component."""
+
+    tensor_parallel_size: int = field(default=1, metadata={"help": "Tensor-parallel size."})
+    pipeline_parallel_size: int = field(default=1, metadata={"help": "Pipeline stages."})
+    data_parallel_size: int = field(default=1, metadata={"help": "Data-parallel replicas."})
+    context_parallel_size: int = field(
+        default=1, metadata={"help": "Context (sequence) parallel size."}
+    )
+    expert_parallel_size: int = field(default=1, metadata={"help": "Expert-parallel size (MoE)."})
+
+    def __post_init__(self):
+        for name in _DIM_LETTERS.values():
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"ParallelStrategy.{name}={value!r} is not allowed; must be an int >= 1"
+                )
+
+    @property
+    def tp_size(self) -> int:
+        return self.tensor_parallel_size
+
+    @property
+    def pp_size(self) -> int:
+        return self.pipeline_parallel_size
+
+    @property
+    def dp_size(self) -> int:
+        return self.data_parallel_size
+
+    @property
+    def cp_size(self) -> int:
+        return self.context_parallel_size
+
+    @property
+    def ep_size(self) -> int:
+        return self.expert_parallel_size
+
+    @property
+    def world_size(self) -> int:
+        """Devices needed: dp * cp * tp * pp (expert parallelism folds into these)."""
+        return (
+            self.data_parallel_size
+            * self.context_parallel_size
+            * self.tensor_parallel_size
+            * self.pipeline_parallel_size
+        )
+
+    def __str__(self) -> str:
+        dims = [f"d{self.dp_size}"]
+        for letter, value in (
+            ("p", self.pp_size),
+            ("t", self.tp_size),
+            ("c", self.cp_size),
+            ("e", self.ep_size),
+        ):
+            if value != 1:
+                dims.append(f"{letter}{value}")
+        return "".join(dims)
+
+    @classmethod
+    def from_dims(cls, dims: str, *, context: str) -> ParallelStrategy:
+        """``'d4t2'`` -> ParallelStrategy(dp=4, tp=2); ``context`` names the whole input in errors."""
+        if not dims:
+            raise InvalidAllocationModeError(
+                f"{context}: empty parallel dimensions; expected e.g. 'd2' or 'd4t2p1' "
+                f"(letters {sorted(_DIM_LETTERS)})"
+            )
+        pos = 0
+        sizes: dict[str, int] = {}
+        for m in _DIM_TOKEN_RE.finditer(dims):
+            if m.start() != pos:
+                break
+            letter, size = m.group(1), int(m.group(2))
+            if letter not in _DIM_LETTERS:
+                raise InvalidAllocationModeError(
+                    f"{context}: unknown parallel dimension {letter!r} in {dims!r}; allowed letters: "
+                    "d (data), t (tensor), p (pipeline), c (context), e (expert)"
+                )
+            if _DIM_LETTERS[letter] in sizes:
+                raise InvalidAllocationModeError(
+                    f"{context}: dimension {letter!r} repeated in {dims!r}"
+                )
+            if size < 1:
+                raise InvalidAllocationModeError(
+                    f"{context}: size of {letter!r} in {dims!r} is {size}; must be >= 1"
+                )
+            sizes[_DIM_LETTERS[letter]] = size
+            pos = m.end()
+        if pos != len(dims):
+            raise InvalidAllocationModeError(
+                f"{context}: cannot parse parallel dimensions {dims!r} at {dims[pos:]!r}; expected "
+                "<letter><size> pairs such as 'd4t2' with letters d, t, p, c, e"
+            )
+        return cls(**sizes)
+
+    @staticmethod
+    def parse_backend(spec: str, field_name: str = "backend") -> ModelAllocation:
+        """Parse a per-engine ``backend`` field such as ``'fsdp:d2'`` or ``'vllm:d2t2'``."""
+        if "+" in spec or "|" in spec:
+            raise InvalidAllocationModeError(
+                f"{field_name}={spec!r}: a per-engine backend is one component like 'fsdp:d4' or "
+                "'vllm:d2t2'; '+' and '|' belong in allocation_mode"
+            )
+        alloc = ModelAllocation.from_str(spec, context=f"{field_name}={spec!r}")
+        if alloc.backend is None:
+            raise InvalidAllocationModeError(
+                f"{field_name}={spec!r}: needs an explicit backend prefix, one of "
+                f"{list(INFERENCE_BACKENDS + TRAIN_BACKENDS)}, e.g. 'fsdp:{spec}'"
+            )
+        return alloc
+
+
+@dataclass
+class ModelAllocation:
+    """One component: backend, optional name, parallel sizes."""
+
+    backend: str | None
+    parallel: ParallelStrategy
+    name: str | None = None
+
+    @property
+    def is_inference(self) -> bool:
+        return self.backend in INFERENCE_BACKENDS
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    @classmethod
+    def from_str(cls, spec: str, *, context: str | None = None) -> ModelAllocation:
+        """``'vllm:d2t2'``, ``'fsdp[actor]:d4'``, ``'sglang.d4'`` or bare ``'d4'`` (backend None)."""
+        context = context or f"allocation component {spec!r}"
+        spec = spec.strip()
+        if not spec:
+            raise InvalidAllocationModeError(f"{context}: empty component")
+        m = _COMPONENT_RE.match(spec)
+        if m is None:
+            return cls(backend=None, parallel=ParallelStrategy.from_dims(spec, context=context))
+        backend = m.group("backend").lower()
+        allowed = INFERENCE_BACKENDS + TRAIN_BACKENDS
+        if backend not in allowed:
+            raise InvalidAllocationModeError(
+                f"{context}: unknown backend {backend!r}; allowed: {list(allowed)}"
+            )
+        name = m.group("name1") or m.group("name2")
+        return cls(
+            backend=backend,
+            parallel=ParallelStrategy.from_dims(m.group("dims"), context=context),
+            name=name,
+        )
+
+    def __str__(self) -> str:
+        head = self.backend or "fsdp"
+        if self.name:
+            head += f"[{self.name}]"
+        return f"{head}:{self.parallel}"
+
+
+@dataclass
+class AllocationMode:
+    """Parsed allocation mode. Build it with :meth:`from_str`."""
+
+    type_: AllocationType
+    allocations: list[ModelAllocation] = field(default_factory=list)
+    source: str = ""
+
+    @classmethod
+    def from_str(cls, allocation_mode: str) -> AllocationMode:
+        """Parse an allocation string (see the module docstring); ValueError when malformed."""
+        if not isinstance(allocation_mode, str) or not allocation_mode.strip():
+            raise InvalidAllocationModeError(
+                f"allocation_mode={allocation_mode!r} is empty; expected e.g. 'local:d1+fsdp:d2'"
+            )
+        text = allocation_mode.strip()
+        context = f"allocation_mode={text!r}"
+        if "+" in text and "|" in text:
+            raise InvalidAllocationModeError(f"{context}: mixing '+' and '|' is not supported")
+        sep = "|" if "|" in text else "+"
+        parts = text.split(sep)
+        allocs = [ModelAllocation.from_str(p, context=context) for p in parts]
+        gens = [a for a in allocs if a.is_inference]
+        trains = [a for a in allocs if not a.is_inference]
+        for a in trains:
+            if a.backend is None:
+                a.backend = "fsdp"
+        if len(gens) > 1:
+            raise AllocationValidationError(
+                f"{context}: {len(gens)} inference components; at most one of {list(INFERENCE_BACKENDS)} is allowed"
+            )
+        if len(trains) > 1:
+            names = [a.name for a in trains]
+            if None in names or len(set(names)) != len(names):
+                raise AllocationValidationError(
+                    f"{context}: several training components need distinct names, e.g. 'fsdp[actor]:d4+fsdp[critic]:d4'"
+                )
+        if sep == "|" and not (gens and trains):
+            raise AllocationValidationError(
+                f"{context}: '|' (colocation) needs one inference and one training component"
+            )
+        if gens and trains:
+            type_ = AllocationType.COLOCATE if sep == "|" else AllocationType.DECOUPLED_TRAIN
+        elif gens:
+            type_ = AllocationType.LLM_SERVER_ONLY
+        else:
+            type_ = AllocationType.COLOCATE
+        if type_ is AllocationType.COLOCATE and gens and gens[0].world_size != trains[0].world_size:
+            raise AllocationValidationError(
+                f"{context}: colocated components must use the same number of devices "
+                f"(inference {gens[0].world_size}, training {trains[0].world_size})"
+            )
+        return cls(type_=type_, allocations=allocs, source=text)
+
+    # ---- component access
+    def _gen_alloc(self) -> ModelAllocation | None:
+        return next((a for a in self.allocations if a.is_inference), None)
+
+    def _train_alloc(self) -> ModelAllocation | None:
+        return next((a for a in self.allocations if not a.is_inference), None)
+
+    def __getitem__(self, name: str) -> ModelAllocation:
+        for a in self.allocations:
+            if a.name == name:
+                return a
+        names = [a.name for a in self.allocations if a.name]
+        raise KeyError(f"No allocation component named {name!r}; named components: {names}")
+
+    @property
+    def gen(self) -> ParallelStrategy | None:
+        """Parallel sizes of the inference component (None when there is none)."""
+        a = self._gen_alloc()
+        return a.parallel if a else None
+
+    @property
+    def train(self) -> ParallelStrategy | None:
+        """Parallel sizes of the (first) training component (None when there is none)."""
+        a = self._train_alloc()
+        return a.parallel if a else None
+
+    @property
+    def gen_backend(self) -> str | None:
+        a = self._gen_alloc()
+        return a.backend if a else None
+
+    @property
+    def train_backend(self) -> str | None:
+        a = self._train_alloc()
+        return a.backend if a else None
+
+    @property
+    def gen_world_size(self) -> int:
+        """Devices used by inference servers (0 without inference)."""
+        return self.gen.world_size if self.gen else 0
+
+    @property
+    def train_world_size(self) -> int:
+        """Training processes (world size of the first training component; 0 without training)."""
+        return self.train.world_size if self.train else 0
+
+    @property
+    def gen_instance_size(self) -> int:
+        """Devices of one inference server instance: tp * pp."""
+        return self.gen.tp_size * self.gen.pp_size if self.gen else 0
+
+    @property
+    def gen_n_instances(self) -> int:
+        """Number of inference server instances (the inference data-parallel size)."""
+        return self.gen.dp_size if self.gen else 0
+
+    @property
+    def world_size(self) -> int:
+        """Devices needed in total: colocated components share, decoupled ones add up."""
+        sizes = [a.world_size for a in self.allocations]
+        if self.type_ is AllocationType.COLOCATE:
+            return max(sizes)
+        return sum(sizes)
+
+    def __str__(self) -> str:
+        sep = "|" if self.type_ is AllocationType.COLOCATE and self.gen is not None else "+"
+        return sep.join(str(a) for a in self.allocations)
