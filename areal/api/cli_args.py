@@ -715,6 +715,17 @@ class PPOActorConfig(TrainEngineConfig):
         1024,
         "Generation length limit (usually ${gconfig.max_new_tokens}); used by overlong penalties.",
     )
+    loss_agg_mode: str = _field(
+        "token-mean",
+        "How token losses are reduced: 'token-mean' (mean over all loss tokens), "
+        "'seq-mean-token-mean' (token mean per sequence, then mean over sequences), "
+        "'seq-mean-token-sum-norm' (token sum per sequence / loss_norm_constant, mean over "
+        "sequences; Dr.GRPO).",
+        choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"],
+    )
+    loss_norm_constant: float | None = _field(
+        None, "Constant divisor of 'seq-mean-token-sum-norm'; None: max_new_tokens; > 0."
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -744,6 +755,13 @@ class PPOActorConfig(TrainEngineConfig):
         _check_range(owner, "behav_imp_weight_cap", self.behav_imp_weight_cap, gt=1, optional=True)
         _check_range(owner, "m2_threshold", self.m2_threshold, gt=0, optional=True)
         _check_range(owner, "max_new_tokens", self.max_new_tokens, ge=1)
+        _check_choice(
+            owner,
+            "loss_agg_mode",
+            self.loss_agg_mode,
+            ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"],
+        )
+        _check_range(owner, "loss_norm_constant", self.loss_norm_constant, gt=0, optional=True)
         if self.use_decoupled_loss and not self.recompute_logprob:
             raise ValueError(
                 f"{owner}.use_decoupled_loss=True requires {owner}.recompute_logprob=True "

@@ -1,0 +1,254 @@
+"""Run synchronous reward functions from async workflows: process pool + timeout.
+
+``AsyncRewardWrapper(reward_fn)`` turns a synchronous, picklable reward function into an
+awaitable::
+
+    wrapper = AsyncRewardWrapper(gsm8k_reward_fn, timeout_seconds=15)
+    reward = await wrapper(prompt, completion, prompt_ids, completion_ids, answer=answer)
+
+The call runs in a ``ProcessPoolExecutor`` (``forkserver`` context where available, else
+``spawn``; never ``fork``, which is unsafe with threads and torch) shared by all wrappers
+with the same ``max_workers``. It never blocks the event loop and never raises for a bad
+reward: a timeout, an exception in the reward function, or a crashed worker gives 0.0,
+a logged warning and a counted event (:meth:`AsyncRewardWrapper.stats`).
+
+A call that times out leaves its worker busy, so the pool is replaced at once (its
+processes are terminated); calls that were in flight on the old pool get a
+``BrokenProcessPool`` and are retried on the new one, so a hanging reward never blocks
+later calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import multiprocessing
+import os
+import pickle
+import threading
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from functools import partial
+from typing import Any
+
+from areal.utils import logging
+
+logger = logging.getLogger("RewardAPI")
+
+
+def reward_fn(prompt, completions, prompt_ids, completion_ids, **kwargs) -> float:
+    """Signature of a reward function (documentation only).
+
+    :param prompt: the prompt text.
+    :param completions: the generated text.
+    :param prompt_ids: prompt token ids.
+    :param completion_ids: generated token ids.
+    :param kwargs: the other fields of the dataset row (e.g. ``answer``).
+    :return: a scalar reward.
+    """
+    raise NotImplementedError
+
+
+def _mp_context():
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def _import_callable(path: str) -> Callable:
+    module_name, _, attr = path.rpartition(".")
+    if not module_name:
+        raise ValueError(f"reward_fn={path!r}: expected a dotted path 'package.module.function'")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attr)
+    except AttributeError as e:
+        raise ValueError(f"reward_fn={path!r}: module {module_name!r} has no {attr!r}") from e
+
+
+def _default_max_workers() -> int:
+    return max(1, min(4, (os.cpu_count() or 1) // 2))
+
+
+class AsyncRewardWrapper:
+    """Awaitable wrapper around a synchronous reward function.
+
+    Args:
+        reward_fn: a picklable (module-level) callable, or its dotted import path.
+        timeout_seconds: wall-clock limit per call, from submission; > 0.
+        max_workers: processes of the shared pool (default ``max(1, min(4, cpus // 2))``).
+        max_retries: retries after a broken pool (a worker killed or crashed).
+    """
+
+    _pools: dict[int, ProcessPoolExecutor] = {}
+    _lock = threading.Lock()
+    _exit_hook_registered = False
+
+    def __init__(
+        self,
+        reward_fn: Callable | str,
+        timeout_seconds: float = 15,
+        max_workers: int | None = None,
+        max_retries: int = 2,
+    ):
+        if isinstance(reward_fn, str):
+            reward_fn = _import_callable(reward_fn)
+        if not callable(reward_fn):
+            raise TypeError(f"reward_fn must be callable, got {type(reward_fn).__name__}")
+        try:
+            pickle.dumps(reward_fn)
+        except Exception as e:
+            raise TypeError(
+                f"reward_fn {getattr(reward_fn, '__qualname__', reward_fn)!r} is not picklable "
+                f"({type(e).__name__}: {e}); it runs in a worker process, so use a "
+                "module-level function (not a lambda, closure or bound method of an "
+                "unpicklable object)"
+            ) from e
+        if not timeout_seconds > 0:
+            raise ValueError(f"timeout_seconds={timeout_seconds}; must be > 0")
+        if max_workers is None:
+            max_workers = _default_max_workers()
+        if max_workers < 1:
+            raise ValueError(f"max_workers={max_workers}; must be >= 1")
+        if max_retries < 0:
+            raise ValueError(f"max_retries={max_retries}; must be >= 0")
+        self.reward_fn = reward_fn
+        self.timeout_seconds = float(timeout_seconds)
+        self.max_workers = int(max_workers)
+        self.max_retries = int(max_retries)
+        self._stat_lock = threading.Lock()
+        self._n_calls = 0
+        self._n_timeouts = 0
+        self._n_errors = 0
+        self._register_exit_hook()
+
+    # ------------------------------------------------------------------ pool management
+    @classmethod
+    def _register_exit_hook(cls) -> None:
+        with cls._lock:
+            if cls._exit_hook_registered:
+                return
+            cls._exit_hook_registered = True
+        # concurrent.futures joins its workers in a threading-atexit hook; a hanging reward
+        # would block interpreter exit there. Ours is registered later, so it runs first.
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            register(cls.shutdown)
+        else:  # pragma: no cover - all CPython versions we support have it
+            import atexit
+
+            atexit.register(cls.shutdown)
+
+    def _get_pool(self) -> ProcessPoolExecutor:
+        with self._lock:
+            pool = self._pools.get(self.max_workers)
+            if pool is None:
+                pool = ProcessPoolExecutor(max_workers=self.max_workers, mp_context=_mp_context())
+                self._pools[self.max_workers] = pool
+            return pool
+
+    @staticmethod
+    def _kill_pool(pool: ProcessPoolExecutor) -> None:
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        for p in processes:
+            try:
+                p.terminate()
+            except Exception:  # already gone
+                pass
+        try:
+            pool.shutdown(wait=False, cancel_futures=True)
+        except Exception as e:
+            logger.debug("Error shutting down reward pool: %s", e)
+
+    def _replace_pool(self, pool: ProcessPoolExecutor, reason: str) -> None:
+        """Swap out ``pool`` (if it is still the current one) and terminate its workers."""
+        with self._lock:
+            if self._pools.get(self.max_workers) is not pool:
+                return  # someone else already replaced it
+            del self._pools[self.max_workers]
+        logger.warning("Recreating reward process pool (%d workers): %s", self.max_workers, reason)
+        self._kill_pool(pool)
+
+    @classmethod
+    def shutdown(cls) -> None:
+        """Terminate all shared reward pools (they are recreated on the next call)."""
+        with cls._lock:
+            pools = list(cls._pools.values())
+            cls._pools.clear()
+        for pool in pools:
+            cls._kill_pool(pool)
+
+    # ------------------------------------------------------------------ calls
+    def stats(self) -> dict[str, int]:
+        """Counters of this wrapper: ``n_calls``, ``n_timeouts``, ``n_errors``."""
+        with self._stat_lock:
+            return {
+                "n_calls": self._n_calls,
+                "n_timeouts": self._n_timeouts,
+                "n_errors": self._n_errors,
+            }
+
+    def _count(self, field: str) -> None:
+        with self._stat_lock:
+            setattr(self, field, getattr(self, field) + 1)
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> float:
+        self._count("_n_calls")
+        loop = asyncio.get_running_loop()
+        name = getattr(self.reward_fn, "__qualname__", repr(self.reward_fn))
+        last_error: BaseException | None = None
+        for attempt in range(self.max_retries + 1):
+            pool = self._get_pool()
+            try:
+                fut = loop.run_in_executor(pool, partial(self.reward_fn, *args, **kwargs))
+                result = await asyncio.wait_for(fut, timeout=self.timeout_seconds)
+            except TimeoutError:
+                self._count("_n_timeouts")
+                logger.warning(
+                    "Reward %s timed out after %.1fs; reward 0.0", name, self.timeout_seconds
+                )
+                self._replace_pool(pool, f"a call to {name} timed out")
+                return 0.0
+            except BrokenProcessPool as e:
+                last_error = e
+                self._replace_pool(pool, f"broken pool ({e})")
+                logger.warning(
+                    "Reward %s: worker pool broken (attempt %d/%d)",
+                    name,
+                    attempt + 1,
+                    self.max_retries + 1,
+                )
+                continue
+            except RuntimeError as e:
+                # A pool shut down under us ("cannot schedule new futures after shutdown").
+                if "shutdown" in str(e) and attempt < self.max_retries:
+                    last_error = e
+                    continue
+                self._count("_n_errors")
+                logger.warning("Reward %s raised %r; reward 0.0", name, e)
+                return 0.0
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self._count("_n_errors")
+                logger.warning("Reward %s raised %r; reward 0.0", name, e)
+                return 0.0
+            try:
+                return float(result)
+            except (TypeError, ValueError) as e:
+                self._count("_n_errors")
+                logger.warning(
+                    "Reward %s returned %r, which is not a number (%s); reward 0.0",
+                    name,
+                    result,
+                    e,
+                )
+                return 0.0
+        self._count("_n_errors")
+        logger.warning(
+            "Reward %s failed after %d attempts (%r); reward 0.0",
+            name,
+            self.max_retries + 1,
+            last_error,
+        )
+        return 0.0

@@ -1,0 +1,651 @@
+"""Generation core of the built-in inference server: continuous batching over a KV cache.
+
+One scheduler thread owns the model. Requests wait in a queue; at every iteration the
+scheduler (1) runs pending commands (abort, pause, weight reload, ...), (2) prefills the
+newly admitted requests together (left-padded) and merges their KV cache into the running
+batch, (3) runs one decode step for every running request and (4) lets finished requests
+leave at once.
+
+The running batch keeps one KV buffer per layer shaped ``[B, kv_heads, capacity, head_dim]``
+with left padding: row ``b`` holds its tokens in the last ``len_b`` columns of ``[0, T)``
+and ``mask[b]`` marks them. Buffers grow by doubling, so a decode step writes one column in
+place instead of concatenating the cache.
+
+Logprob convention: ``output_logprobs[i]`` is ``log_softmax(logits / temperature)`` of the
+sampled token when sampling (before top-k/top-p truncation and before the min-new-tokens
+stop masking, i.e. what a trainer recomputes from the model), and ``log_softmax(logits)``
+(temperature 1) under greedy decoding.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from areal.utils import logging
+
+logger = logging.getLogger("LocalGenerationCore")
+
+_INF = float("inf")
+
+
+class RequestError(ValueError):
+    """A request the core refuses (maps to HTTP 400)."""
+
+
+@dataclasses.dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # <= 0: disabled
+    greedy: bool = False
+    stop_token_ids: list[int] = dataclasses.field(default_factory=list)
+    ignore_eos: bool = False
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
+        d = dict(d or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise RequestError(
+                f"unknown sampling parameter(s) {sorted(unknown)}; allowed: {sorted(known)}"
+            )
+        try:
+            sp = cls(**d)
+            sp.max_new_tokens = int(sp.max_new_tokens)
+            sp.min_new_tokens = int(sp.min_new_tokens)
+            sp.temperature = float(sp.temperature)
+            sp.top_p = float(sp.top_p)
+            sp.top_k = int(sp.top_k) if sp.top_k is not None else -1
+            sp.greedy = bool(sp.greedy)
+            sp.ignore_eos = bool(sp.ignore_eos)
+            sp.stop_token_ids = [int(t) for t in (sp.stop_token_ids or [])]
+        except (TypeError, ValueError) as e:
+            raise RequestError(f"bad sampling parameters: {e}") from e
+        sp.validate()
+        return sp
+
+    def validate(self) -> None:
+        if self.max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens={self.max_new_tokens}; must be >= 1")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise RequestError(
+                f"min_new_tokens={self.min_new_tokens}; must be in [0, max_new_tokens={self.max_new_tokens}]"
+            )
+        if self.temperature < 0:
+            raise RequestError(f"temperature={self.temperature}; must be >= 0 (0 = greedy)")
+        if self.temperature == 0:
+            self.greedy = True
+            self.temperature = 1.0
+        if not 0 < self.top_p <= 1:
+            raise RequestError(f"top_p={self.top_p}; must be in (0, 1]")
+
+
+@dataclasses.dataclass
+class _Request:
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    callback: Callable[[dict[str, Any]], None]
+    stop_set: frozenset[int]
+    arrival: float = dataclasses.field(default_factory=time.monotonic)
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    output_logprobs: list[float] = dataclasses.field(default_factory=list)
+    output_versions: list[int] = dataclasses.field(default_factory=list)
+    first_token_time: float | None = None
+    abort_requested: bool = False
+    done: bool = False
+    finish: str = ""
+
+
+class _BufferLayer(DynamicLayer):
+    """A cache layer writing into a preallocated buffer (views of ``[:, :, :length]``)."""
+
+    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor, length: int):
+        super().__init__()
+        self.kbuf, self.vbuf, self.length = kbuf, vbuf, length
+        self.device = kbuf.device
+        self.dtype = kbuf.dtype
+        self.is_initialized = True
+        self.keys = kbuf[:, :, :length]
+        self.values = vbuf[:, :, :length]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        end = self.length + key_states.shape[-2]
+        self.kbuf[:, :, self.length : end] = key_states
+        self.vbuf[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys = self.kbuf[:, :, :end]
+        self.values = self.vbuf[:, :, :end]
+        return self.keys, self.values
+
+
+class _Batch:
+    """Running requests, their left-padded KV buffers, mask and next input token.
+
+    Finished requests free their row (``reqs[i] = None``, mask zeroed) instead of forcing
+    a copy of the whole cache; new requests reuse free rows. Rows are compacted only when
+    many are free, and leading columns that are padding for every live row are trimmed
+    before the buffers would grow.
+    """
+
+    def __init__(self):
+        self.reqs: list[_Request | None] = []
+        self.kbufs: list[torch.Tensor] = []
+        self.vbufs: list[torch.Tensor] = []
+        self.T = 0
+        self.mask: torch.Tensor | None = None  # [rows, T] long
+        self.next_pos: torch.Tensor | None = None  # [rows] position of the next input token
+        self.next_tok: torch.Tensor | None = None  # [rows]
+
+    def __len__(self) -> int:
+        return sum(r is not None for r in self.reqs)
+
+    @property
+    def live(self) -> list[int]:
+        return [i for i, r in enumerate(self.reqs) if r is not None]
+
+    def _reshape(self, rows: list[int], start: int, cap: int, left_pad: int = 0) -> None:
+        """Rebuild buffers keeping ``rows`` and columns ``[start, T)`` (+ ``left_pad`` zeros)."""
+        idx = torch.tensor(rows, dtype=torch.long)
+        T = self.T - start + left_pad
+        cap = max(cap, T + 1)
+        for bufs in (self.kbufs, self.vbufs):
+            for i, old in enumerate(bufs):
+                buf = old.new_zeros(len(rows), old.shape[1], cap, old.shape[3])
+                buf[:, :, left_pad:T] = old.index_select(0, idx)[:, :, start : self.T]
+                bufs[i] = buf
+        mask = torch.zeros(len(rows), T, dtype=torch.long)
+        mask[:, left_pad:] = self.mask.index_select(0, idx)[:, start:]
+        self.mask = mask
+        self.T = T
+        self.reqs = [self.reqs[i] for i in rows]
+        self.next_pos = self.next_pos.index_select(0, idx)
+        self.next_tok = self.next_tok.index_select(0, idx)
+
+    def _lead(self) -> int:
+        """Leading columns that are padding for every row."""
+        nz = self.mask.any(dim=0).nonzero()
+        return int(nz[0]) if len(nz) else self.T
+
+    def ensure_capacity(self, extra: int = 1) -> None:
+        cap = self.kbufs[0].shape[2]
+        if self.T + extra <= cap:
+            return
+        every = list(range(len(self.reqs)))
+        lead = self._lead()
+        if lead >= max(16, self.T // 4):
+            self._reshape(every, lead, cap)
+            if self.T + extra <= self.kbufs[0].shape[2]:
+                return
+        self._reshape(every, 0, max(self.T + extra, 2 * cap))
+
+    def release(self, rows: list[int]) -> None:
+        for i in rows:
+            self.reqs[i] = None
+        idx = torch.tensor(rows, dtype=torch.long)
+        self.mask[idx] = 0
+        self.next_tok[idx] = 0
+        self.next_pos[idx] = 0
+        live = self.live
+        if not live:
+            self.__init__()
+        elif len(self.reqs) - len(live) >= max(8, len(self.reqs) // 2):
+            lead = self.mask.index_select(0, torch.tensor(live)).any(dim=0).nonzero()
+            start = int(lead[0]) if len(lead) else self.T
+            self._reshape(live, start, self.T - start + 64)
+
+    def merge(
+        self,
+        reqs: list[_Request],
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        mask: torch.Tensor,
+        next_pos: torch.Tensor,
+        next_tok: torch.Tensor,
+    ) -> None:
+        """Add prefilled rows (their cache ``[n, H, P, D]`` left-padded like ``mask``)."""
+        P = mask.shape[1]
+        n = len(reqs)
+        if not self.reqs:
+            cap = P + 64
+            self.kbufs, self.vbufs = [], []
+            for k, v in zip(keys, values):
+                kb = k.new_zeros(k.shape[0], k.shape[1], cap, k.shape[3])
+                vb = v.new_zeros(kb.shape)
+                kb[:, :, :P] = k
+                vb[:, :, :P] = v
+                self.kbufs.append(kb)
+                self.vbufs.append(vb)
+            self.reqs = list(reqs)
+            self.T, self.mask, self.next_pos, self.next_tok = P, mask, next_pos, next_tok
+            return
+        free = [i for i, r in enumerate(self.reqs) if r is None]
+        if P <= self.T and free:
+            # Write into free rows in place: columns [T - P, T).
+            k_fill = min(len(free), n)
+            rows = torch.tensor(free[:k_fill], dtype=torch.long)
+            T = self.T
+            for bufs, new_rows in ((self.kbufs, keys), (self.vbufs, values)):
+                for i, buf in enumerate(bufs):
+                    buf[rows] = 0
+                    buf[rows, :, T - P : T] = new_rows[i][:k_fill]
+            self.mask[rows] = 0
+            self.mask[rows, T - P :] = mask[:k_fill]
+            self.next_pos[rows] = next_pos[:k_fill]
+            self.next_tok[rows] = next_tok[:k_fill]
+            for j, r in enumerate(free[:k_fill]):
+                self.reqs[r] = reqs[j]
+            if k_fill == n:
+                return
+            reqs, mask = reqs[k_fill:], mask[k_fill:]
+            keys = [k[k_fill:] for k in keys]
+            values = [v[k_fill:] for v in values]
+            next_pos, next_tok = next_pos[k_fill:], next_tok[k_fill:]
+            n = len(reqs)
+        # Append rows (left-padding the running rows when the new prompts are longer).
+        live = self.live
+        extra = max(0, P - self.T)
+        if extra or len(live) < len(self.reqs):
+            self._reshape(live, 0, self.kbufs[0].shape[2] + extra, left_pad=extra)
+        B, T = len(self.reqs), self.T
+        cap = self.kbufs[0].shape[2]
+        for bufs, new_rows in ((self.kbufs, keys), (self.vbufs, values)):
+            for i, old in enumerate(bufs):
+                buf = old.new_zeros(B + n, old.shape[1], cap, old.shape[3])
+                buf[:B, :, :T] = old[:, :, :T]
+                buf[B:, :, T - P : T] = new_rows[i]
+                bufs[i] = buf
+        m = torch.zeros(B + n, T, dtype=torch.long)
+        m[:B] = self.mask
+        m[B:, T - P :] = mask
+        self.mask = m
+        self.reqs.extend(reqs)
+        self.next_pos = torch.cat([self.next_pos, next_pos])
+        self.next_tok = torch.cat([self.next_tok, next_tok])
+
+    def cache(self) -> DynamicCache:
+        cache = DynamicCache()
+        cache.layer_class_to_replicate = None
+        cache.layers = [_BufferLayer(k, v, self.T) for k, v in zip(self.kbufs, self.vbufs)]
+        return cache
+
+
+def _sample(
+    logits: torch.Tensor, reqs: list[_Request], gen_counts: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; returns (tokens [B], logprobs [B]) per the module convention."""
+    logits = logits.float()
+    B, V = logits.shape
+    greedy = torch.tensor([r.params.greedy for r in reqs])
+    temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in reqs])
+    scaled = logits / temps.unsqueeze(1)
+    logp = torch.log_softmax(scaled, dim=-1)
+    # Stop tokens are not allowed before min_new_tokens.
+    masked = None
+    for b, r in enumerate(reqs):
+        if r.params.min_new_tokens > gen_counts[b] and r.stop_set:
+            if masked is None:
+                masked = scaled.clone()
+            masked[b, list(r.stop_set)] = -_INF
+    work = scaled if masked is None else masked
+    tokens = torch.empty(B, dtype=torch.long)
+    if bool(greedy.any()):
+        tokens[greedy] = work[greedy].argmax(dim=-1)
+    samp = ~greedy
+    if bool(samp.any()):
+        s_logits = work[samp]
+        s_reqs = [r for r, g in zip(reqs, greedy.tolist()) if not g]
+        top_k = torch.tensor([r.params.top_k if 0 < r.params.top_k < V else V for r in s_reqs])
+        top_p = torch.tensor([r.params.top_p for r in s_reqs])
+        if bool((top_k < V).any()) or bool((top_p < 1).any()):
+            sorted_logits, sorted_idx = torch.sort(s_logits, dim=-1, descending=True)
+            ranks = torch.arange(V).unsqueeze(0)
+            remove = ranks >= top_k.unsqueeze(1)
+            probs = torch.softmax(sorted_logits.masked_fill(remove, -_INF), dim=-1)
+            cum = probs.cumsum(dim=-1) - probs  # mass strictly before this token
+            remove = remove | (cum >= top_p.unsqueeze(1))
+            remove[:, 0] = False
+            sorted_logits = sorted_logits.masked_fill(remove, -_INF)
+            s_logits = torch.full_like(s_logits, -_INF).scatter(1, sorted_idx, sorted_logits)
+        probs = torch.softmax(s_logits, dim=-1)
+        tokens[samp] = torch.multinomial(probs, 1).squeeze(1)
+    token_logp = logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    return tokens, token_logp
+
+
+class GenerationCore:
+    """Owns the model and the scheduler thread. Thread-safe public methods."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        max_batch_size: int = 128,
+        max_prefill_tokens: int = 8192,
+        eos_token_ids: list[int] | None = None,
+        context_length: int | None = None,
+        version: int = 0,
+    ):
+        self.model = model.eval()
+        self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
+        cfg = model.config
+        if eos_token_ids is None:
+            eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+            if eos is None:
+                eos = getattr(cfg, "eos_token_id", None)
+            eos_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        self.eos_token_ids = list(eos_token_ids)
+        self.context_length = (
+            context_length or getattr(cfg, "max_position_embeddings", None) or 1 << 30
+        )
+        self.vocab_size = int(cfg.vocab_size)
+        self.version = version
+        self.paused = False
+
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._batch = _Batch()
+        self._stopped = False
+        self._rids: dict[str, _Request] = {}
+        # metrics
+        self._generated_total = 0
+        self._finished_total = 0
+        self._token_times: collections.deque[tuple[float, int]] = collections.deque()
+        self._thread = threading.Thread(target=self._loop, name="generation-core", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ public API
+    def submit(
+        self,
+        rid: str,
+        input_ids: list[int],
+        params: SamplingParams,
+        callback: Callable[[dict[str, Any]], None],
+    ) -> None:
+        """Queue a request; ``callback(result)`` runs on the scheduler thread when it ends."""
+        if not input_ids:
+            raise RequestError("input_ids is empty")
+        if any((not isinstance(t, int)) or t < 0 or t >= self.vocab_size for t in input_ids):
+            raise RequestError(f"input_ids must be integers in [0, vocab_size={self.vocab_size})")
+        if len(input_ids) >= self.context_length:
+            raise RequestError(
+                f"prompt has {len(input_ids)} tokens; the model's context length is "
+                f"{self.context_length} (prompt + at least one generated token must fit)"
+            )
+        params = dataclasses.replace(params)
+        params.max_new_tokens = min(params.max_new_tokens, self.context_length - len(input_ids))
+        params.min_new_tokens = min(params.min_new_tokens, params.max_new_tokens)
+        stop = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop.update(self.eos_token_ids)
+        req = _Request(rid, list(input_ids), params, callback, frozenset(stop))
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError("generation core is shut down")
+            old = self._rids.get(rid)
+            if old is not None:  # a client retry: the older attempt is aborted
+                old.abort_requested = True
+            self._rids[rid] = req
+            self._waiting.append(req)
+            self._wakeup.notify()
+
+    def abort(self, rid: str) -> bool:
+        with self._lock:
+            req = self._rids.get(rid)
+            if req is None:
+                return False
+            req.abort_requested = True
+            self._wakeup.notify()
+        return True
+
+    def run_command(self, fn: Callable[[], Any]) -> Future:
+        """Run ``fn`` on the scheduler thread between two steps."""
+        fut: Future = Future()
+        self._commands.put((fn, fut))
+        with self._lock:
+            self._wakeup.notify()
+        return fut
+
+    def pause(self) -> Future:
+        """Abort in-flight requests (they return with stop reason ``abort``); hold new ones."""
+
+        def _do():
+            self.paused = True
+            self._finish_rows(self._batch.live, "abort")
+
+        return self.run_command(_do)
+
+    def resume(self) -> Future:
+        def _do():
+            self.paused = False
+
+        return self.run_command(_do)
+
+    def metrics(self) -> dict[str, Any]:
+        now = time.monotonic()
+        with self._lock:
+            while self._token_times and self._token_times[0][0] < now - 10.0:
+                self._token_times.popleft()
+            recent = sum(n for _, n in self._token_times)
+            span = (now - self._token_times[0][0]) if self._token_times else 0.0
+            return {
+                "num_requests_running": len(self._batch),
+                "num_requests_waiting": len(self._waiting),
+                "generated_tokens_total": self._generated_total,
+                "finished_requests_total": self._finished_total,
+                "generation_tokens_per_s": recent / max(span, 1.0) if recent else 0.0,
+                "version": self.version,
+                "paused": self.paused,
+            }
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._stopped = True
+            self._wakeup.notify()
+        self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ scheduler
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._lock:
+                while (
+                    not self._stopped
+                    and self._commands.empty()
+                    and not any(r is not None and r.abort_requested for r in self._batch.reqs)
+                    and not any(r.abort_requested for r in self._waiting)
+                    and (self.paused or (not self._waiting and not len(self._batch)))
+                ):
+                    self._wakeup.wait(timeout=1.0)
+                if self._stopped:
+                    break
+            try:
+                self._run_commands()
+                self._handle_aborts()
+                if self.paused:
+                    continue
+                self._admit()
+                if len(self._batch):
+                    self._decode_step()
+            except Exception as e:  # keep serving: fail the affected requests
+                logger.exception("generation step failed: %s", e)
+                self._fail_all(f"internal error: {e}")
+        self._fail_all("server shutting down")
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                fn, fut = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as e:
+                fut.set_exception(e)
+
+    def _handle_aborts(self) -> None:
+        rows = [i for i, r in enumerate(self._batch.reqs) if r is not None and r.abort_requested]
+        if rows:
+            self._finish_rows(rows, "abort")
+        with self._lock:
+            dropped = [r for r in self._waiting if r.abort_requested]
+            if dropped:
+                self._waiting = collections.deque(r for r in self._waiting if not r.abort_requested)
+        for r in dropped:
+            self._deliver(r, "abort")
+
+    def _admit(self) -> None:
+        new: list[_Request] = []
+        with self._lock:
+            budget = self.max_prefill_tokens
+            while self._waiting and len(self._batch) + len(new) < self.max_batch_size:
+                r = self._waiting[0]
+                if new and budget - len(r.input_ids) < 0:
+                    break
+                budget -= len(r.input_ids)
+                new.append(self._waiting.popleft())
+        if not new:
+            return
+        P = max(len(r.input_ids) for r in new)
+        n = len(new)
+        ids = torch.zeros(n, P, dtype=torch.long)
+        mask = torch.zeros(n, P, dtype=torch.long)
+        for i, r in enumerate(new):
+            L = len(r.input_ids)
+            ids[i, P - L :] = torch.tensor(r.input_ids)
+            mask[i, P - L :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        pad = (mask == 0).view(n, 1, P, 1)
+        keys = [layer.keys.masked_fill(pad, 0.0) for layer in cache.layers]
+        values = [layer.values.masked_fill(pad, 0.0) for layer in cache.layers]
+        tokens, logps = _sample(out.logits[:, -1, :], new, [0] * n)
+        next_pos = mask.sum(-1)
+        self._record(new, tokens, logps)
+        self._batch.merge(new, keys, values, mask, next_pos, tokens)
+        self._finish_done()
+
+    def _decode_step(self) -> None:
+        b = self._batch
+        b.ensure_capacity(1)
+        B = len(b.reqs)
+        mask = torch.cat([b.mask, torch.ones(B, 1, dtype=torch.long)], dim=1)
+        out = self.model(
+            input_ids=b.next_tok.unsqueeze(1),
+            attention_mask=mask,
+            position_ids=b.next_pos.unsqueeze(1),
+            cache=b.cache(),
+            use_cache=True,
+        )
+        b.mask = mask
+        b.T += 1
+        live = b.live
+        reqs = [b.reqs[i] for i in live]
+        logits = out.logits[:, -1, :]
+        if len(live) < B:
+            idx = torch.tensor(live, dtype=torch.long)
+            logits = logits.index_select(0, idx)
+        tokens, logps = _sample(logits, reqs, [len(r.output_ids) for r in reqs])
+        if len(live) < B:
+            b.next_pos[idx] += 1
+            b.next_tok[idx] = tokens
+        else:
+            b.next_pos = b.next_pos + 1
+            b.next_tok = tokens
+        self._record(reqs, tokens, logps)
+        self._finish_done()
+
+    def _record(self, reqs: list[_Request], tokens: torch.Tensor, logps: torch.Tensor) -> None:
+        now = time.monotonic()
+        v = self.version
+        for r, t, lp in zip(reqs, tokens.tolist(), logps.tolist()):
+            if r.first_token_time is None:
+                r.first_token_time = now
+            r.output_ids.append(t)
+            r.output_logprobs.append(lp)
+            r.output_versions.append(v)
+            n = len(r.output_ids)
+            if n >= r.params.max_new_tokens:
+                r.done = True
+                r.finish = "length"
+            elif t in r.stop_set and n >= r.params.min_new_tokens:
+                r.done = True
+                r.finish = "stop"
+        with self._lock:
+            self._generated_total += len(reqs)
+            self._token_times.append((now, len(reqs)))
+
+    def _finish_done(self) -> None:
+        rows = [i for i, r in enumerate(self._batch.reqs) if r is not None and r.done]
+        if rows:
+            self._finish_rows(rows, None)
+
+    def _finish_rows(self, rows: list[int], reason: str | None) -> None:
+        if not rows:
+            return
+        finished = [self._batch.reqs[i] for i in rows]
+        self._batch.release(rows)
+        for r in finished:
+            self._deliver(r, reason or r.finish)
+
+    def _deliver(self, r: _Request, reason: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if self._rids.get(r.rid) is r:
+                del self._rids[r.rid]
+            self._finished_total += 1
+        result = {
+            "rid": r.rid,
+            "output_ids": r.output_ids,
+            "output_logprobs": r.output_logprobs,
+            "output_versions": r.output_versions,
+            "finish_reason": reason,
+            "prompt_tokens": len(r.input_ids),
+            "ttft": (r.first_token_time - r.arrival) if r.first_token_time else None,
+            "latency": now - r.arrival,
+            "version": self.version,
+        }
+        try:
+            r.callback(result)
+        except Exception:
+            logger.exception("result callback of %s failed", r.rid)
+
+    def _fail_all(self, message: str) -> None:
+        reqs = [r for r in self._batch.reqs if r is not None]
+        self._batch = _Batch()
+        with self._lock:
+            reqs.extend(self._waiting)
+            self._waiting.clear()
+        for r in reqs:
+            with self._lock:
+                if self._rids.get(r.rid) is r:
+                    del self._rids[r.rid]
+            try:
+                r.callback({"rid": r.rid, "error": message})
+            except Exception:
+                logger.exception("result callback of %s failed", r.rid)

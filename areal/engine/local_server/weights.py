@@ -1,0 +1,100 @@
+"""Weight loading for the built-in server: from a safetensors directory or a broadcast group.
+
+The broadcast group follows ``areal.api.io_struct``'s xccl contract: a standalone
+``torch.distributed`` process group (its own ``TCPStore`` at ``master_address:master_port``,
+keys prefixed by ``group_name``) where the trainer is rank 0 (broadcast root) and the
+servers are ranks 1..n. It never touches the default process group, so a trainer that
+already runs FSDP can join it too: both sides use ``areal.utils.dist.init_custom_process_group``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import torch
+
+from areal.api.io_struct import ParamSpec
+from areal.utils import logging
+from areal.utils.dist import init_custom_process_group  # noqa: F401 - re-exported
+
+logger = logging.getLogger("LocalServerWeights")
+
+
+def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    named = dict(model.named_parameters(remove_duplicate=False))
+    named.update(dict(model.named_buffers(remove_duplicate=False)))
+    return named
+
+
+def _tied_names(model: torch.nn.Module) -> set[str]:
+    """Names that alias another tensor (e.g. ``lm_head.weight`` with tied embeddings)."""
+    seen: dict[int, str] = {}
+    tied: set[str] = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            tied.add(name)
+        else:
+            seen[id(p)] = name
+    return tied
+
+
+@torch.no_grad()
+def load_weights_from_disk(model: torch.nn.Module, path: str) -> int:
+    """Copy every tensor of ``path/*.safetensors`` into ``model`` in place; returns the count."""
+    from safetensors.torch import load_file
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"weight directory {path!r} does not exist")
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path!r}")
+    named = _named_tensors(model)
+    loaded: set[str] = set()
+    unknown: list[str] = []
+    for f in files:
+        for name, t in load_file(f).items():
+            dst = named.get(name)
+            if dst is None:
+                unknown.append(name)
+                continue
+            if tuple(dst.shape) != tuple(t.shape):
+                raise ValueError(
+                    f"{name}: shape {tuple(t.shape)} in {f}, model has {tuple(dst.shape)}"
+                )
+            dst.copy_(t.to(dst.dtype))
+            loaded.add(name)
+    missing = (
+        {n for n, _ in model.named_parameters(remove_duplicate=False)} - loaded - _tied_names(model)
+    )
+    if unknown:
+        logger.warning(
+            "ignored %d unknown tensors from %s, e.g. %s", len(unknown), path, unknown[:3]
+        )
+    if missing:
+        raise ValueError(
+            f"{len(missing)} parameters missing from {path!r}, e.g. {sorted(missing)[:3]}"
+        )
+    return len(loaded)
+
+
+@torch.no_grad()
+def receive_bucket(model: torch.nn.Module, group, specs: list[ParamSpec]) -> int:
+    """Receive one broadcast (root 0) per spec, in order, and copy each into ``model``.
+
+    Every announced tensor is received even if its name is unknown (so the group stays in
+    step with the trainer); unknown names raise afterwards.
+    """
+    named = _named_tensors(model)
+    unknown: list[str] = []
+    for spec in specs:
+        buf = torch.empty(tuple(spec.shape), dtype=getattr(torch, spec.dtype))
+        group.broadcast(buf, 0).wait()
+        dst = named.get(spec.name)
+        if dst is None or tuple(dst.shape) != tuple(spec.shape):
+            unknown.append(spec.name)
+            continue
+        dst.copy_(buf.to(dst.dtype))
+    if unknown:
+        raise ValueError(f"received tensors that do not match the model: {unknown[:5]}")
+    return len(specs)

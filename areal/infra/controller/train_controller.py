@@ -1,0 +1,475 @@
+"""``TrainController``: drives ``world_size`` remote train-engine workers from the controller.
+
+Usage (what the trainer does)::
+
+    scheduler = LocalScheduler(exp_config=config)
+    actor = TrainController("areal.trainer.ppo.actor.FSDPPPOActor", config.actor, scheduler)
+    actor.initialize(role="actor", alloc_mode=alloc_mode, ft_spec=ft_spec)
+    logp = actor.compute_logp(batch)          # [B, T], original order
+    batch = actor.compute_advantages(batch)   # all ranks, whole groups, merged back
+    stats = actor.ppo_update(batch)           # rank 0's stats
+    actor.connect_engine(rollout_engine, WeightUpdateMeta.from_disk(...))
+    actor.update_weights(meta)
+    actor.destroy()
+
+Dispatch rules (``custom_function_call``; any other engine method is forwarded by
+attribute access, e.g. ``actor.step_lr_scheduler()``):
+
+- Every argument that is a padded batch (a dict holding a 2-D ``attention_mask``
+  tensor) is split across data-parallel ranks, balanced by token count: units (single
+  sequences, or whole groups of ``group_size`` consecutive sequences) are sorted by
+  tokens, largest first, and each goes to the rank with the fewest tokens so far. Inside
+  a rank the original order is kept. All batch arguments of one call must have the same
+  ``B`` and are split the same way. Other arguments are sent unchanged to every rank.
+- All ranks are called concurrently (collectives need every rank); the first failure
+  is raised at once (a dead worker wins over the collective errors it causes).
+- Results: a tensor with leading dim equal to the rank's share (or a dict containing
+  such tensors) is re-assembled into the ORIGINAL batch order (dim 1 right-padded with 0
+  to the longest rank if lengths differ). Anything else (stats dicts, lists of stats,
+  scalars, None) is taken from rank 0: engines reduce their stats across ranks.
+- Calls without a batch argument are broadcast and rank 0's result is returned.
+
+Reserved keyword arguments (consumed here, never forwarded): ``_group_size`` (override
+``self.group_size`` for this call), ``_merge=False`` (return the per-rank list),
+``_timeout`` (seconds, per worker call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from concurrent.futures import FIRST_EXCEPTION, Future
+from concurrent.futures import wait as wait_futures
+from typing import Any
+
+import torch
+
+from areal.api.io_struct import FinetuneSpec, SaveLoadMeta, WeightUpdateMeta
+from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, WorkerDiedError
+from areal.infra.rpc.client import spawn_daemon
+from areal.utils import logging
+
+logger = logging.getLogger("TrainController")
+
+_RESERVED = ("_group_size", "_merge", "_timeout")
+
+
+# ---------------------------------------------------------------------------- batches
+def is_padded_batch(x: Any) -> bool:
+    """A dict of tensors with a 2-D ``attention_mask`` ``[B, T]``."""
+    return (
+        isinstance(x, dict)
+        and isinstance(x.get("attention_mask"), torch.Tensor)
+        and x["attention_mask"].ndim == 2
+    )
+
+
+def balanced_partition(weights: list[int], n_parts: int) -> list[list[int]]:
+    """Indices of ``weights`` split into ``n_parts`` lists of near-equal total weight.
+
+    Largest first, each to the currently lightest part (ties: fewer items, then lower
+    part index); every part gets at least one item when ``len(weights) >= n_parts``.
+    Each part is returned in ascending index order.
+    """
+    if len(weights) < n_parts:
+        raise ValueError(f"Cannot split {len(weights)} units across {n_parts} data-parallel ranks")
+    order = sorted(range(len(weights)), key=lambda i: (-weights[i], i))
+    loads = [0] * n_parts
+    parts: list[list[int]] = [[] for _ in range(n_parts)]
+    for i in order:
+        k = min(range(n_parts), key=lambda j: (loads[j], len(parts[j]), j))
+        parts[k].append(i)
+        loads[k] += weights[i]
+    return [sorted(p) for p in parts]
+
+
+def split_batch_indices(batch: dict, n_parts: int, group_size: int = 1) -> list[torch.Tensor]:
+    """Sequence indices per rank, balanced by ``attention_mask`` token counts; whole groups stay together."""
+    mask = batch["attention_mask"]
+    bsz = mask.shape[0]
+    if group_size < 1 or bsz % group_size != 0:
+        raise ValueError(f"Batch size {bsz} is not a multiple of group_size={group_size}")
+    tokens = mask.reshape(bsz // group_size, -1).sum(1).tolist()
+    parts = balanced_partition([int(t) for t in tokens], n_parts)
+    return [
+        torch.tensor(
+            [u * group_size + j for u in part for j in range(group_size)], dtype=torch.long
+        )
+        for part in parts
+    ]
+
+
+def slice_batch(batch: dict, idx: torch.Tensor) -> dict:
+    """Rows ``idx`` of every per-sequence entry (leading dim ``B``); other entries unchanged."""
+    bsz = batch["attention_mask"].shape[0]
+    out = {}
+    for k, v in batch.items():
+        if isinstance(v, torch.Tensor) and v.ndim >= 1 and v.shape[0] == bsz:
+            out[k] = v[idx]
+        elif isinstance(v, list) and len(v) == bsz:
+            out[k] = [v[i] for i in idx.tolist()]
+        else:
+            out[k] = v
+    return out
+
+
+def _is_rows(x: Any, n: int) -> bool:
+    return isinstance(x, torch.Tensor) and x.ndim >= 1 and x.shape[0] == n
+
+
+def merge_rank_results(results: list[Any], indices: list[torch.Tensor]) -> Any:
+    """Re-assemble per-rank results into the original batch order (see module doc)."""
+    sizes = [len(i) for i in indices]
+    first = results[0]
+    if all(_is_rows(r, n) for r, n in zip(results, sizes)):
+        return _merge_tensors(results, indices)
+    if isinstance(first, dict) and all(isinstance(r, dict) for r in results):
+        if any(all(_is_rows(r.get(k), n) for r, n in zip(results, sizes)) for k in first):
+            return {
+                k: (
+                    _merge_tensors([r[k] for r in results], indices)
+                    if all(_is_rows(r.get(k), n) for r, n in zip(results, sizes))
+                    else v
+                )
+                for k, v in first.items()
+            }
+    return first
+
+
+def _merge_tensors(tensors: list[torch.Tensor], indices: list[torch.Tensor]) -> torch.Tensor:
+    if tensors[0].ndim >= 2:
+        t_max = max(t.shape[1] for t in tensors)
+        tensors = [
+            t
+            if t.shape[1] == t_max
+            else torch.nn.functional.pad(t, (0, 0) * (t.ndim - 2) + (0, t_max - t.shape[1]))
+            for t in tensors
+        ]
+    cat = torch.cat(tensors, dim=0)
+    perm = torch.cat(indices)
+    out = torch.empty_like(cat)
+    out[perm] = cat
+    return out
+
+
+def _resolve_sizes(alloc_mode: Any, world_size: int | None) -> tuple[int, int]:
+    if world_size is not None:
+        return int(world_size), int(world_size)
+    if alloc_mode is None:
+        return 1, 1
+    if isinstance(alloc_mode, int):
+        return alloc_mode, alloc_mode
+    if isinstance(alloc_mode, str):
+        from areal.api.alloc_mode import AllocationMode
+
+        alloc_mode = AllocationMode.from_str(alloc_mode)
+    train = getattr(alloc_mode, "train", None) or alloc_mode
+    ws = int(train.world_size)
+    return ws, int(getattr(train, "dp_size", ws))
+
+
+def _resolve(value: Any, timeout: float | None) -> Any:
+    """Wait for a Future / run a coroutine / pass a plain value through."""
+    if isinstance(value, Future):
+        return value.result(timeout=timeout)
+    if asyncio.iscoroutine(value):
+        return asyncio.run(value)
+    return value
+
+
+# ---------------------------------------------------------------------------- controller
+class TrainController:
+    """Runs one train engine class on ``world_size`` RPC workers made by ``scheduler``.
+
+    ``train_engine``: class or import path (``"areal.trainer.ppo.actor.FSDPPPOActor"``);
+    each worker builds it as ``cls(config)``. ``group_size``: sequences per prompt kept
+    on one rank when splitting (default: ``config.group_size`` if the config has one, else 1).
+    """
+
+    def __init__(
+        self,
+        train_engine: str | type,
+        config: Any,
+        scheduler: Scheduler,
+        *,
+        group_size: int | None = None,
+        call_timeout: float | None = None,
+    ):
+        if isinstance(train_engine, type):
+            train_engine = f"{train_engine.__module__}.{train_engine.__qualname__}"
+        self.train_engine = train_engine
+        self.config = config
+        self.scheduler = scheduler
+        # Default: the engine config's ``group_size`` (PPOActorConfig: samples per prompt).
+        self.group_size = int(group_size or getattr(config, "group_size", None) or 1)
+        self.call_timeout = call_timeout
+        self.workers: list[Worker] = []
+        self.dp_ranks: list[int] = []
+        self.workers_is_dp_head: list[bool] = []
+        self.world_size = 0
+        self.dp_size = 0
+        self.role: str | None = None
+        self.alloc_mode: Any = None
+        self.rollout: Any = None
+        self.weight_update_meta: WeightUpdateMeta | None = None
+        self.weight_update_group_initialized = False
+        self._pending_group_init: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def initialize(
+        self,
+        role: str = "actor",
+        alloc_mode: Any = None,
+        ft_spec: FinetuneSpec | None = None,
+        *,
+        world_size: int | None = None,
+        scheduling_spec: SchedulingSpec | None = None,
+        **kwargs,
+    ) -> None:
+        """Start the workers, build the engine on each, call ``initialize(addr=None, ft_spec, **kwargs)`` on all.
+
+        ``alloc_mode``: an ``AllocationMode`` (``.train.world_size``/``.dp_size``), its
+        string form, or an int; ``world_size`` overrides it (pure data parallel).
+        """
+        self.role = role
+        self.alloc_mode = alloc_mode
+        self.world_size, self.dp_size = _resolve_sizes(alloc_mode, world_size)
+        specs = (
+            [scheduling_spec]
+            if scheduling_spec is not None
+            else list(getattr(self.config, "scheduling_spec", None) or [])
+        )
+        job = Job(
+            replicas=self.world_size, tasks=specs or [SchedulingSpec(cpu=1, mem=4)], role=role
+        )
+        try:
+            self.scheduler.create_workers(job)
+            self.workers = self.scheduler.get_workers(role)
+            self._call_all(
+                "create_engine",
+                [((self.train_engine, self.config), {})] * self.world_size,
+                create=True,
+            )
+            self._call_all(
+                "initialize", [((), dict(addr=None, ft_spec=ft_spec, **kwargs))] * self.world_size
+            )
+            if self.dp_size == self.world_size:
+                self.dp_ranks = list(range(self.world_size))
+                self.workers_is_dp_head = [True] * self.world_size
+            else:
+                self.dp_ranks = self._call_all("data_parallel_rank", [((), {})] * self.world_size)
+                self.workers_is_dp_head = self._call_all(
+                    "is_data_parallel_head", [((), {})] * self.world_size
+                )
+        except BaseException:
+            self.destroy()
+            raise
+        logger.info(
+            f"{self.train_engine} ready on {self.world_size} worker(s) of role {role!r} (dp={self.dp_size})"
+        )
+
+    def destroy(self) -> None:
+        """Call ``destroy`` on every engine (errors are logged), then stop the workers."""
+        if self.workers:
+            try:
+                self._call_all("destroy", [((), {})] * len(self.workers), timeout=60)
+            except Exception as e:  # noqa: BLE001 - teardown continues
+                logger.warning(f"Engine destroy failed: {e}")
+        if self.role is not None:
+            self.scheduler.delete_workers(self.role)
+        self.workers = []
+
+    def __enter__(self) -> TrainController:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()
+
+    # ------------------------------------------------------------------ dispatch
+    def _call_all(
+        self,
+        method: str,
+        per_rank: list[tuple[tuple, dict]],
+        *,
+        create: bool = False,
+        timeout: float | None = None,
+        workers: list[Worker] | None = None,
+    ) -> list[Any]:
+        """Call ``method`` on every worker concurrently; fail fast on the first error."""
+        workers = self.workers if workers is None else workers
+        timeout = self.call_timeout if timeout is None else timeout
+        futs = []
+        for w, (args, kwargs) in zip(workers, per_rank, strict=True):
+            if create:
+                fut = spawn_daemon(
+                    self.scheduler.create_engine, w.id, *args, timeout=timeout, **kwargs
+                )
+            else:
+                fut = spawn_daemon(
+                    self.scheduler.call_engine, w.id, method, *args, timeout=timeout, **kwargs
+                )
+            futs.append(fut)
+        done, _ = wait_futures(futs, return_when=FIRST_EXCEPTION)
+        errors = [f.exception() for f in futs if f.done() and f.exception() is not None]
+        if errors:
+            # A peer's death makes the others fail in collectives; name the dead worker.
+            end = time.monotonic() + 1.0
+            while (
+                not any(isinstance(e, WorkerDiedError) for e in errors) and time.monotonic() < end
+            ):
+                time.sleep(0.1)
+                errors = [f.exception() for f in futs if f.done() and f.exception() is not None]
+            died = [e for e in errors if isinstance(e, WorkerDiedError)]
+            raise (died or errors)[0]
+        return [f.result() for f in futs]
+
+    def custom_function_call(self, method: str, *args, **kwargs) -> Any:
+        """Call ``engine.method`` on all ranks with batch arguments split by tokens (module doc)."""
+        group_size = kwargs.pop("_group_size", None) or self.group_size
+        merge = kwargs.pop("_merge", True)
+        timeout = kwargs.pop("_timeout", None)
+        if not self.workers:
+            raise RuntimeError(f"TrainController.{method}: not initialized (call initialize first)")
+        batches = [a for a in list(args) + list(kwargs.values()) if is_padded_batch(a)]
+        if not batches:
+            results = self._call_all(method, [(args, kwargs)] * len(self.workers), timeout=timeout)
+            return results if not merge else results[0]
+        sizes = {b["attention_mask"].shape[0] for b in batches}
+        if len(sizes) != 1:
+            raise ValueError(
+                f"{method}: batch arguments have different batch sizes {sorted(sizes)}"
+            )
+        indices = split_batch_indices(batches[0], self.dp_size, group_size)
+        per_rank = []
+        for dp in self.dp_ranks:
+            idx = indices[dp]
+            r_args = tuple(slice_batch(a, idx) if is_padded_batch(a) else a for a in args)
+            r_kwargs = {
+                k: slice_batch(v, idx) if is_padded_batch(v) else v for k, v in kwargs.items()
+            }
+            per_rank.append((r_args, r_kwargs))
+        results = self._call_all(method, per_rank, timeout=timeout)
+        if not merge:
+            return results
+        head_results = [r for r, head in zip(results, self.workers_is_dp_head) if head]
+        head_dp = [dp for dp, head in zip(self.dp_ranks, self.workers_is_dp_head) if head]
+        ordered = [r for _, r in sorted(zip(head_dp, head_results), key=lambda t: t[0])]
+        return merge_rank_results(ordered, indices)
+
+    def __getattr__(self, name: str):
+        # Only called for attributes that do not exist: forward public names as engine methods.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return functools.partial(self.custom_function_call, name)
+
+    # ------------------------------------------------------------------ engine API
+    def train(self, mode: bool = True) -> TrainController:
+        self.custom_function_call("train", mode)
+        return self
+
+    def eval(self) -> TrainController:
+        return self.train(False)
+
+    def train_batch(self, input_: dict, loss_fn: Any, loss_weight_fn: Any) -> dict[str, float]:
+        """Split by tokens; ``loss_fn``/``loss_weight_fn`` must be importable module-level functions. Rank 0's stats."""
+        return self.custom_function_call("train_batch", input_, loss_fn, loss_weight_fn)
+
+    def eval_batch(self, input_: dict, loss_fn: Any, loss_weight_fn: Any) -> Any:
+        return self.custom_function_call("eval_batch", input_, loss_fn, loss_weight_fn)
+
+    def forward_batch(self, input_: dict, *args, **kwargs) -> Any:
+        """Per-token outputs ``[B, T]`` in the original order."""
+        return self.custom_function_call("forward_batch", input_, *args, **kwargs)
+
+    def compute_logp(self, batch: dict, *args, **kwargs) -> torch.Tensor:
+        return self.custom_function_call("compute_logp", batch, *args, **kwargs)
+
+    def compute_advantages(self, batch: dict, *args, **kwargs) -> dict:
+        """Split by whole groups (``group_size`` = samples per prompt) across all ranks,
+        merged back into the original order.
+
+        Every rank must take part: ``PPOActor.compute_advantages`` normalises at batch
+        level with all-reduces over the data-parallel group, and group normalisation needs
+        whole groups on one rank. Non-per-sequence entries of the result come from rank 0.
+        """
+        return self.custom_function_call("compute_advantages", batch, *args, **kwargs)
+
+    def ppo_update(self, batch: dict, *args, **kwargs) -> Any:
+        """Split by tokens (whole groups); returns rank 0's list of stats."""
+        return self.custom_function_call("ppo_update", batch, *args, **kwargs)
+
+    def save(self, meta: SaveLoadMeta) -> None:
+        self.custom_function_call("save", meta)
+
+    def load(self, meta: SaveLoadMeta) -> None:
+        self.custom_function_call("load", meta)
+
+    def step_lr_scheduler(self) -> None:
+        self.custom_function_call("step_lr_scheduler")
+
+    def set_version(self, version: int) -> None:
+        self.custom_function_call("set_version", version)
+
+    def get_version(self) -> int:
+        return self.custom_function_call("get_version")
+
+    def export_stats(self) -> dict[str, float]:
+        """Rank 0's stats (engines reduce across ranks, so every rank has the same)."""
+        return self.custom_function_call("export_stats")
+
+    # ------------------------------------------------------------------ weight sync
+    def connect_engine(self, engine: Any, meta: WeightUpdateMeta) -> None:
+        """Remember the controller-side inference engine that ``update_weights`` feeds.
+
+        The inference engine lives in the controller, not in the workers: the workers get
+        ``connect_engine(None, meta)`` and their rank 0 only takes part in the transfer.
+        ``xccl``: ``engine.init_weights_update_group(meta)`` starts here; the training
+        rank 0 joins that group during the first ``update_weights`` (the join is a
+        rendezvous, so both sides are waited for there).
+        """
+        self.rollout = engine
+        self.weight_update_meta = meta
+        self._call_all("connect_engine", [((None, meta), {})] * len(self.workers))
+        if meta.type == "xccl" and not self.weight_update_group_initialized:
+            self._pending_group_init = engine.init_weights_update_group(meta)
+            self.weight_update_group_initialized = True
+
+    def update_weights(self, meta: WeightUpdateMeta) -> None:
+        """Push the current weights to the connected inference engine.
+
+        ``disk`` (tested): every rank calls ``save(SaveLoadMeta(meta.path, "hf"))`` (rank 0
+        writes the Hugging Face directory), then the controller-side
+        ``engine.update_weights_from_disk(meta)`` makes the servers reload it.
+        ``xccl`` (not yet tested end to end): rank 0's ``get_param_specs`` are announced,
+        all buckets at once in broadcast order, through
+        ``engine.update_weights_from_distributed(meta, specs)`` while all ranks run
+        ``update_weights(meta)`` (rank 0 joins the group the first time and broadcasts).
+        Pausing/resuming generation and setting versions stay with the caller.
+        """
+        if self.rollout is None:
+            raise RuntimeError(
+                "update_weights: no inference engine; call connect_engine(engine, meta) first"
+            )
+        if meta.type == "disk":
+            self.save(SaveLoadMeta(path=meta.path, weight_format="hf", with_optim=False))
+            _resolve(self.rollout.update_weights_from_disk(meta), self.call_timeout)
+        elif meta.type == "xccl":
+            if not self.weight_update_group_initialized:
+                raise RuntimeError("update_weights(xccl): call connect_engine(engine, meta) first")
+            buckets = self.scheduler.call_engine(
+                self.workers[0].id,
+                "get_param_specs",
+                meta.weight_chunked_mem_mb,
+                timeout=self.call_timeout,
+            )
+            specs = [s for bucket in buckets for s in bucket]
+            fut = self.rollout.update_weights_from_distributed(meta, specs)
+            if asyncio.iscoroutine(fut):
+                fut = spawn_daemon(asyncio.run, fut)
+            self._call_all("update_weights", [((meta,), {})] * len(self.workers))
+            pending, self._pending_group_init = self._pending_group_init, None
+            _resolve(pending, self.call_timeout)
+            _resolve(fut, self.call_timeout)
+        else:
+            raise ValueError(f"Unknown WeightUpdateMeta.type {meta.type!r}")

@@ -1,0 +1,685 @@
+"""``RemoteInfEngine``: the protocol-agnostic client of one or more inference servers.
+
+Backend differences (endpoint names, payloads, response shapes) live in small adapter
+objects (``BackendAdapter``); ``areal.engine.local_remote``, ``vllm_remote`` and
+``sglang_remote`` pair this engine with their adapter.
+
+What the engine does on top of the adapters:
+
+- ``agenerate``: picks a server (the rid's server if it has one, else the healthy server
+  with the fewest requests in flight), retries transport failures with exponential
+  backoff, marks a server that stops answering unhealthy and moves its requests to the
+  others, and makes generation *interruptible*: a chunk that comes back with stop reason
+  ``abort`` (a pause for a weight update) is resubmitted after ``continue_generation``
+  as prompt + tokens so far, with ``max_new_tokens`` reduced; tokens, logprobs and
+  per-token versions are concatenated, so one response may span several weight versions.
+- weight updates (``update_weights_from_disk``, ``init_weights_update_group``,
+  ``update_weights_from_distributed``) return ``concurrent.futures.Future``; when the
+  engine is not already paused they pause every server, update, set the version and
+  continue. For a multi-bucket distributed update call ``pause_generation()`` first and
+  ``continue_generation()`` after the last bucket (the engine then leaves pausing alone).
+- rollout methods (``submit``/``wait``/``rollout_batch``/``prepare_batch``/``pause``/
+  ``resume``) delegate to ``self.workflow_executor`` (``areal.infra.workflow_executor``).
+
+aiohttp sessions belong to one event loop; the engine keeps one per loop, so it can be
+used from the WorkflowExecutor's background loop and from a caller's own loop at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from areal.api.cli_args import InferenceEngineConfig
+from areal.api.engine_api import InferenceEngine
+from areal.api.io_struct import ModelRequest, ModelResponse, ParamSpec, WeightUpdateMeta
+from areal.utils import logging
+
+logger = logging.getLogger("RemoteInfEngine")
+
+ENV_SERVER_ADDRS = "AREAL_LLM_SERVER_ADDRS"
+
+
+# =====================================================================================
+# Backend adapters
+# =====================================================================================
+
+
+@dataclasses.dataclass
+class GenParams:
+    """Sampling parameters of one chunk of a request."""
+
+    max_new_tokens: int
+    min_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    greedy: bool
+    stop_token_ids: list[int]
+    ignore_eos: bool
+
+
+@dataclasses.dataclass
+class GenChunk:
+    tokens: list[int]
+    logprobs: list[float]
+    versions: list[int] | None  # None: the backend does not report versions
+    stop_reason: str  # "stop" | "length" | "abort"
+
+
+@dataclasses.dataclass
+class HttpCall:
+    path: str
+    payload: dict[str, Any] | None = None
+    method: str = "POST"
+
+
+class BackendAdapter:
+    """Maps engine operations to one server protocol. Subclasses fill in the payloads."""
+
+    name = "base"
+    health_path = "/health"
+    reports_versions = False
+
+    def generate_call(self, rid: str, input_ids: list[int], p: GenParams) -> HttpCall:
+        raise NotImplementedError
+
+    def parse_generate(self, data: dict[str, Any]) -> GenChunk:
+        raise NotImplementedError
+
+    def pause_call(self) -> HttpCall:
+        raise NotImplementedError(f"backend {self.name!r} cannot pause generation")
+
+    def resume_call(self) -> HttpCall:
+        raise NotImplementedError(f"backend {self.name!r} cannot resume generation")
+
+    def update_disk_call(self, path: str, version: int | None) -> HttpCall:
+        raise NotImplementedError(f"backend {self.name!r} cannot reload weights from disk")
+
+    def init_group_call(self, meta: WeightUpdateMeta, rank: int, world_size: int) -> HttpCall:
+        raise NotImplementedError(f"backend {self.name!r} has no distributed weight update")
+
+    def update_distributed_call(
+        self, meta: WeightUpdateMeta, specs: list[ParamSpec], version: int | None
+    ) -> HttpCall:
+        raise NotImplementedError(f"backend {self.name!r} has no distributed weight update")
+
+    def set_version_call(self, version: int) -> HttpCall | None:
+        """None: the server does not track versions (the client does)."""
+        return None
+
+
+def _stop_reason(x: Any) -> str:
+    if isinstance(x, dict):
+        x = x.get("type")
+    if x in ("stop", "length", "abort"):
+        return x
+    return "abort" if x in (None, "cancelled", "interrupt") else "stop"
+
+
+class LocalBackend(BackendAdapter):
+    """The built-in server (``areal.infra.launcher.local_server``)."""
+
+    name = "local"
+    reports_versions = True
+
+    def generate_call(self, rid, input_ids, p):
+        return HttpCall(
+            "/generate",
+            {"rid": rid, "input_ids": input_ids, "sampling_params": dataclasses.asdict(p)},
+        )
+
+    def parse_generate(self, data):
+        return GenChunk(
+            list(data["output_ids"]),
+            list(data["output_logprobs"]),
+            list(data["output_versions"]),
+            _stop_reason(data["finish_reason"]),
+        )
+
+    def pause_call(self):
+        return HttpCall("/pause")
+
+    def resume_call(self):
+        return HttpCall("/continue")
+
+    def update_disk_call(self, path, version):
+        return HttpCall("/update_weights_from_disk", {"model_path": path, "version": version})
+
+    def init_group_call(self, meta, rank, world_size):
+        return HttpCall(
+            "/init_weights_update_group",
+            {
+                "master_address": meta.master_address,
+                "master_port": meta.master_port,
+                "rank": rank,
+                "world_size": world_size,
+                "group_name": meta.group_name,
+                "backend": meta.backend or "gloo",
+            },
+        )
+
+    def update_distributed_call(self, meta, specs, version):
+        return HttpCall(
+            "/update_weights_from_distributed",
+            {
+                "group_name": meta.group_name,
+                "param_specs": [s.to_dict() for s in specs],
+                "version": version,
+            },
+        )
+
+    def set_version_call(self, version):
+        return HttpCall("/set_version", {"version": version})
+
+
+class HttpError(RuntimeError):
+    def __init__(self, status: int, message: str, address: str):
+        super().__init__(f"HTTP {status} from {address}: {message}")
+        self.status = status
+
+
+class NoHealthyServerError(RuntimeError):
+    pass
+
+
+# =====================================================================================
+# Engine
+# =====================================================================================
+
+
+class RemoteInfEngine(InferenceEngine):
+    """Client of inference servers speaking ``backend``'s protocol (see module docstring)."""
+
+    def __init__(
+        self, config: InferenceEngineConfig | None = None, backend: BackendAdapter | None = None
+    ):
+        self.config = config if config is not None else InferenceEngineConfig()
+        self.backend = backend if backend is not None else LocalBackend()
+        self.addresses: list[str] = []
+        self.workflow_executor = None
+        self._healthy: dict[str, bool] = {}
+        self._inflight: dict[str, int] = {}
+        self._rid_server: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._paused = threading.Event()
+        self._version = 0
+        self._sessions: dict[asyncio.AbstractEventLoop, Any] = {}
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._launched: list[Any] = []
+        self._initialized = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def initialize(
+        self,
+        addr: str | list[str] | None = None,
+        train_data_parallel_size: int | None = None,
+        **kwargs,
+    ) -> None:
+        if isinstance(addr, str):
+            addrs = [a.strip() for a in addr.split(",") if a.strip()]
+        elif addr:
+            addrs = list(addr)
+        elif os.environ.get(ENV_SERVER_ADDRS):
+            addrs = [a.strip() for a in os.environ[ENV_SERVER_ADDRS].split(",") if a.strip()]
+        else:
+            addrs = [s.address for g in self._launched for s in getattr(g, "servers", [g])]
+        if not addrs:
+            raise ValueError(
+                f"no inference server addresses: pass addr='host:port[,host:port]', set "
+                f"{ENV_SERVER_ADDRS}, or call launch_server() first"
+            )
+        for a in addrs:
+            host, _, port = a.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"bad server address {a!r}; expected 'host:port'")
+        self.addresses = addrs
+        self._healthy = dict.fromkeys(addrs, True)
+        self._inflight = dict.fromkeys(addrs, 0)
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=4, thread_name_prefix="remote-inf-engine"
+        )
+        self._wait_healthy(addrs, self.config.setup_timeout)
+        self._initialized = True
+        try:
+            from areal.infra.workflow_executor import WorkflowExecutor
+        except ImportError as e:  # rollout methods unavailable; agenerate still works
+            logger.warning("WorkflowExecutor unavailable (%s); rollout methods disabled", e)
+        else:
+            self.workflow_executor = WorkflowExecutor(self.config, inference_engine=self)
+            self.workflow_executor.initialize(train_data_parallel_size=train_data_parallel_size)
+        logger.info("connected to %d %s server(s): %s", len(addrs), self.backend.name, addrs)
+
+    def destroy(self) -> None:
+        if self.workflow_executor is not None:
+            try:
+                self.workflow_executor.destroy()
+            finally:
+                self.workflow_executor = None
+        for loop, session in list(self._sessions.items()):
+            try:
+                if loop.is_closed():
+                    conn = session.connector
+                    session.detach()
+                    if conn is not None:
+                        conn._close()
+                elif loop.is_running():
+                    asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=5)
+                else:
+                    loop.run_until_complete(session.close())
+            except Exception as e:
+                logger.debug("closing an HTTP session failed: %s", e)
+        self._sessions.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+        self._initialized = False
+
+    def _wait_healthy(self, addrs: list[str], timeout: float) -> None:
+        import requests
+
+        deadline = time.monotonic() + timeout
+        for a in addrs:
+            while True:
+                try:
+                    if (
+                        requests.get(f"http://{a}{self.backend.health_path}", timeout=5).status_code
+                        == 200
+                    ):
+                        break
+                except requests.RequestException:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"inference server {a} not healthy after {timeout:.0f} s")
+                time.sleep(0.5)
+
+    # ------------------------------------------------------------------ launching
+    def launch_server(self, server_args: dict[str, Any]) -> Any:
+        """Start built-in servers: ``server_args`` = ``model_path``, optional ``num_servers``,
+        ``host``, ``ports``, ``log_dir`` and server flags (e.g. ``max_batch_size``).
+        Returns the list of addresses."""
+        from areal.infra.launcher.local_server import launch_local_server
+
+        args = dict(server_args)
+        group = launch_local_server(
+            args.pop("model_path"),
+            num_servers=args.pop("num_servers", 1),
+            host=args.pop("host", "127.0.0.1"),
+            ports=args.pop("ports", None),
+            log_dir=args.pop("log_dir", None),
+            timeout=self.config.setup_timeout,
+            server_args=args,
+        )
+        self._launched.append(group)
+        return group.addresses
+
+    def teardown_server(self) -> None:
+        while self._launched:
+            self._launched.pop().shutdown()
+
+    # ------------------------------------------------------------------ HTTP plumbing
+    def _session(self):
+        import aiohttp
+
+        loop = asyncio.get_running_loop()
+        s = self._sessions.get(loop)
+        if s is None or s.closed:
+            s = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
+            self._sessions[loop] = s
+            for old in [lp for lp in self._sessions if lp.is_closed()]:
+                sess = self._sessions.pop(old)
+                conn = sess.connector
+                sess.detach()
+                if conn is not None:
+                    conn._close()
+        return s
+
+    async def _apost(self, addr: str, call: HttpCall, timeout: float) -> dict[str, Any]:
+        import aiohttp
+
+        session = self._session()
+        async with session.request(
+            call.method,
+            f"http://{addr}{call.path}",
+            json=call.payload,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as resp:
+            if resp.status >= 400:
+                text = await resp.text()
+                raise HttpError(resp.status, text[:2000], addr)
+            return await resp.json(content_type=None)
+
+    def _post(self, addr: str, call: HttpCall, timeout: float | None = None) -> dict[str, Any]:
+        import requests
+
+        r = requests.request(
+            call.method,
+            f"http://{addr}{call.path}",
+            json=call.payload,
+            timeout=timeout or self.config.request_timeout,
+        )
+        if r.status_code >= 400:
+            raise HttpError(r.status_code, r.text[:2000], addr)
+        return r.json() if r.content else {}
+
+    def _call_all(
+        self, make_call: Callable[[int, str], HttpCall], timeout: float | None = None
+    ) -> list[Any]:
+        """Send one call to every healthy server concurrently; raise the first error."""
+        addrs = self.healthy_addresses
+        if not addrs:
+            raise NoHealthyServerError("no healthy inference server left")
+        import requests
+
+        results: list[Any] = []
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(addrs)) as pool:
+            futs = [
+                pool.submit(self._post, a, make_call(i, a), timeout) for i, a in enumerate(addrs)
+            ]
+            for a, f in zip(addrs, futs):
+                try:
+                    results.append(f.result())
+                except requests.ConnectionError as e:  # a dead server is dropped, not fatal
+                    self._mark_unhealthy(a, f"{type(e).__name__}: {e}")
+        if not results:
+            raise NoHealthyServerError(f"no inference server of {addrs} answered")
+        return results
+
+    @property
+    def healthy_addresses(self) -> list[str]:
+        with self._lock:
+            return [a for a in self.addresses if self._healthy.get(a)]
+
+    def _choose_server(self, rid: str) -> str:
+        with self._lock:
+            a = self._rid_server.get(rid)
+            if a is not None and self._healthy.get(a):
+                return a
+            healthy = [x for x in self.addresses if self._healthy.get(x)]
+            if not healthy:
+                raise NoHealthyServerError(
+                    f"no healthy inference server left (all of {self.addresses} stopped answering)"
+                )
+            a = min(healthy, key=lambda x: self._inflight[x])
+            self._rid_server[rid] = a
+            return a
+
+    async def _probe(self, addr: str) -> bool:
+        try:
+            await self._apost(addr, HttpCall(self.backend.health_path, None, "GET"), timeout=5.0)
+            return True
+        except Exception:
+            return False
+
+    def _mark_unhealthy(self, addr: str, why: str) -> None:
+        with self._lock:
+            was = self._healthy.get(addr)
+            self._healthy[addr] = False
+            for rid in [r for r, a in self._rid_server.items() if a == addr]:
+                del self._rid_server[rid]
+        if was:
+            logger.warning("inference server %s marked unhealthy: %s", addr, why)
+
+    # ------------------------------------------------------------------ generation
+    async def _generate_chunk(self, rid: str, input_ids: list[int], p: GenParams) -> GenChunk:
+        import aiohttp
+
+        retries = self.config.request_retries
+        last: Exception | None = None
+        for attempt in range(retries + 1):
+            addr = self._choose_server(rid)
+            with self._lock:
+                self._inflight[addr] += 1
+            try:
+                data = await self._apost(
+                    addr, self.backend.generate_call(rid, input_ids, p), self.config.request_timeout
+                )
+                return self.backend.parse_generate(data)
+            except HttpError as e:
+                if e.status < 500:
+                    raise ValueError(str(e)) from e
+                last = e
+            except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                last = e
+                if not await self._probe(addr):
+                    self._mark_unhealthy(addr, f"{type(e).__name__}: {e}")
+            finally:
+                with self._lock:
+                    self._inflight[addr] -= 1
+            if attempt < retries:
+                delay = min(0.2 * 2**attempt, 5.0) * (0.5 + random.random())
+                logger.info(
+                    "request %s failed on %s (%s); retry %d in %.2fs",
+                    rid,
+                    addr,
+                    last,
+                    attempt + 1,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+        raise RuntimeError(f"request {rid} failed after {retries + 1} attempts: {last}") from last
+
+    async def _wait_resumed(self) -> None:
+        while self._paused.is_set():
+            await asyncio.sleep(0.02)
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        if not self._initialized:
+            raise RuntimeError("RemoteInfEngine.initialize() was not called")
+        g = req.gconfig
+        if g.n_samples != 1:
+            raise ValueError(
+                f"agenerate takes gconfig.n_samples=1 (got {g.n_samples}); send n requests"
+            )
+        max_new = min(g.max_new_tokens, g.max_tokens - len(req.input_ids))
+        if max_new < 1:
+            raise ValueError(
+                f"prompt of {len(req.input_ids)} tokens leaves no room under gconfig.max_tokens={g.max_tokens}"
+            )
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        stop_reason = "abort"
+        start = time.perf_counter()
+        ttft = float("inf")
+        try:
+            while len(tokens) < max_new:
+                await self._wait_resumed()
+                p = GenParams(
+                    max_new_tokens=max_new - len(tokens),
+                    min_new_tokens=max(0, min(g.min_new_tokens, max_new) - len(tokens)),
+                    temperature=g.temperature,
+                    top_p=g.top_p,
+                    top_k=g.top_k,
+                    greedy=g.greedy,
+                    stop_token_ids=list(g.stop_token_ids),
+                    ignore_eos=g.ignore_eos,
+                )
+                version_before = self._version
+                chunk = await self._generate_chunk(req.rid, list(req.input_ids) + tokens, p)
+                if chunk.tokens and ttft == float("inf"):
+                    ttft = time.perf_counter() - start
+                tokens += chunk.tokens
+                logprobs += chunk.logprobs
+                versions += (
+                    chunk.versions
+                    if chunk.versions is not None
+                    else [version_before] * len(chunk.tokens)
+                )
+                stop_reason = chunk.stop_reason
+                if stop_reason != "abort":
+                    break
+                if self.config.enable_rollout_tracing:
+                    logger.info(
+                        "request %s interrupted after %d tokens; resuming", req.rid, len(tokens)
+                    )
+                if not chunk.tokens:
+                    await asyncio.sleep(0.05)
+        finally:
+            with self._lock:
+                self._rid_server.pop(req.rid, None)
+        if stop_reason == "abort" and len(tokens) >= max_new:
+            stop_reason = "length"
+        return ModelResponse(
+            input_tokens=list(req.input_ids),
+            output_tokens=tokens,
+            output_logprobs=logprobs,
+            output_versions=versions,
+            stop_reason=stop_reason,
+            latency=time.perf_counter() - start,
+            ttft=ttft,
+            tokenizer=req.tokenizer,
+            metadata=dict(req.metadata),
+        )
+
+    # ------------------------------------------------------------------ pause / version
+    def pause_generation(self) -> None:
+        """Interrupt in-flight generation everywhere; new chunks wait for ``continue_generation``."""
+        self._paused.set()
+        self._call_all(lambda i, a: self.backend.pause_call())
+        if self.config.pause_grace_period > 0:
+            time.sleep(self.config.pause_grace_period)
+
+    def continue_generation(self) -> None:
+        self._call_all(lambda i, a: self.backend.resume_call())
+        self._paused.clear()
+
+    def is_paused(self) -> bool:
+        return self._paused.is_set()
+
+    def set_version(self, version: int) -> None:
+        self._version = int(version)
+        if self.backend.set_version_call(self._version) is not None and self.healthy_addresses:
+            self._call_all(lambda i, a: self.backend.set_version_call(self._version))
+
+    def get_version(self) -> int:
+        return self._version
+
+    # ------------------------------------------------------------------ weights
+    def _submit(self, fn: Callable[[], Any]) -> Future:
+        if self._executor is None:
+            raise RuntimeError("RemoteInfEngine.initialize() was not called")
+        return self._executor.submit(fn)
+
+    def _paused_update(self, update: Callable[[], Any], version: int | None) -> Any:
+        own_pause = not self._paused.is_set()
+        if own_pause:
+            self.pause_generation()
+        try:
+            result = update()
+            if version is not None:
+                self.set_version(version)
+            return result
+        finally:
+            if own_pause:
+                self.continue_generation()
+
+    def update_weights_from_disk(self, meta: WeightUpdateMeta) -> Future:
+        if meta.type != "disk" or not meta.path:
+            raise ValueError(
+                "update_weights_from_disk needs a WeightUpdateMeta of type 'disk' with a path"
+            )
+
+        def _run():
+            t0 = time.monotonic()
+            self._paused_update(
+                lambda: self._call_all(
+                    lambda i, a: self.backend.update_disk_call(meta.path, meta.version)
+                ),
+                meta.version,
+            )
+            logger.info(
+                "weights reloaded from %s (version %s) in %.2fs",
+                meta.path,
+                meta.version,
+                time.monotonic() - t0,
+            )
+
+        return self._submit(_run)
+
+    def init_weights_update_group(self, meta: WeightUpdateMeta) -> Future:
+        addrs = self.healthy_addresses
+        world_size = 1 + len(addrs)
+        if meta.world_size and meta.world_size != world_size:
+            raise ValueError(
+                f"meta.world_size={meta.world_size}, but 1 trainer + {len(addrs)} servers = {world_size}"
+            )
+        meta.world_size = world_size
+
+        def _run():
+            with concurrent.futures.ThreadPoolExecutor(max_workers=len(addrs)) as pool:
+                futs = [
+                    pool.submit(
+                        self._post, a, self.backend.init_group_call(meta, 1 + i, world_size)
+                    )
+                    for i, a in enumerate(addrs)
+                ]
+                return [f.result() for f in futs]
+
+        return self._submit(_run)
+
+    def update_weights_from_distributed(
+        self, meta: WeightUpdateMeta, param_specs: list[ParamSpec]
+    ) -> Future:
+        specs = list(param_specs)
+
+        def _run():
+            return self._paused_update(
+                lambda: self._call_all(
+                    lambda i, a: self.backend.update_distributed_call(meta, specs, meta.version)
+                ),
+                meta.version,
+            )
+
+        return self._submit(_run)
+
+    # ------------------------------------------------------------------ rollout delegation
+    def _executor_or_raise(self):
+        if self.workflow_executor is None:
+            raise RuntimeError(
+                "no WorkflowExecutor: call initialize() first (and check areal.infra.workflow_executor imports)"
+            )
+        return self.workflow_executor
+
+    @property
+    def staleness_manager(self):
+        return self._executor_or_raise().staleness_manager
+
+    def submit(
+        self,
+        data,
+        workflow=None,
+        workflow_kwargs=None,
+        should_accept_fn=None,
+        group_size=1,
+        task_id=None,
+        is_eval=False,
+    ) -> int:
+        return self._executor_or_raise().submit(
+            data, workflow, workflow_kwargs, should_accept_fn, group_size, task_id, is_eval
+        )
+
+    def wait(self, count: int, timeout: float | None = None, **kwargs):
+        return self._executor_or_raise().wait(count, timeout=timeout, **kwargs)
+
+    def rollout_batch(self, data, workflow=None, workflow_kwargs=None, **kwargs):
+        return self._executor_or_raise().rollout_batch(data, workflow, workflow_kwargs, **kwargs)
+
+    def prepare_batch(self, dataloader, workflow=None, workflow_kwargs=None, **kwargs):
+        return self._executor_or_raise().prepare_batch(
+            dataloader, workflow, workflow_kwargs, **kwargs
+        )
+
+    def pause(self) -> None:
+        self._executor_or_raise().pause()
+
+    def resume(self) -> None:
+        self._executor_or_raise().resume()

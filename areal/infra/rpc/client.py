@@ -1,0 +1,105 @@
+"""Blocking client of one RPC worker (``rpc_server``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import requests
+
+from areal.api.scheduler_api import RemoteCallError
+from areal.infra.rpc.serialization import CONTENT_TYPE, deserialize, serialize
+
+
+def spawn_daemon(fn: Callable[..., Any], *args, name: str = "rpc-call", **kwargs) -> Future:
+    """Run ``fn`` on a new daemon thread and return a Future of its result.
+
+    Daemon threads (unlike ``ThreadPoolExecutor``'s) never block interpreter exit, so a
+    call stuck on a hung worker cannot keep the controller from tearing workers down.
+    """
+    fut: Future = Future()
+
+    def _target():
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - delivered through the future
+            fut.set_exception(e)
+
+    threading.Thread(target=_target, name=name, daemon=True).start()
+    return fut
+
+
+class RPCClient:
+    """Talks to ``http://{address}``; ``worker_id`` only names the worker in errors.
+
+    ``timeout`` (seconds) bounds every call; ``None`` waits for as long as the method
+    runs (callers such as ``LocalScheduler`` watch the worker's liveness meanwhile).
+    """
+
+    def __init__(self, address: str, worker_id: str = "", connect_timeout: float = 10.0):
+        self.address = address
+        self.worker_id = worker_id or address
+        self.connect_timeout = connect_timeout
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    def health(self, timeout: float = 5.0) -> dict:
+        resp = requests.get(f"{self.url}/health", timeout=timeout)
+        resp.raise_for_status()
+        return resp.json()
+
+    def set_env(self, env: dict[str, str], timeout: float = 30.0) -> None:
+        resp = requests.post(f"{self.url}/set_env", json={"env": env}, timeout=timeout)
+        resp.raise_for_status()
+
+    def _post(self, path: str, payload: dict, what: str, timeout: float | None) -> Any:
+        resp = requests.post(
+            f"{self.url}{path}",
+            data=serialize(payload),
+            headers={"Content-Type": CONTENT_TYPE},
+            timeout=(self.connect_timeout, timeout),
+        )
+        if resp.headers.get("Content-Type", "").startswith(CONTENT_TYPE):
+            out = deserialize(resp.content)
+        else:
+            raise RuntimeError(
+                f"Worker {self.worker_id} answered {what} with HTTP {resp.status_code}: {resp.text[:2000]}"
+            )
+        if not out.get("ok"):
+            raise RemoteCallError(
+                f"Worker {self.worker_id}: {what} raised {out.get('error_type')}: {out.get('error')}\n"
+                f"--- remote traceback ({self.worker_id}) ---\n{out.get('traceback', '')}",
+                worker_id=self.worker_id,
+                method=what,
+                remote_type=out.get("error_type", ""),
+                remote_traceback=out.get("traceback", ""),
+            )
+        return out.get("result")
+
+    def create_engine(
+        self,
+        engine: str,
+        *args,
+        engine_name: str = "default",
+        timeout: float | None = None,
+        **kwargs,
+    ) -> None:
+        payload = {"engine": engine, "args": args, "kwargs": kwargs, "engine_name": engine_name}
+        self._post("/create_engine", payload, f"create_engine({engine})", timeout)
+
+    def call(
+        self,
+        method: str,
+        *args,
+        engine_name: str = "default",
+        timeout: float | None = None,
+        **kwargs,
+    ) -> Any:
+        payload = {"method": method, "args": args, "kwargs": kwargs, "engine_name": engine_name}
+        return self._post("/call", payload, method, timeout)

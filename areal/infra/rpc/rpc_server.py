@@ -1,0 +1,214 @@
+"""RPC worker process: an HTTP server on 127.0.0.1 hosting engine objects.
+
+Start: ``python -m areal.infra.rpc.rpc_server --port N [--host 127.0.0.1]``.
+
+Endpoints (bodies are pickle bytes, see ``serialization``; trusted peers only):
+
+- ``GET /health`` -> JSON ``{"status": "ok", "pid", "engines", "busy"}``; answers
+  even while a call runs.
+- ``POST /create_engine`` ``{"engine": "pkg.mod.Class", "args", "kwargs",
+  "engine_name"}`` imports the class and instantiates it.
+- ``POST /call`` ``{"method", "args", "kwargs", "engine_name"}`` runs
+  ``engine.method(*args, **kwargs)`` (or reads a non-callable attribute) and returns ``{"ok": True, "result": ...}``, or
+  ``{"ok": False, "error_type", "error", "traceback"}`` with HTTP 500.
+- ``POST /set_env`` JSON ``{"env": {...}}`` updates ``os.environ``.
+
+Every engine construction and call runs on ONE dedicated thread, in arrival order:
+``torch.distributed`` collectives need the same thread-affine order on all ranks, and
+the controller calls all ranks concurrently. ``torch.set_num_threads`` defaults to 1
+(``--num-threads`` / ``AREAL_WORKER_NUM_THREADS``).
+
+The process exits by itself when its parent (the controller) dies, and exits at once
+on SIGTERM (engines hold no state worth a graceful shutdown; checkpoints are explicit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from aiohttp import web
+
+from areal.infra.rpc.serialization import CONTENT_TYPE, deserialize, serialize
+from areal.utils import logging
+
+logger = logging.getLogger("RPCServer")
+
+MAX_BODY_BYTES = 64 * 1024**3
+
+
+def import_from_path(path: str) -> Any:
+    """Import ``pkg.mod.Name`` (or ``pkg.mod:Name``) and return the object."""
+    if ":" in path:
+        module_name, attr = path.split(":", 1)
+    else:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(
+            f"Not an import path of a class: {path!r} (expected 'pkg.module.ClassName')"
+        )
+    obj = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class EngineHost:
+    """Holds the engines of one worker and runs their methods on a single thread."""
+
+    def __init__(self):
+        self.engines: dict[str, Any] = {}
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self.busy = 0
+
+    def _create(self, payload: dict) -> dict:
+        name = payload.get("engine_name", "default")
+        cls = import_from_path(payload["engine"])
+        self.engines[name] = cls(*payload.get("args", ()), **payload.get("kwargs", {}))
+        logger.info(f"Created engine {name!r}: {payload['engine']}")
+        return {"ok": True}
+
+    def _call(self, payload: dict) -> dict:
+        name = payload.get("engine_name", "default")
+        method = payload["method"]
+        if name not in self.engines:
+            raise RuntimeError(
+                f"No engine named {name!r} in this worker (create_engine first); have {sorted(self.engines)}"
+            )
+        args, kwargs = payload.get("args", ()), payload.get("kwargs", {})
+        attr = getattr(self.engines[name], method)
+        if not callable(attr):  # a property/attribute such as ``data_parallel_rank``
+            if args or kwargs:
+                raise TypeError(f"{method!r} is an attribute, not a method; it takes no arguments")
+            return {"ok": True, "result": attr}
+        return {"ok": True, "result": attr(*args, **kwargs)}
+
+    def run(self, kind: str, body: bytes) -> tuple[int, bytes]:
+        """Runs on the engine thread: decode, execute, encode (errors become payloads)."""
+        method = "?"
+        try:
+            payload = deserialize(body)
+            method = payload.get("method", "create_engine")
+            out = self._create(payload) if kind == "create" else self._call(payload)
+            return 200, serialize(out)
+        except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
+            tb = traceback.format_exc()
+            logger.error(f"{kind} {method} failed: {type(e).__name__}: {e}\n{tb}")
+            err = {"ok": False, "error_type": type(e).__name__, "error": str(e), "traceback": tb}
+            try:
+                return 500, serialize(err)
+            except Exception:  # noqa: BLE001
+                err["error"] = repr(e)
+                return 500, serialize(err)
+
+
+def build_app(host: EngineHost) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    routes = web.RouteTableDef()
+
+    @routes.get("/health")
+    async def health(_request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "status": "ok",
+                "pid": os.getpid(),
+                "engines": sorted(host.engines),
+                "busy": host.busy > 0,
+            }
+        )
+
+    async def _run(kind: str, request: web.Request) -> web.Response:
+        body = await request.read()
+        host.busy += 1
+        try:
+            loop = asyncio.get_running_loop()
+            status, out = await loop.run_in_executor(host.executor, host.run, kind, body)
+        finally:
+            host.busy -= 1
+        return web.Response(status=status, body=out, content_type=CONTENT_TYPE)
+
+    @routes.post("/create_engine")
+    async def create_engine(request: web.Request) -> web.Response:
+        return await _run("create", request)
+
+    @routes.post("/call")
+    async def call(request: web.Request) -> web.Response:
+        return await _run("call", request)
+
+    @routes.post("/set_env")
+    async def set_env(request: web.Request) -> web.Response:
+        data = await request.json()
+        env = {str(k): str(v) for k, v in data.get("env", {}).items()}
+        os.environ.update(env)
+        return web.json_response({"ok": True, "set": sorted(env)})
+
+    app.add_routes(routes)
+    return app
+
+
+def _hard_exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    os._exit(code)
+
+
+def _watch_parent(parent_pid: int, interval: float = 1.0) -> None:
+    """Exit when the controller that started us is gone (we got re-parented)."""
+    while True:
+        time.sleep(interval)
+        if os.getppid() != parent_pid:
+            logger.warning(f"Parent process {parent_pid} is gone; exiting")
+            _hard_exit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="areal RPC worker hosting engine objects")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--num-threads", type=int, default=int(os.environ.get("AREAL_WORKER_NUM_THREADS", "1"))
+    )
+    parser.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="exit when this process is no longer our parent (default: the current parent)",
+    )
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.num_threads)
+    signal.signal(signal.SIGTERM, lambda *_: _hard_exit(128 + signal.SIGTERM))
+    parent = args.parent_pid if args.parent_pid is not None else os.getppid()
+    if parent > 1:
+        threading.Thread(
+            target=_watch_parent, args=(parent,), daemon=True, name="parent-watch"
+        ).start()
+
+    host = EngineHost()
+    logger.info(f"RPC worker pid {os.getpid()} serving on {args.host}:{args.port}")
+    web.run_app(
+        build_app(host),
+        host=args.host,
+        port=args.port,
+        print=None,
+        handle_signals=False,
+        access_log=None,
+    )
+
+
+if __name__ == "__main__":
+    main()

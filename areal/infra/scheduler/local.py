@@ -1,0 +1,578 @@
+"""``LocalScheduler``: workers as subprocesses of the controller on this machine.
+
+Each worker is its own process group (``start_new_session``), logs stdout+stderr to
+``{fileroot}/logs/{experiment}/{trial}/{role}-{i}.log``, gets ``port_count`` free ports
+(``worker_ports[0]`` serves HTTP) and must answer ``GET {job.health_path}`` with 200 within
+``startup_timeout`` seconds. Worker addresses are published with ``name_resolve`` under
+``{experiment}/{trial}/workers/{role}/{i}`` (root: ``cluster.name_resolve.nfs_record_root``
+of ``exp_config``, else ``{fileroot}/name_resolve``).
+
+RPC workers (``SchedulingSpec.cmd is None``) of a job also get ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK`` (= rank on CPU, 0 when a GPU is assigned through
+``CUDA_VISIBLE_DEVICES``), ``MASTER_ADDR=127.0.0.1`` and ``MASTER_PORT`` (rank 0's
+``worker_ports[1]``, shared), plus ``OMP_NUM_THREADS=1`` for every worker.
+
+No orphans: ``delete_workers`` sends SIGTERM to each process group, then SIGKILL after
+``kill_grace`` seconds (and kills any descendant that left the group); it also runs at
+interpreter exit (``atexit``) and on SIGTERM of the controller (turned into
+``SystemExit`` when no other handler is installed). Workers started from the main thread
+get ``PR_SET_PDEATHSIG=SIGKILL`` on Linux, and RPC workers also poll their parent, so a
+``kill -9`` of the controller does not leave them behind.
+
+Dead workers: a monitor thread logs any worker that exits unexpectedly, and
+``call_engine`` on a dead worker (or one that dies during the call) raises
+``WorkerDiedError`` naming role, index, pid and exit code with the last lines of its log.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections import deque
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import psutil
+import requests
+
+from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, WorkerDiedError
+from areal.infra.rpc.client import RPCClient, spawn_daemon
+from areal.utils import logging
+from areal.utils.name_resolve import FileNameRecordRepository
+
+logger = logging.getLogger("LocalScheduler")
+
+LOG_TAIL_LINES = 30
+_PR_SET_PDEATHSIG = 1
+
+
+def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except Exception:  # noqa: BLE001 - best effort (non-glibc systems)
+        pass
+
+
+def find_free_ports(
+    count: int, exclude: set[int] | None = None, host: str = "127.0.0.1"
+) -> list[int]:
+    """``count`` distinct ports that were free a moment ago (bind to port 0)."""
+    exclude = exclude or set()
+    ports: list[int] = []
+    socks = []
+    try:
+        while len(ports) < count:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+            port = s.getsockname()[1]
+            if port not in exclude and port not in ports:
+                ports.append(port)
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def read_log_tail(path: str, n: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(deque(f, maxlen=n))
+    except OSError as e:
+        return f"<could not read {path}: {e}>"
+
+
+@dataclass
+class _WorkerProc:
+    worker: Worker
+    role: str
+    index: int
+    proc: subprocess.Popen
+    log_path: str
+    log_file: IO
+    cmd: list[str]
+    client: RPCClient | None
+    stopping: bool = False
+    reported: bool = False
+    descendants: list[int] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def dead_error(self, during: str = "") -> WorkerDiedError:
+        code = self.proc.poll()
+        what = f" during {during}" if during else ""
+        return WorkerDiedError(
+            f"Worker {self.worker.id} (role={self.role}, index={self.index}, pid={self.pid}) "
+            f"is dead{what}: exit code {code}. Command: {shlex.join(self.cmd)}\n"
+            f"--- last {LOG_TAIL_LINES} lines of {self.log_path} ---\n{read_log_tail(self.log_path)}"
+        )
+
+
+class LocalScheduler(Scheduler):
+    """Subprocess scheduler (see module docstring).
+
+    ``exp_config`` (a ``BaseExperimentConfig``-like object) supplies defaults for
+    ``fileroot`` (``cluster.fileroot``), ``experiment_name`` and ``trial_name``.
+    ``call_timeout`` bounds every ``call_engine`` (None = unbounded while the worker lives).
+    """
+
+    def __init__(
+        self,
+        fileroot: str | None = None,
+        experiment_name: str | None = None,
+        trial_name: str | None = None,
+        *,
+        exp_config: Any = None,
+        startup_timeout: float = 180.0,
+        kill_grace: float = 5.0,
+        call_timeout: float | None = None,
+        monitor_interval: float = 1.0,
+        gpu_devices: list[int] | None = None,
+        host: str = "127.0.0.1",
+    ):
+        cluster = getattr(exp_config, "cluster", None)
+        self.fileroot = (
+            fileroot
+            or getattr(cluster, "fileroot", None)
+            or os.path.join(tempfile.gettempdir(), "areal")
+        )
+        self.experiment_name = (
+            experiment_name or getattr(exp_config, "experiment_name", None) or "default"
+        )
+        self.trial_name = trial_name or getattr(exp_config, "trial_name", None) or "trial0"
+        self.startup_timeout = startup_timeout
+        self.kill_grace = kill_grace
+        self.call_timeout = call_timeout
+        self.host = host
+        self.gpu_devices = gpu_devices
+        self._next_gpu = 0
+        self.log_dir = os.path.join(self.fileroot, "logs", self.experiment_name, self.trial_name)
+        nr_root = getattr(getattr(cluster, "name_resolve", None), "nfs_record_root", None)
+        self.name_resolve = FileNameRecordRepository(
+            nr_root or os.path.join(self.fileroot, "name_resolve")
+        )
+        self._lock = threading.RLock()
+        self._roles: dict[str, list[_WorkerProc]] = {}
+        self._aliases: dict[str, str] = {}  # colocated role -> role that owns the processes
+        self._used_ports: set[int] = set()
+        self._closed = False
+        self._stop_monitor = threading.Event()
+        self._monitor = threading.Thread(
+            target=self._monitor_loop,
+            args=(weakref.ref(self), monitor_interval, self._stop_monitor),
+            daemon=True,
+            name="local-scheduler-monitor",
+        )
+        self._monitor.start()
+        atexit.register(LocalScheduler._atexit, weakref.ref(self))
+        self._install_sigterm_handler()
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> LocalScheduler:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every worker and the monitor."""
+        self.delete_workers()
+        self._stop_monitor.set()
+        self._closed = True
+
+    @staticmethod
+    def _atexit(ref: weakref.ref) -> None:
+        sched = ref()
+        if sched is not None and not sched._closed:
+            sched.close()
+
+    @staticmethod
+    def _install_sigterm_handler() -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+
+            def _raise_exit(signum, _frame):
+                raise SystemExit(128 + signum)
+
+            signal.signal(signal.SIGTERM, _raise_exit)
+
+    @staticmethod
+    def _monitor_loop(ref: weakref.ref, interval: float, stop: threading.Event) -> None:
+        while not stop.wait(interval):
+            sched = ref()
+            if sched is None:
+                return
+            with sched._lock:
+                procs = [p for ps in sched._roles.values() for p in ps]
+            for p in procs:
+                if not p.stopping and not p.reported and p.proc.poll() is not None:
+                    p.reported = True
+                    logger.error(str(p.dead_error()))
+            del sched
+
+    # ------------------------------------------------------------------ workers
+    def _allocate_ports(self, n: int) -> list[int]:
+        with self._lock:
+            ports = find_free_ports(n, exclude=self._used_ports, host=self.host)
+            self._used_ports.update(ports)
+            return ports
+
+    def _gpus_for(self, spec: SchedulingSpec) -> list[int]:
+        if spec.gpu <= 0:
+            return []
+        if self.gpu_devices is None:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            if visible:
+                self.gpu_devices = [int(x) for x in visible.split(",") if x.strip()]
+            else:
+                import torch
+
+                self.gpu_devices = list(range(torch.cuda.device_count()))
+        if len(self.gpu_devices) < spec.gpu:
+            raise RuntimeError(
+                f"A worker asks for {spec.gpu} GPU(s); this machine has {self.gpu_devices}"
+            )
+        out = []
+        for _ in range(spec.gpu):
+            out.append(self.gpu_devices[self._next_gpu % len(self.gpu_devices)])
+            self._next_gpu += 1
+        return out
+
+    def _command(self, spec: SchedulingSpec, ports: list[int]) -> list[str]:
+        if spec.cmd is None:
+            return [
+                sys.executable, "-m", "areal.infra.rpc.rpc_server",
+                "--port", str(ports[0]), "--host", self.host, "--parent-pid", str(os.getpid()),
+            ]  # fmt: skip
+        fmt = {"port": ports[0], "host": self.host, **{f"port{i}": p for i, p in enumerate(ports)}}
+        argv = shlex.split(spec.cmd) if isinstance(spec.cmd, str) else list(spec.cmd)
+        argv = [a.format(**fmt) for a in argv]
+        if argv and argv[0] in ("python", "python3"):
+            argv[0] = sys.executable
+        return argv
+
+    def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
+        """Start the workers of ``job`` and wait until all are healthy; returns their ids."""
+        role = job.role
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("LocalScheduler is closed")
+            if role in self._roles or role in self._aliases:
+                raise ValueError(
+                    f"Role {role!r} already has workers; delete_workers({role!r}) first"
+                )
+        strategy = job.scheduling_strategy
+        if strategy is not None and strategy.type == "colocation":
+            target = strategy.target
+            with self._lock:
+                if target not in self._roles:
+                    raise ValueError(f"Colocation target role {target!r} has no workers")
+                if len(self._roles[target]) != job.replicas:
+                    raise ValueError(
+                        f"Colocation needs replicas={len(self._roles[target])} (as {target!r}); got {job.replicas}"
+                    )
+                self._aliases[role] = target
+            return [p.worker.id for p in self._roles[target]]
+
+        os.makedirs(self.log_dir, exist_ok=True)
+        distributed = job.distributed_env
+        procs: list[_WorkerProc] = []
+        self._roles[role] = procs
+        try:
+            spec = job.worker_spec
+            n_ports = max(spec.port_count, 2 if spec.cmd is None else 1)
+            all_ports = [self._allocate_ports(n_ports) for _ in range(job.replicas)]
+            master_port = all_ports[0][1] if len(all_ports[0]) > 1 else self._allocate_ports(1)[0]
+            base_env = dict(os.environ)
+            pythonpath = [
+                os.getcwd(),
+                os.path.dirname(
+                    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                ),
+            ]
+            if base_env.get("PYTHONPATH"):
+                pythonpath.append(base_env["PYTHONPATH"])
+            base_env["PYTHONPATH"] = os.pathsep.join(pythonpath)
+            base_env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+            for i in range(job.replicas):
+                ports = all_ports[i]
+                env = dict(base_env)
+                env["AREAL_WORKER_ID"] = f"{role}/{i}"
+                gpus = self._gpus_for(spec)
+                if gpus:
+                    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+                if distributed if distributed is not None else spec.cmd is None:
+                    env.update(
+                        RANK=str(i),
+                        WORLD_SIZE=str(job.replicas),
+                        LOCAL_RANK="0" if gpus else str(i),
+                        MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(master_port),
+                    )
+                env.update(job.env_vars)
+                cmd = self._command(spec, ports)
+                log_path = os.path.join(self.log_dir, f"{role}-{i}.log")
+                log_file = open(log_path, "ab")  # noqa: SIM115 - closed in delete_workers
+                log_file.write(
+                    f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} start: {shlex.join(cmd)}\n".encode()
+                )
+                log_file.flush()
+                proc = subprocess.Popen(
+                    cmd,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    cwd=os.getcwd(),
+                    start_new_session=True,
+                    preexec_fn=_set_pdeathsig
+                    if threading.current_thread() is threading.main_thread()
+                    and sys.platform == "linux"
+                    else None,
+                )
+                worker = Worker(
+                    id=f"{role}/{i}", ip=self.host, worker_ports=[str(p) for p in ports]
+                )
+                client = (
+                    RPCClient(worker.address, worker_id=worker.id) if spec.cmd is None else None
+                )
+                procs.append(_WorkerProc(worker, role, i, proc, log_path, log_file, cmd, client))
+                logger.info(
+                    f"Started {worker.id} pid {proc.pid} on port {ports[0]}; log {log_path}"
+                )
+            self._wait_healthy(job, procs)
+            for p in procs:
+                self.name_resolve.add(self._key(role, p.index), p.worker.address, replace=True)
+        except BaseException:
+            self.delete_workers(role)
+            raise
+        return [p.worker.id for p in procs]
+
+    def _wait_healthy(self, job: Job, procs: list[_WorkerProc]) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        pending = list(procs)
+        while pending:
+            for p in list(pending):
+                if p.proc.poll() is not None:
+                    raise p.dead_error(during="startup")
+                path = "/health" if p.client is not None else job.health_path
+                url = f"http://{p.worker.address}{path}"
+                try:
+                    if requests.get(url, timeout=2).status_code == 200:
+                        pending.remove(p)
+                except requests.RequestException:
+                    pass
+            if pending and time.monotonic() > deadline:
+                p = pending[0]
+                raise TimeoutError(
+                    f"Worker {p.worker.id} (pid {p.pid}) not healthy at {p.worker.address} within "
+                    f"{self.startup_timeout} s\n--- last {LOG_TAIL_LINES} lines of {p.log_path} ---\n{read_log_tail(p.log_path)}"
+                )
+            if pending:
+                time.sleep(0.1)
+        logger.info(f"Workers of role {job.role!r} healthy: {[p.worker.id for p in procs]}")
+
+    def _key(self, role: str, index: int) -> str:
+        return f"{self.experiment_name}/{self.trial_name}/workers/{role}/{index}"
+
+    def _procs(self, role: str) -> list[_WorkerProc]:
+        with self._lock:
+            role = self._aliases.get(role, role)
+            if role not in self._roles:
+                raise KeyError(
+                    f"No workers with role {role!r}; have {sorted(self._roles) + sorted(self._aliases)}"
+                )
+            return list(self._roles[role])
+
+    def _proc(self, worker_id: str) -> _WorkerProc:
+        role, _, index = worker_id.rpartition("/")
+        procs = self._procs(role)
+        try:
+            return procs[int(index)]
+        except (ValueError, IndexError):
+            raise KeyError(f"No worker {worker_id!r}") from None
+
+    def get_workers(self, role: str, timeout: float | None = None) -> list[Worker]:
+        """Workers of ``role`` (waits up to ``timeout`` s for the role to appear).
+
+        Raises ``WorkerDiedError`` if one of them is dead.
+        """
+        deadline = time.monotonic() + (timeout or 0)
+        while True:
+            try:
+                procs = self._procs(role)
+                break
+            except KeyError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
+        for p in procs:
+            if p.proc.poll() is not None:
+                raise p.dead_error()
+        return [p.worker for p in procs]
+
+    def worker_pids(self, role: str | None = None) -> list[int]:
+        with self._lock:
+            roles = [role] if role is not None else list(self._roles)
+            return [p.pid for r in roles for p in self._roles.get(self._aliases.get(r, r), [])]
+
+    def log_path(self, worker_id: str) -> str:
+        return self._proc(worker_id).log_path
+
+    def delete_workers(self, role: str | None = None) -> None:
+        """SIGTERM each worker's process group, SIGKILL after ``kill_grace`` s; idempotent."""
+        with self._lock:
+            if role is None:
+                roles = list(self._roles)
+                self._aliases.clear()
+            elif role in self._aliases:
+                del self._aliases[role]
+                return
+            else:
+                roles = [role] if role in self._roles else []
+                for alias, target in list(self._aliases.items()):
+                    if target == role:
+                        del self._aliases[alias]
+            procs = [p for r in roles for p in self._roles.pop(r)]
+        if not procs:
+            return
+        for p in procs:
+            p.stopping = True
+            try:
+                p.descendants = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
+            except psutil.Error:
+                p.descendants = []
+            self._signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + self.kill_grace
+        for p in procs:
+            try:
+                p.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning(
+                    f"Worker {p.worker.id} (pid {p.pid}) ignored SIGTERM; sending SIGKILL"
+                )
+        for p in procs:
+            self._signal_group(p, signal.SIGKILL)
+            for pid in p.descendants:
+                try:
+                    psutil.Process(pid).kill()
+                except psutil.Error:
+                    pass
+            try:
+                p.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                logger.error(f"Worker {p.worker.id} (pid {p.pid}) survived SIGKILL")
+            p.log_file.close()
+            with self._lock:
+                for port in p.worker.worker_ports:
+                    self._used_ports.discard(int(port))
+            try:
+                self.name_resolve.delete(self._key(p.role, p.index))
+            except KeyError:
+                pass
+        logger.info(f"Stopped workers {[p.worker.id for p in procs]}")
+
+    @staticmethod
+    def _signal_group(p: _WorkerProc, sig: int) -> None:
+        try:
+            os.killpg(p.pid, sig)  # the worker leads its own session/process group
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    # ------------------------------------------------------------------ RPC
+    def _rpc(
+        self, worker_id: str, what: str, fn_name: str, *args, timeout: float | None = None, **kwargs
+    ) -> Any:
+        p = self._proc(worker_id)
+        if p.client is None:
+            raise ValueError(
+                f"Worker {worker_id} runs a command ({shlex.join(p.cmd)}), not an RPC server"
+            )
+        if p.proc.poll() is not None:
+            raise p.dead_error(during=what)
+        timeout = self.call_timeout if timeout is None else timeout
+        fut = spawn_daemon(
+            getattr(p.client, fn_name), *args, timeout=timeout, name=f"rpc-{worker_id}", **kwargs
+        )
+        deadline = None if timeout is None else time.monotonic() + timeout + 5.0
+        while True:
+            if wait_futures([fut], timeout=0.2).done:
+                try:
+                    return fut.result()
+                except requests.ConnectionError as e:
+                    # The connection dropped: most likely the worker died; give the OS a moment.
+                    for _ in range(20):
+                        if p.proc.poll() is not None:
+                            raise p.dead_error(during=what) from None
+                        time.sleep(0.1)
+                    raise RuntimeError(
+                        f"Worker {worker_id}: {what} failed: connection error {e}"
+                    ) from e
+                except requests.Timeout as e:
+                    raise TimeoutError(
+                        f"Worker {worker_id}: {what} did not finish within {timeout} s"
+                    ) from e
+            if p.proc.poll() is not None:
+                raise p.dead_error(during=what)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"Worker {worker_id}: {what} did not finish within {timeout} s")
+
+    def create_engine(
+        self,
+        worker_id: str,
+        engine: str,
+        *args,
+        engine_name: str = "default",
+        timeout: float | None = None,
+        **kwargs,
+    ) -> None:
+        """Instantiate ``engine`` (import path, e.g. ``areal.trainer.ppo.actor.FSDPPPOActor``) in the worker."""
+        self._rpc(
+            worker_id,
+            f"create_engine({engine})",
+            "create_engine",
+            engine,
+            *args,
+            engine_name=engine_name,
+            timeout=timeout,
+            **kwargs,
+        )
+
+    def call_engine(
+        self,
+        worker_id: str,
+        method: str,
+        *args,
+        engine_name: str = "default",
+        timeout: float | None = None,
+        **kwargs,
+    ) -> Any:
+        """``engine.method(*args, **kwargs)`` in the worker; remote errors raise ``RemoteCallError``."""
+        return self._rpc(
+            worker_id,
+            method,
+            "call",
+            method,
+            *args,
+            engine_name=engine_name,
+            timeout=timeout,
+            **kwargs,
+        )
+
+    def set_worker_env(self, worker_id: str, env: dict[str, str]) -> None:
+        """Update ``os.environ`` inside an RPC worker (before ``create_engine``)."""
+        self._rpc(worker_id, "set_env", "set_env", env)

@@ -1,0 +1,854 @@
+"""``RayScheduler``: workers as Ray actors on a Ray cluster.
+
+Connecting: ``address`` argument, else ``$RAY_ADDRESS`` (e.g. ``auto`` or
+``ray://head:10001``), else a local Ray is started (``ray.init(address="local",
+num_cpus=...)``) on the first ``create_workers`` and shut down again by
+``delete_workers()`` (all roles) / ``close()``. A Ray that was already initialised in
+this process is used as is and never shut down here.
+
+Placement: each job gets one placement group of ``replicas`` bundles
+``{"CPU": spec.cpu, "GPU": spec.gpu}`` (strategy ``PACK``, or ``placement_strategy``);
+worker ``i`` is an actor pinned to bundle ``i``.
+
+Two actor kinds (both threaded actors, ``max_concurrency=4``):
+
+- RPC workers (``SchedulingSpec.cmd is None``) run the ``rpc_server`` HTTP app
+  (``EngineHost`` + ``build_app``) on a thread inside the actor, bound to the node IP.
+  ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` (rank 0's node IP) and
+  ``MASTER_PORT`` are set in the actor's environment before any engine is created.
+- Command workers (``cmd`` set, e.g. an inference server) run the command as a
+  subprocess of the actor (own process group, killed with the actor); its output goes
+  to the worker's log file and is forwarded to the actor's stdout (Ray's log dir, and the
+  driver when ``log_to_driver``).
+
+Addresses come from the actors themselves (``node_info()``: node IP + free ports on that
+node), not from a shared file system; they are also published in the Ray name-resolve
+store (``RayNameRecordRepository``, a named detached actor) under
+``{experiment}/{trial}/workers/{role}/{i}`` and removed on teardown.
+
+Logs: ``{fileroot}/logs/{experiment}/{trial}/{role}-{i}.log`` on the worker's node
+(areal log records of RPC workers; full output of command workers), plus each actor's
+stdout/stderr under Ray's session log dir (``/tmp/ray/session_latest/logs/worker-*``).
+
+Failures: every actor has a pending ``run_until_stopped()`` call; when the actor dies
+(``RayActorError``) or its command exits, ``get_workers`` / ``call_engine`` raise
+``WorkerDiedError`` naming the worker, with the tail of its log when readable here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import ctypes
+import logging as std_logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections import deque
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, WorkerDiedError
+from areal.infra.rpc.client import RPCClient, spawn_daemon
+from areal.utils import logging
+from areal.utils.network import find_free_ports
+
+logger = logging.getLogger("RayScheduler")
+
+LOG_TAIL_LINES = 30
+_PR_SET_PDEATHSIG = 1
+
+
+def read_log_tail(path: str, n: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(deque(f, maxlen=n))
+    except OSError as e:
+        return f"<could not read {path}: {e}>"
+
+
+def _set_pdeathsig() -> None:  # child side of fork: die with the actor process
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+
+
+def _project_pythonpath() -> str:
+    repo = os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    )
+    parts = [os.getcwd(), repo]
+    if os.environ.get("PYTHONPATH"):
+        parts.append(os.environ["PYTHONPATH"])
+    return os.pathsep.join(dict.fromkeys(parts))
+
+
+def format_command(cmd: str | list[str], host: str, ports: list[int]) -> list[str]:
+    """Fill ``{host}``/``{port}``/``{portN}`` and replace a leading ``python`` by this interpreter."""
+    fmt = {"port": ports[0], "host": host, **{f"port{i}": p for i, p in enumerate(ports)}}
+    argv = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+    argv = [a.format(**fmt) for a in argv]
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    return argv
+
+
+def call_with_liveness(
+    client: RPCClient,
+    fn_name: str,
+    *args,
+    worker_id: str,
+    what: str,
+    check_dead,
+    timeout: float | None = None,
+    check_interval: float = 0.2,
+    connection_grace: float = 5.0,
+    **kwargs,
+) -> Any:
+    """Run ``client.<fn_name>`` on a daemon thread; raise ``check_dead()``'s error if the worker dies.
+
+    ``check_dead()`` returns a ``WorkerDiedError`` (worker dead) or None; it is polled
+    every ``check_interval`` s and, after a connection error, for ``connection_grace`` s.
+    """
+    fut = spawn_daemon(
+        getattr(client, fn_name), *args, timeout=timeout, name=f"rpc-{worker_id}", **kwargs
+    )
+    deadline = None if timeout is None else time.monotonic() + timeout + 5.0
+    while True:
+        if wait_futures([fut], timeout=check_interval).done:
+            try:
+                return fut.result()
+            except requests.ConnectionError as e:
+                end = time.monotonic() + connection_grace
+                while time.monotonic() < end:
+                    err = check_dead()
+                    if err is not None:
+                        raise err from None
+                    time.sleep(0.2)
+                raise RuntimeError(
+                    f"Worker {worker_id}: {what} failed: connection error {e}"
+                ) from e
+            except requests.Timeout as e:
+                raise TimeoutError(
+                    f"Worker {worker_id}: {what} did not finish within {timeout} s"
+                ) from e
+        err = check_dead()
+        if err is not None:
+            raise err
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"Worker {worker_id}: {what} did not finish within {timeout} s")
+
+
+# ---------------------------------------------------------------------------- actor bodies
+class _ActorBase:
+    """Shared parts of the two actor kinds (plain classes; ``ray.remote`` is applied lazily)."""
+
+    def __init__(self, worker_id: str, log_path: str):
+        import ray
+
+        self.worker_id = worker_id
+        self.log_path = log_path
+        self.ip = ray.util.get_node_ip_address()
+        self._stopped = threading.Event()
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+
+    def node_info(self, port_count: int) -> dict:
+        import ray
+
+        return {
+            "ip": self.ip,
+            "ports": find_free_ports(port_count, host=self.ip),
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "log_path": self.log_path,
+        }
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
+        return read_log_tail(self.log_path, n)
+
+
+class RPCWorkerActor(_ActorBase):
+    """Hosts ``rpc_server``'s app on a thread; engines run on its single engine thread."""
+
+    def __init__(self, worker_id: str, log_path: str):
+        super().__init__(worker_id, log_path)
+        handler = std_logging.FileHandler(log_path)
+        logging.getLogger("RPCServer")  # configures the "areal" root logger
+        root = std_logging.getLogger("areal")
+        if root.handlers:
+            handler.setFormatter(root.handlers[0].formatter)
+        root.addHandler(handler)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, port: int, env: dict[str, str], startup_timeout: float = 60.0) -> dict:
+        import torch
+
+        from areal.infra.rpc.rpc_server import EngineHost, build_app
+
+        os.environ.update(env)
+        torch.set_num_threads(int(os.environ.get("AREAL_WORKER_NUM_THREADS", "1")))
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        def _serve() -> None:
+            from aiohttp import web
+
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self._loop = loop
+            try:
+                runner = web.AppRunner(build_app(EngineHost()), access_log=None)
+                loop.run_until_complete(runner.setup())
+                loop.run_until_complete(web.TCPSite(runner, self.ip, port).start())
+            except BaseException as e:  # noqa: BLE001 - reported to start()
+                failure.append(e)
+                started.set()
+                return
+            started.set()
+            loop.run_forever()
+
+        threading.Thread(target=_serve, daemon=True, name="rpc-http").start()
+        if not started.wait(startup_timeout):
+            raise TimeoutError(
+                f"{self.worker_id}: HTTP server did not start in {startup_timeout} s"
+            )
+        if failure:
+            raise RuntimeError(
+                f"{self.worker_id}: HTTP server on {self.ip}:{port} failed: {failure[0]!r}"
+            )
+        logging.getLogger("RayRPCWorker").info(
+            f"{self.worker_id} (pid {os.getpid()}) serving on {self.ip}:{port}"
+        )
+        return {"ip": self.ip, "port": port}
+
+    def run_until_stopped(self) -> int:
+        self._stopped.wait()
+        return 0
+
+    def stop(self, grace: float = 5.0) -> None:
+        self._stopped.set()
+
+
+class CommandWorkerActor(_ActorBase):
+    """Runs one command as a subprocess; its output goes to the log file and the actor's stdout."""
+
+    def __init__(self, worker_id: str, log_path: str):
+        super().__init__(worker_id, log_path)
+        self.proc: subprocess.Popen | None = None
+        self._forwarder: threading.Thread | None = None
+
+    def start(self, argv: list[str], env: dict[str, str], cwd: str | None = None) -> int:
+        full_env = dict(os.environ)
+        full_env.update(env)
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            cwd=cwd if cwd and os.path.isdir(cwd) else None,
+            start_new_session=True,
+            preexec_fn=_set_pdeathsig if sys.platform == "linux" else None,
+        )
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed by the forwarder
+        log.write(
+            f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} start: {shlex.join(argv)}\n".encode()
+        )
+        log.flush()
+
+        def _forward(stream, log_file) -> None:
+            with log_file:
+                for line in iter(stream.readline, b""):
+                    log_file.write(line)
+                    log_file.flush()
+                    try:
+                        sys.stdout.write(line.decode(errors="replace"))
+                        sys.stdout.flush()
+                    except Exception:  # noqa: BLE001
+                        pass
+
+        self._forwarder = threading.Thread(
+            target=_forward, args=(self.proc.stdout, log), daemon=True, name="log-forward"
+        )
+        self._forwarder.start()
+        return self.proc.pid
+
+    def run_until_stopped(self) -> int:
+        while self.proc is None:
+            if self._stopped.wait(0.1):
+                return 0
+        code = self.proc.wait()
+        if self._forwarder is not None:
+            self._forwarder.join(timeout=5)
+        return code
+
+    def stop(self, grace: float = 5.0) -> None:
+        self._stopped.set()
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                return
+            try:
+                self.proc.wait(timeout=grace)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+# ---------------------------------------------------------------------------- scheduler
+@dataclass
+class _RayWorker:
+    worker: Worker
+    role: str
+    index: int
+    actor: Any
+    sentinel: Any  # ObjectRef of run_until_stopped()
+    log_path: str
+    node_id: str
+    client: RPCClient | None
+    cmd: list[str] | None = None
+    stopping: bool = False
+
+
+class RayScheduler(Scheduler):
+    """Ray actor scheduler (see module docstring).
+
+    ``exp_config`` supplies ``cluster.fileroot``, ``experiment_name``, ``trial_name`` and
+    ``cluster.name_resolve.ray_actor_name`` unless given explicitly.
+    """
+
+    def __init__(
+        self,
+        exp_config: Any = None,
+        *,
+        address: str | None = None,
+        fileroot: str | None = None,
+        experiment_name: str | None = None,
+        trial_name: str | None = None,
+        num_cpus: int | None = None,
+        namespace: str = "areal",
+        startup_timeout: float = 180.0,
+        call_timeout: float | None = None,
+        kill_grace: float = 5.0,
+        placement_strategy: str = "PACK",
+    ):
+        cluster = getattr(exp_config, "cluster", None)
+        self.fileroot = os.path.abspath(
+            fileroot
+            or getattr(cluster, "fileroot", None)
+            or os.path.join(tempfile.gettempdir(), "areal")
+        )
+        self.experiment_name = (
+            experiment_name or getattr(exp_config, "experiment_name", None) or "default"
+        )
+        self.trial_name = trial_name or getattr(exp_config, "trial_name", None) or "trial0"
+        nr = getattr(cluster, "name_resolve", None)
+        self.name_resolve_actor = getattr(nr, "ray_actor_name", None) or "ray_kv_store"
+        self.address = address or os.environ.get("RAY_ADDRESS") or None
+        self.num_cpus = num_cpus
+        self.namespace = namespace
+        self.startup_timeout = startup_timeout
+        self.call_timeout = call_timeout
+        self.kill_grace = kill_grace
+        self.placement_strategy = placement_strategy
+        self.log_dir = os.path.join(self.fileroot, "logs", self.experiment_name, self.trial_name)
+        self._lock = threading.RLock()
+        self._roles: dict[str, list[_RayWorker]] = {}
+        self._pgs: dict[str, Any] = {}
+        self._aliases: dict[str, str] = {}
+        self._started_ray = False
+        self._name_resolve = None
+        self._closed = False
+        atexit.register(RayScheduler._atexit, weakref.ref(self))
+
+    # ------------------------------------------------------------------ ray session
+    def _ensure_ray(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        if self.address:
+            logger.info(f"Connecting to Ray cluster at {self.address}")
+            ray.init(address=self.address, namespace=self.namespace, log_to_driver=True)
+        else:
+            num_cpus = self.num_cpus or os.cpu_count() or 1
+            logger.info(f"Starting a local Ray (num_cpus={num_cpus})")
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                namespace=self.namespace,
+                log_to_driver=True,
+            )
+            self._started_ray = True
+
+    @property
+    def name_resolve(self):
+        from areal.utils.name_resolve import RayNameRecordRepository
+
+        if self._name_resolve is None:
+            self._ensure_ray()
+            self._name_resolve = RayNameRecordRepository(
+                self.name_resolve_actor, namespace=self.namespace
+            )
+        return self._name_resolve
+
+    def __enter__(self) -> RayScheduler:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill every actor, remove placement groups, shut down a Ray started here."""
+        self.delete_workers()
+        self._closed = True
+
+    @staticmethod
+    def _atexit(ref: weakref.ref) -> None:
+        sched = ref()
+        if sched is not None and not sched._closed:
+            try:
+                sched.close()
+            except Exception:  # noqa: BLE001 - interpreter is exiting
+                pass
+
+    def _key(self, role: str, index: int) -> str:
+        return f"{self.experiment_name}/{self.trial_name}/workers/{role}/{index}"
+
+    # ------------------------------------------------------------------ workers
+    def _bundle(self, spec: SchedulingSpec) -> dict[str, float]:
+        """``{"CPU", "GPU"}`` of one worker; CPUs are capped at the largest node's count."""
+        import ray
+
+        bundle = {}
+        if spec.cpu > 0:
+            node_cpus = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
+            cap = max(node_cpus, default=spec.cpu) or spec.cpu
+            if spec.cpu > cap:
+                logger.warning(
+                    f"A worker asks for {spec.cpu} CPUs; the largest Ray node has {cap}: using {cap}"
+                )
+            bundle["CPU"] = float(min(spec.cpu, cap))
+        if spec.gpu > 0:
+            bundle["GPU"] = float(spec.gpu)
+        return bundle or {"CPU": 0.01}
+
+    def _wait(self, ref, what: str, timeout: float | None = None) -> Any:
+        import ray
+
+        try:
+            return ray.get(ref, timeout=self.startup_timeout if timeout is None else timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(
+                f"{what} did not finish within {self.startup_timeout} s; Ray resources "
+                f"available: {ray.available_resources()}, total: {ray.cluster_resources()}"
+            ) from None
+
+    def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
+        """Start the workers of ``job`` as actors and wait until all are healthy; returns their ids."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        role = job.role
+        with self._lock:
+            if role in self._roles or role in self._aliases:
+                raise ValueError(
+                    f"Role {role!r} already has workers; delete_workers({role!r}) first"
+                )
+        strategy = job.scheduling_strategy
+        if strategy is not None and strategy.type == "colocation":
+            with self._lock:
+                target = strategy.target
+                if target not in self._roles:
+                    raise ValueError(f"Colocation target role {target!r} has no workers")
+                if len(self._roles[target]) != job.replicas:
+                    raise ValueError(
+                        f"Colocation needs replicas={len(self._roles[target])} (as {target!r}); got {job.replicas}"
+                    )
+                self._aliases[role] = target
+                return [w.worker.id for w in self._roles[target]]
+
+        self._ensure_ray()
+        self._closed = False
+        spec = job.worker_spec
+        is_rpc = spec.cmd is None
+        n_ports = max(spec.port_count, 2 if is_rpc else 1)
+        distributed = job.distributed_env
+        workers: list[_RayWorker] = []
+        with self._lock:
+            self._roles[role] = workers
+        try:
+            bundle = self._bundle(spec)
+            pg = placement_group(
+                [dict(bundle) for _ in range(job.replicas)],
+                strategy=self.placement_strategy,
+                name=f"{self.experiment_name}/{self.trial_name}/{role}",
+            )
+            self._pgs[role] = pg
+            self._wait(pg.ready(), f"Placement group of role {role!r} ({job.replicas} x {bundle})")
+            env_vars = {
+                "PYTHONPATH": _project_pythonpath(),
+                "PYTHONUNBUFFERED": "1",
+                "OMP_NUM_THREADS": "1",
+            }
+            env_vars.update(job.env_vars)
+            pending = []
+            for i in range(job.replicas):
+                wid = f"{role}/{i}"
+                actor = (
+                    ray.remote(RPCWorkerActor if is_rpc else CommandWorkerActor)
+                    .options(
+                        num_cpus=bundle.get("CPU", 0),
+                        num_gpus=spec.gpu,
+                        max_concurrency=4,
+                        max_restarts=0,
+                        name=f"{self.experiment_name}/{self.trial_name}/{wid}",
+                        namespace=self.namespace,
+                        runtime_env={"env_vars": dict(env_vars, AREAL_WORKER_ID=wid)},
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(
+                            placement_group=pg,
+                            placement_group_bundle_index=i,
+                            placement_group_capture_child_tasks=True,
+                        ),
+                    )
+                    .remote(wid, os.path.join(self.log_dir, f"{role}-{i}.log"))
+                )
+                pending.append((actor, actor.node_info.remote(n_ports)))
+            infos = []
+            for i, (actor, ref) in enumerate(pending):
+                info = self._wait_actor(ref, f"{role}/{i}", "start-up (node_info)")
+                infos.append(info)
+                w = Worker(
+                    id=f"{role}/{i}",
+                    ip=info["ip"],
+                    worker_ports=[str(p) for p in info["ports"]],
+                )
+                workers.append(
+                    _RayWorker(
+                        worker=w,
+                        role=role,
+                        index=i,
+                        actor=actor,
+                        sentinel=actor.run_until_stopped.remote(),
+                        log_path=info["log_path"],
+                        node_id=info["node_id"],
+                        client=RPCClient(w.address, worker_id=w.id) if is_rpc else None,
+                    )
+                )
+                logger.info(
+                    f"Actor {w.id} pid {info['pid']} on node {info['ip']} ports {info['ports']}; "
+                    f"log {info['log_path']}"
+                )
+            master_addr = infos[0]["ip"]
+            dist_env = distributed if distributed is not None else is_rpc
+            master_port = None
+            if dist_env:
+                ports0 = infos[0]["ports"]
+                master_port = (
+                    ports0[1]
+                    if len(ports0) > 1
+                    else self._wait_actor(
+                        workers[0].actor.node_info.remote(1), workers[0].worker.id, "node_info"
+                    )["ports"][0]
+                )
+            starts = []
+            for i, w in enumerate(workers):
+                env = {}
+                if dist_env:
+                    same_node = sum(1 for j in range(i) if infos[j]["ip"] == infos[i]["ip"])
+                    env.update(
+                        RANK=str(i),
+                        WORLD_SIZE=str(job.replicas),
+                        LOCAL_RANK="0" if spec.gpu > 0 else str(same_node),
+                        MASTER_ADDR=master_addr,
+                        MASTER_PORT=str(master_port),
+                    )
+                if is_rpc:
+                    starts.append(w.actor.start.remote(int(w.worker.serve_port), env))
+                else:
+                    w.cmd = format_command(
+                        spec.cmd, w.worker.ip, [int(p) for p in w.worker.worker_ports]
+                    )
+                    starts.append(w.actor.start.remote(w.cmd, env, os.getcwd()))
+            for w, ref in zip(workers, starts, strict=True):
+                self._wait_actor(ref, w.worker.id, "start", w)
+            self._wait_healthy(job, workers)
+            for w in workers:
+                self.name_resolve.add(self._key(role, w.index), w.worker.address, replace=True)
+        except BaseException:
+            self.delete_workers(role, _shutdown=False)
+            raise
+        return [w.worker.id for w in workers]
+
+    def _wait_actor(self, ref, worker_id: str, what: str, w: _RayWorker | None = None) -> Any:
+        import ray
+
+        try:
+            return self._wait(ref, f"Worker {worker_id}: {what}")
+        except ray.exceptions.RayActorError as e:
+            raise self._died(worker_id, f"died during {what}: {e}", w) from None
+        except ray.exceptions.RayTaskError as e:
+            raise WorkerDiedError(f"Worker {worker_id}: {what} failed: {e}") from None
+
+    def _died(self, worker_id: str, detail: str, w: _RayWorker | None = None) -> WorkerDiedError:
+        where = ""
+        if w is not None:
+            cmd = f" Command: {shlex.join(w.cmd)}." if w.cmd else ""
+            where = (
+                f" (Ray actor on node {w.worker.ip}, role={w.role}, index={w.index}).{cmd}\n"
+                f"--- last {LOG_TAIL_LINES} lines of {w.log_path} ---\n{read_log_tail(w.log_path)}"
+                f"(actor stdout/stderr: Ray's session log dir, logs/worker-*)"
+            )
+        return WorkerDiedError(f"Worker {worker_id} is dead: {detail}{where}")
+
+    def _dead_error(self, w: _RayWorker, during: str = "") -> WorkerDiedError | None:
+        """A ``WorkerDiedError`` if the actor died or its command exited, else None."""
+        import ray
+
+        ready, _ = ray.wait([w.sentinel], timeout=0)
+        if not ready:
+            return None
+        what = f" during {during}" if during else ""
+        try:
+            code = ray.get(w.sentinel, timeout=10)
+            detail = f"its command exited with code {code}{what}"
+        except ray.exceptions.RayActorError as e:
+            detail = f"Ray actor died{what}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        except Exception as e:  # noqa: BLE001
+            detail = f"actor failed{what}: {e!r}"
+        return self._died(w.worker.id, detail, w)
+
+    def _wait_healthy(self, job: Job, workers: list[_RayWorker]) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        pending = list(workers)
+        while pending:
+            for w in list(pending):
+                err = self._dead_error(w, "startup")
+                if err is not None:
+                    raise err
+                path = "/health" if w.client is not None else job.health_path
+                url = f"http://{w.worker.address}{path}"
+                try:
+                    if requests.get(url, timeout=2).status_code == 200:
+                        pending.remove(w)
+                except requests.RequestException:
+                    pass
+            if pending and time.monotonic() > deadline:
+                w = pending[0]
+                raise TimeoutError(
+                    f"Worker {w.worker.id} not healthy at {w.worker.address} within "
+                    f"{self.startup_timeout} s\n--- last {LOG_TAIL_LINES} lines of {w.log_path} ---\n"
+                    f"{read_log_tail(w.log_path)}"
+                )
+            if pending:
+                time.sleep(0.2)
+        logger.info(f"Workers of role {job.role!r} healthy: {[w.worker.id for w in workers]}")
+
+    def _workers(self, role: str) -> list[_RayWorker]:
+        with self._lock:
+            role = self._aliases.get(role, role)
+            if role not in self._roles:
+                raise KeyError(
+                    f"No workers with role {role!r}; have {sorted(self._roles) + sorted(self._aliases)}"
+                )
+            return list(self._roles[role])
+
+    def _worker(self, worker_id: str) -> _RayWorker:
+        role, _, index = worker_id.rpartition("/")
+        ws = self._workers(role)
+        try:
+            return ws[int(index)]
+        except (ValueError, IndexError):
+            raise KeyError(f"No worker {worker_id!r}") from None
+
+    def get_workers(self, role: str, timeout: float | None = None) -> list[Worker]:
+        """Workers of ``role``; raises ``WorkerDiedError`` if one of them is dead."""
+        deadline = time.monotonic() + (timeout or 0)
+        while True:
+            try:
+                ws = self._workers(role)
+                break
+            except KeyError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
+        for w in ws:
+            err = self._dead_error(w)
+            if err is not None:
+                raise err
+        return [w.worker for w in ws]
+
+    def actor_handle(self, worker_id: str) -> Any:
+        """The Ray actor of a worker (tests and debugging)."""
+        return self._worker(worker_id).actor
+
+    def log_path(self, worker_id: str) -> str:
+        return self._worker(worker_id).log_path
+
+    def delete_workers(self, role: str | None = None, _shutdown: bool = True) -> None:
+        """Kill the actors of ``role`` (all if None) and remove their placement groups.
+
+        With ``role=None`` a Ray started by this scheduler is shut down as well.
+        """
+        with self._lock:
+            if role is None:
+                roles = list(self._roles)
+                self._aliases.clear()
+            elif role in self._aliases:
+                del self._aliases[role]
+                return
+            else:
+                roles = [role] if role in self._roles else []
+                for alias, target in list(self._aliases.items()):
+                    if target == role:
+                        del self._aliases[alias]
+            workers = [w for r in roles for w in self._roles.pop(r)]
+            pgs = [self._pgs.pop(r) for r in roles if r in self._pgs]
+        if workers or pgs:
+            self._kill(workers, pgs)
+        if role is None and _shutdown:
+            self._shutdown_ray()
+
+    def _kill(self, workers: list[_RayWorker], pgs: list[Any]) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        if not ray.is_initialized():
+            return
+        stops = []
+        for w in workers:
+            w.stopping = True
+            if w.cmd is not None:
+                try:
+                    stops.append(w.actor.stop.remote(self.kill_grace))
+                except Exception:  # noqa: BLE001
+                    pass
+        if stops:
+            ray.wait(stops, num_returns=len(stops), timeout=self.kill_grace + 5)
+        for w in workers:
+            try:
+                ray.kill(w.actor, no_restart=True)
+            except Exception as e:  # noqa: BLE001 - already dead
+                logger.debug(f"ray.kill({w.worker.id}): {e}")
+        deadline = time.monotonic() + 30
+        for w in workers:
+            try:
+                ray.wait([w.sentinel], timeout=max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001
+                pass
+        for pg in pgs:
+            try:
+                remove_placement_group(pg)
+            except Exception as e:  # noqa: BLE001
+                logger.warning(f"remove_placement_group failed: {e}")
+        if self._name_resolve is not None:
+            for w in workers:
+                try:
+                    self._name_resolve.delete(self._key(w.role, w.index))
+                except KeyError:
+                    pass
+                except Exception as e:  # noqa: BLE001
+                    logger.debug(f"name_resolve delete failed: {e}")
+        if workers:
+            logger.info(f"Stopped actors {[w.worker.id for w in workers]}")
+
+    def _shutdown_ray(self) -> None:
+        import ray
+
+        if self._name_resolve is not None and ray.is_initialized():
+            try:
+                self._name_resolve.clear_subtree(f"{self.experiment_name}/{self.trial_name}")
+                if self._started_ray:
+                    self._name_resolve.destroy()
+            except Exception as e:  # noqa: BLE001
+                logger.debug(f"name_resolve clean-up failed: {e}")
+        self._name_resolve = None
+        if self._started_ray and ray.is_initialized():
+            logger.info("Shutting down the local Ray started by RayScheduler")
+            ray.shutdown()
+        self._started_ray = False
+
+    # ------------------------------------------------------------------ RPC
+    def _rpc(
+        self, worker_id: str, what: str, fn_name: str, *args, timeout: float | None = None, **kwargs
+    ) -> Any:
+        w = self._worker(worker_id)
+        if w.client is None:
+            raise ValueError(f"Worker {worker_id} runs a command ({w.cmd}), not an RPC server")
+        err = self._dead_error(w, what)
+        if err is not None:
+            raise err
+        return call_with_liveness(
+            w.client,
+            fn_name,
+            *args,
+            worker_id=worker_id,
+            what=what,
+            check_dead=lambda: self._dead_error(w, what),
+            timeout=self.call_timeout if timeout is None else timeout,
+            **kwargs,
+        )
+
+    def create_engine(
+        self,
+        worker_id: str,
+        engine: str,
+        *args,
+        engine_name: str = "default",
+        timeout: float | None = None,
+        **kwargs,
+    ) -> None:
+        """Instantiate ``engine`` (import path) in the worker's actor."""
+        self._rpc(
+            worker_id,
+            f"create_engine({engine})",
+            "create_engine",
+            engine,
+            *args,
+            engine_name=engine_name,
+            timeout=timeout,
+            **kwargs,
+        )
+
+    def call_engine(
+        self,
+        worker_id: str,
+        method: str,
+        *args,
+        engine_name: str = "default",
+        timeout: float | None = None,
+        **kwargs,
+    ) -> Any:
+        """``engine.method(*args, **kwargs)`` in the worker; remote errors raise ``RemoteCallError``."""
+        return self._rpc(
+            worker_id,
+            method,
+            "call",
+            method,
+            *args,
+            engine_name=engine_name,
+            timeout=timeout,
+            **kwargs,
+        )
+
+    def set_worker_env(self, worker_id: str, env: dict[str, str]) -> None:
+        """Update ``os.environ`` inside an RPC worker (before ``create_engine``)."""
+        self._rpc(worker_id, "set_env", "set_env", env)

@@ -1,0 +1,620 @@
+"""``SlurmScheduler``: workers as the tasks of Slurm jobs (one ``sbatch`` job per role).
+
+Each role becomes one batch job with ``--ntasks=replicas`` (``--cpus-per-task``,
+``--mem-per-cpu`` from ``SchedulingSpec.mem`` GB, ``--gpus-per-task`` when ``gpu > 0``,
+``--nodelist``/``--exclude`` from the spec, ``--partition`` from the scheduler). The batch
+script runs ``srun --kill-on-bad-exit=1`` on this module's task entry
+(``python -m areal.infra.scheduler.slurm worker ...``), which on each task:
+
+1. takes ``RANK = SLURM_PROCID``, ``WORLD_SIZE = SLURM_NTASKS``, ``LOCAL_RANK =
+   SLURM_LOCALID``, finds its node IP and free ports;
+2. for RPC workers (``distributed_env``), rank 0 publishes ``MASTER_ADDR:MASTER_PORT`` in the
+   file-system name-resolve store (``{fileroot}/name_resolve``, shared by all nodes) and
+   every rank waits for it;
+3. publishes its address under ``{experiment}/{trial}/slurm/{role}/{rank}`` (JSON: ip,
+   ports, pid, host) and ``{experiment}/{trial}/workers/{role}/{rank}`` (``ip:port``);
+4. ``exec``s the worker: ``python -m areal.infra.rpc.rpc_server --host IP --port P`` or
+   the command worker's ``cmd`` (``{host}``/``{port}``/``{portN}`` filled in).
+
+The controller waits for the addresses and the health endpoints, polls the job state with
+``squeue`` (``scontrol show job`` once the job left the queue), and raises
+``WorkerDiedError`` naming the worker with the tail of its log when the job ends.
+Logs: ``{fileroot}/logs/{experiment}/{trial}/{role}-{rank}.log`` (one per task) and
+``{role}-slurm-{jobid}.out`` (the batch script). ``delete_workers`` runs ``scancel`` and
+waits until ``squeue`` no longer lists the job. Client commands need ``SLURM_CONF``
+(the ``slurm_conf`` argument or the environment) on non-standard installations.
+
+Not acted on here: ``SchedulingSpec.container_type/image/mount`` (tasks run bare, on the
+controller's interpreter and ``PYTHONPATH``) and ``srun_additional_args`` (use
+``srun_args``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from areal.api.scheduler_api import Job, Scheduler, Worker, WorkerDiedError
+from areal.infra.rpc.client import RPCClient
+from areal.infra.scheduler.ray import call_with_liveness, format_command, read_log_tail
+from areal.utils import logging
+from areal.utils.name_resolve import FileNameRecordRepository, NameEntryNotFoundError
+from areal.utils.network import find_free_ports, gethostip
+
+logger = logging.getLogger("SlurmScheduler")
+
+LOG_TAIL_LINES = 30
+ALIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "RESIZING", "SUSPENDED", "REQUEUED")
+
+
+@dataclass
+class _SlurmWorker:
+    worker: Worker
+    role: str
+    index: int
+    job_id: str
+    log_path: str
+    client: RPCClient | None
+    info: dict
+
+
+@dataclass
+class _SlurmJob:
+    job_id: str
+    role: str
+    script: str
+    batch_log: str
+    log_paths: list[str]
+    state: str = "PENDING"
+    checked_at: float = 0.0
+
+
+class SlurmScheduler(Scheduler):
+    """Slurm scheduler (see module docstring).
+
+    ``exp_config`` supplies ``cluster.fileroot`` (must be shared by all nodes),
+    ``experiment_name`` and ``trial_name`` unless given explicitly.
+    """
+
+    def __init__(
+        self,
+        exp_config: Any = None,
+        *,
+        fileroot: str | None = None,
+        experiment_name: str | None = None,
+        trial_name: str | None = None,
+        partition: str | None = None,
+        slurm_conf: str | None = None,
+        sbatch_args: list[str] | None = None,
+        srun_args: list[str] | None = None,
+        startup_timeout: float = 300.0,
+        call_timeout: float | None = None,
+        state_poll_interval: float = 2.0,
+        command_timeout: float = 60.0,
+    ):
+        cluster = getattr(exp_config, "cluster", None)
+        self.fileroot = os.path.abspath(
+            fileroot
+            or getattr(cluster, "fileroot", None)
+            or os.path.join(tempfile.gettempdir(), "areal")
+        )
+        self.experiment_name = (
+            experiment_name or getattr(exp_config, "experiment_name", None) or "default"
+        )
+        self.trial_name = trial_name or getattr(exp_config, "trial_name", None) or "trial0"
+        self.partition = partition
+        self.env = dict(os.environ)
+        if slurm_conf:
+            self.env["SLURM_CONF"] = slurm_conf
+        self.sbatch_args = list(sbatch_args or [])
+        self.srun_args = list(srun_args or [])
+        self.startup_timeout = startup_timeout
+        self.call_timeout = call_timeout
+        self.state_poll_interval = state_poll_interval
+        self.command_timeout = command_timeout
+        self.log_dir = os.path.join(self.fileroot, "logs", self.experiment_name, self.trial_name)
+        self.name_resolve_root = os.path.join(self.fileroot, "name_resolve")
+        self.name_resolve = FileNameRecordRepository(self.name_resolve_root)
+        self._lock = threading.RLock()
+        self._roles: dict[str, list[_SlurmWorker]] = {}
+        self._jobs: dict[str, _SlurmJob] = {}
+        self._aliases: dict[str, str] = {}
+        self._closed = False
+        atexit.register(SlurmScheduler._atexit, weakref.ref(self))
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> SlurmScheduler:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.delete_workers()
+        self._closed = True
+
+    @staticmethod
+    def _atexit(ref: weakref.ref) -> None:
+        sched = ref()
+        if sched is not None and not sched._closed:
+            try:
+                sched.close()
+            except Exception:  # noqa: BLE001 - interpreter is exiting
+                pass
+
+    def _prefix(self) -> str:
+        return f"{self.experiment_name}/{self.trial_name}"
+
+    def _run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        try:
+            out = subprocess.run(
+                list(argv),
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=self.command_timeout,
+            )
+        except FileNotFoundError:
+            raise RuntimeError(
+                f"{argv[0]} not found: SlurmScheduler needs the Slurm client commands on PATH"
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(
+                f"`{shlex.join(argv)}` did not answer within {self.command_timeout} s"
+            ) from None
+        if check and out.returncode != 0:
+            raise RuntimeError(
+                f"`{shlex.join(argv)}` failed with exit code {out.returncode}: {out.stderr.strip()}"
+            )
+        return out
+
+    # ------------------------------------------------------------------ job script
+    def _script(self, job: Job, log_paths_pattern: str, batch_log: str) -> str:
+        spec = job.worker_spec
+        is_rpc = spec.cmd is None
+        n_ports = max(spec.port_count, 2 if is_rpc else 1)
+        distributed = job.distributed_env if job.distributed_env is not None else is_rpc
+        cpus = max(1, spec.cpu)
+        lines = [
+            "#!/bin/bash",
+            f"#SBATCH --job-name=areal-{self.experiment_name}-{self.trial_name}-{job.role}",
+            f"#SBATCH --ntasks={job.replicas}",
+            f"#SBATCH --cpus-per-task={cpus}",
+            f"#SBATCH --output={batch_log}",
+            f"#SBATCH --chdir={os.getcwd()}",
+        ]
+        if spec.mem > 0:
+            lines.append(f"#SBATCH --mem-per-cpu={math.ceil(spec.mem * 1024 / cpus)}M")
+        if spec.gpu > 0:
+            lines.append(f"#SBATCH --gpus-per-task={spec.gpu}")
+        if self.partition:
+            lines.append(f"#SBATCH --partition={self.partition}")
+        if spec.nodelist:
+            lines.append(f"#SBATCH --nodelist={spec.nodelist}")
+        if spec.exclude:
+            lines.append(f"#SBATCH --exclude={spec.exclude}")
+        repo = os.path.dirname(
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        )
+        pythonpath = os.pathsep.join(
+            dict.fromkeys(p for p in (os.getcwd(), repo, os.environ.get("PYTHONPATH")) if p)
+        )
+        env = {"PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        env.update(job.env_vars)
+        lines += [f"export {k}={shlex.quote(str(v))}" for k, v in env.items()]
+        lines += list(spec.additional_bash_cmds or [])
+        worker_argv = [
+            sys.executable, "-m", "areal.infra.scheduler.slurm", "worker",
+            "--name-resolve-root", self.name_resolve_root,
+            "--prefix", self._prefix(),
+            "--role", job.role,
+            "--port-count", str(n_ports),
+            "--timeout", str(self.startup_timeout),
+        ]  # fmt: skip
+        if distributed:
+            worker_argv.append("--distributed")
+        if not is_rpc:
+            worker_argv += ["--cmd", json.dumps(spec.cmd)]
+        srun = [
+            "srun",
+            "--kill-on-bad-exit=1",
+            "--unbuffered",
+            f"--output={log_paths_pattern}",
+            *self.srun_args,
+        ]
+        lines.append(f"exec {shlex.join(srun)} {shlex.join(worker_argv)}")
+        return "\n".join(lines) + "\n"
+
+    # ------------------------------------------------------------------ workers
+    def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
+        """Submit the role's batch job and wait until every task is healthy; returns worker ids."""
+        role = job.role
+        with self._lock:
+            if role in self._roles or role in self._aliases:
+                raise ValueError(
+                    f"Role {role!r} already has workers; delete_workers({role!r}) first"
+                )
+        strategy = job.scheduling_strategy
+        if strategy is not None and strategy.type == "colocation":
+            with self._lock:
+                target = strategy.target
+                if target not in self._roles:
+                    raise ValueError(f"Colocation target role {target!r} has no workers")
+                if len(self._roles[target]) != job.replicas:
+                    raise ValueError(
+                        f"Colocation needs replicas={len(self._roles[target])} (as {target!r}); got {job.replicas}"
+                    )
+                self._aliases[role] = target
+                return [w.worker.id for w in self._roles[target]]
+
+        self._closed = False
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.name_resolve.clear_subtree(f"{self._prefix()}/slurm/{role}")
+        self.name_resolve.clear_subtree(f"{self._prefix()}/workers/{role}")
+        script_path = os.path.join(self.log_dir, f"{role}.sbatch")
+        batch_log = os.path.join(self.log_dir, f"{role}-slurm-%j.out")
+        with open(script_path, "w") as f:
+            f.write(self._script(job, os.path.join(self.log_dir, f"{role}-%t.log"), batch_log))
+        out = self._run("sbatch", "--parsable", *self.sbatch_args, script_path)
+        job_id = out.stdout.strip().split(";")[0]
+        sjob = _SlurmJob(
+            job_id=job_id,
+            role=role,
+            script=script_path,
+            batch_log=batch_log.replace("%j", job_id),
+            log_paths=[os.path.join(self.log_dir, f"{role}-{i}.log") for i in range(job.replicas)],
+        )
+        logger.info(f"Submitted Slurm job {job_id} for role {role!r} ({job.replicas} tasks)")
+        workers: list[_SlurmWorker] = []
+        with self._lock:
+            self._jobs[role] = sjob
+            self._roles[role] = workers
+        try:
+            deadline = time.monotonic() + self.startup_timeout
+            for i in range(job.replicas):
+                info = self._wait_address(sjob, i, deadline)
+                w = Worker(
+                    id=f"{role}/{i}", ip=info["ip"], worker_ports=[str(p) for p in info["ports"]]
+                )
+                workers.append(
+                    _SlurmWorker(
+                        worker=w,
+                        role=role,
+                        index=i,
+                        job_id=job_id,
+                        log_path=sjob.log_paths[i],
+                        client=RPCClient(w.address, worker_id=w.id)
+                        if job.worker_spec.cmd is None
+                        else None,
+                        info=info,
+                    )
+                )
+                logger.info(
+                    f"Task {w.id} of job {job_id} on {info['host']} ({w.ip}) ports {info['ports']}; "
+                    f"log {sjob.log_paths[i]}"
+                )
+            self._wait_healthy(job, sjob, workers, deadline)
+        except BaseException:
+            self.delete_workers(role)
+            raise
+        return [w.worker.id for w in workers]
+
+    def _job_state(self, sjob: _SlurmJob, max_age: float = 0.0) -> str:
+        """Slurm state of the job (cached for ``max_age`` s)."""
+        now = time.monotonic()
+        if now - sjob.checked_at < max_age:
+            return sjob.state
+        out = self._run("squeue", "-h", "-j", sjob.job_id, "-o", "%T", check=False)
+        state = out.stdout.strip().split("\n")[0].strip() if out.returncode == 0 else ""
+        if not state:
+            show = self._run("scontrol", "show", "job", "-o", sjob.job_id, check=False)
+            fields = dict(
+                kv.split("=", 1) for kv in show.stdout.split() if "=" in kv
+            )  # JobState=FAILED ExitCode=1:0 ...
+            state = fields.get("JobState", "GONE")
+            if fields.get("ExitCode"):
+                state += f" (exit code {fields['ExitCode']}, reason {fields.get('Reason', '?')})"
+        sjob.state, sjob.checked_at = state, now
+        return state
+
+    def _job_dead_error(
+        self, sjob: _SlurmJob, worker_id: str | None, during: str = "", headline: str = ""
+    ) -> str:
+        what = f" during {during}" if during else ""
+        lines = [
+            headline
+            or f"Worker {worker_id or sjob.role} (Slurm job {sjob.job_id}, role {sjob.role}) "
+            f"is dead{what}: job state {sjob.state}."
+        ]
+        paths = [sjob.log_paths[int(worker_id.rsplit("/", 1)[1])]] if worker_id else sjob.log_paths
+        for p in [*paths, sjob.batch_log]:
+            lines.append(f"--- last {LOG_TAIL_LINES} lines of {p} ---\n{read_log_tail(p)}")
+        return "\n".join(lines)
+
+    def _wait_address(self, sjob: _SlurmJob, rank: int, deadline: float) -> dict:
+        key = f"{self._prefix()}/slurm/{sjob.role}/{rank}"
+        while True:
+            try:
+                return json.loads(self.name_resolve.get(key))
+            except NameEntryNotFoundError:
+                pass
+            state = self._job_state(sjob, max_age=1.0)
+            if not state.startswith(ALIVE_STATES):
+                raise WorkerDiedError(self._job_dead_error(sjob, f"{sjob.role}/{rank}", "startup"))
+            if time.monotonic() > deadline:
+                reason = self._run(
+                    "squeue", "-h", "-j", sjob.job_id, "-o", "%T %r", check=False
+                ).stdout.strip()
+                headline = (
+                    f"Task {sjob.role}/{rank} of Slurm job {sjob.job_id} did not publish its "
+                    f"address within {self.startup_timeout} s (squeue: {reason or state!r})"
+                )
+                raise TimeoutError(
+                    self._job_dead_error(sjob, f"{sjob.role}/{rank}", headline=headline)
+                )
+            time.sleep(0.2)
+
+    def _wait_healthy(
+        self, job: Job, sjob: _SlurmJob, workers: list[_SlurmWorker], deadline: float
+    ) -> None:
+        pending = list(workers)
+        while pending:
+            for w in list(pending):
+                path = "/health" if w.client is not None else job.health_path
+                try:
+                    if (
+                        requests.get(f"http://{w.worker.address}{path}", timeout=2).status_code
+                        == 200
+                    ):
+                        pending.remove(w)
+                except requests.RequestException:
+                    pass
+            if not pending:
+                break
+            state = self._job_state(sjob, max_age=1.0)
+            if not state.startswith(ALIVE_STATES):
+                raise WorkerDiedError(self._job_dead_error(sjob, pending[0].worker.id, "startup"))
+            if time.monotonic() > deadline:
+                headline = (
+                    f"Worker {pending[0].worker.id} not healthy at {pending[0].worker.address} "
+                    f"within {self.startup_timeout} s (job state {state})"
+                )
+                raise TimeoutError(
+                    self._job_dead_error(sjob, pending[0].worker.id, headline=headline)
+                )
+            time.sleep(0.2)
+        logger.info(f"Workers of role {job.role!r} healthy: {[w.worker.id for w in workers]}")
+
+    def _dead_error(self, w: _SlurmWorker, during: str = "") -> WorkerDiedError | None:
+        sjob = self._jobs.get(w.role)
+        if sjob is None:
+            return WorkerDiedError(f"Worker {w.worker.id}: its Slurm job was cancelled")
+        state = self._job_state(sjob, max_age=self.state_poll_interval)
+        if state.startswith(ALIVE_STATES):
+            return None
+        return WorkerDiedError(self._job_dead_error(sjob, w.worker.id, during))
+
+    def _workers(self, role: str) -> list[_SlurmWorker]:
+        with self._lock:
+            role = self._aliases.get(role, role)
+            if role not in self._roles:
+                raise KeyError(
+                    f"No workers with role {role!r}; have {sorted(self._roles) + sorted(self._aliases)}"
+                )
+            return list(self._roles[role])
+
+    def _worker(self, worker_id: str) -> _SlurmWorker:
+        role, _, index = worker_id.rpartition("/")
+        ws = self._workers(role)
+        try:
+            return ws[int(index)]
+        except (ValueError, IndexError):
+            raise KeyError(f"No worker {worker_id!r}") from None
+
+    def get_workers(self, role: str, timeout: float | None = None) -> list[Worker]:
+        """Workers of ``role``; raises ``WorkerDiedError`` if their job has ended."""
+        deadline = time.monotonic() + (timeout or 0)
+        while True:
+            try:
+                ws = self._workers(role)
+                break
+            except KeyError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
+        for w in ws:
+            err = self._dead_error(w)
+            if err is not None:
+                raise err
+        return [w.worker for w in ws]
+
+    def job_id(self, role: str) -> str:
+        """Slurm job id of a role's workers."""
+        with self._lock:
+            return self._jobs[self._aliases.get(role, role)].job_id
+
+    def worker_info(self, worker_id: str) -> dict:
+        """``ip``, ``ports``, ``pid`` and ``host`` as published by the task."""
+        return dict(self._worker(worker_id).info)
+
+    def log_path(self, worker_id: str) -> str:
+        return self._worker(worker_id).log_path
+
+    def delete_workers(self, role: str | None = None) -> None:
+        """``scancel`` the jobs of ``role`` (all if None) and wait until squeue drops them."""
+        with self._lock:
+            if role is None:
+                roles = list(self._jobs)
+                self._aliases.clear()
+            elif role in self._aliases:
+                del self._aliases[role]
+                return
+            else:
+                roles = [role] if role in self._jobs else []
+                for alias, target in list(self._aliases.items()):
+                    if target == role:
+                        del self._aliases[alias]
+            jobs = [self._jobs.pop(r) for r in roles]
+            for r in roles:
+                self._roles.pop(r, None)
+        if not jobs:
+            return
+        ids = [j.job_id for j in jobs]
+        try:
+            self._run("scancel", *ids, check=False)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                out = self._run("squeue", "-h", "-j", ",".join(ids), "-o", "%i", check=False)
+                if out.returncode != 0 or not out.stdout.strip():
+                    break
+                time.sleep(0.5)
+            else:
+                logger.error(f"Slurm jobs {ids} still listed by squeue 60 s after scancel")
+        except Exception as e:  # noqa: BLE001 - keep cleaning up
+            logger.error(f"scancel {ids} failed: {e}")
+        for j in jobs:
+            self.name_resolve.clear_subtree(f"{self._prefix()}/slurm/{j.role}")
+            self.name_resolve.clear_subtree(f"{self._prefix()}/workers/{j.role}")
+        logger.info(f"Cancelled Slurm jobs {ids} (roles {roles})")
+
+    # ------------------------------------------------------------------ RPC
+    def _rpc(
+        self, worker_id: str, what: str, fn_name: str, *args, timeout: float | None = None, **kwargs
+    ) -> Any:
+        w = self._worker(worker_id)
+        if w.client is None:
+            raise ValueError(f"Worker {worker_id} runs a command, not an RPC server")
+        err = self._dead_error(w, what)
+        if err is not None:
+            raise err
+        return call_with_liveness(
+            w.client,
+            fn_name,
+            *args,
+            worker_id=worker_id,
+            what=what,
+            check_dead=lambda: self._dead_error(w, what),
+            timeout=self.call_timeout if timeout is None else timeout,
+            connection_grace=15.0,
+            **kwargs,
+        )
+
+    def create_engine(
+        self,
+        worker_id: str,
+        engine: str,
+        *args,
+        engine_name: str = "default",
+        timeout: float | None = None,
+        **kwargs,
+    ) -> None:
+        """Instantiate ``engine`` (import path) in the worker."""
+        self._rpc(
+            worker_id,
+            f"create_engine({engine})",
+            "create_engine",
+            engine,
+            *args,
+            engine_name=engine_name,
+            timeout=timeout,
+            **kwargs,
+        )
+
+    def call_engine(
+        self,
+        worker_id: str,
+        method: str,
+        *args,
+        engine_name: str = "default",
+        timeout: float | None = None,
+        **kwargs,
+    ) -> Any:
+        """``engine.method(*args, **kwargs)`` in the worker; remote errors raise ``RemoteCallError``."""
+        return self._rpc(
+            worker_id,
+            method,
+            "call",
+            method,
+            *args,
+            engine_name=engine_name,
+            timeout=timeout,
+            **kwargs,
+        )
+
+    def set_worker_env(self, worker_id: str, env: dict[str, str]) -> None:
+        """Update ``os.environ`` inside an RPC worker (before ``create_engine``)."""
+        self._rpc(worker_id, "set_env", "set_env", env)
+
+
+# ---------------------------------------------------------------------------- task entry
+def _task_main(args: argparse.Namespace) -> None:
+    """One Slurm task: publish the address, set torch.distributed env, exec the worker."""
+    import socket
+
+    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    world = int(os.environ.get("SLURM_NTASKS", "1"))
+    local_rank = os.environ.get("SLURM_LOCALID", "0")
+    ip = os.environ.get("AREAL_WORKER_HOST") or gethostip()
+    ports = find_free_ports(args.port_count, host=ip)
+    nr = FileNameRecordRepository(args.name_resolve_root)
+    base = f"{args.prefix}/slurm/{args.role}"
+    env = dict(os.environ, AREAL_WORKER_ID=f"{args.role}/{rank}")
+    if args.distributed:
+        if rank == 0:
+            master_port = ports[1] if len(ports) > 1 else find_free_ports(1, host=ip)[0]
+            nr.add(f"{base}/master", f"{ip}:{master_port}", replace=True)
+        master = nr.wait(f"{base}/master", timeout=args.timeout)
+        master_addr, master_port = master.rsplit(":", 1)
+        env.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=local_rank,
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=master_port,
+        )
+    if args.cmd is None:
+        argv = [
+            sys.executable, "-m", "areal.infra.rpc.rpc_server",
+            "--host", ip, "--port", str(ports[0]),
+        ]  # fmt: skip
+    else:
+        argv = format_command(json.loads(args.cmd), ip, ports)
+    info = {"ip": ip, "ports": ports, "pid": os.getpid(), "host": socket.gethostname()}
+    nr.add(f"{args.prefix}/workers/{args.role}/{rank}", f"{ip}:{ports[0]}", replace=True)
+    nr.add(f"{base}/{rank}", json.dumps(info), replace=True)
+    logger.info(f"Slurm task {args.role}/{rank} on {info['host']}: exec {shlex.join(argv)}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(argv[0], argv, env)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="areal Slurm task entry (used by SlurmScheduler)")
+    sub = parser.add_subparsers(dest="what", required=True)
+    w = sub.add_parser("worker", help="run one worker task")
+    w.add_argument("--name-resolve-root", required=True)
+    w.add_argument("--prefix", required=True)
+    w.add_argument("--role", required=True)
+    w.add_argument("--port-count", type=int, default=2)
+    w.add_argument("--distributed", action="store_true")
+    w.add_argument("--cmd", default=None, help="JSON of the command (string or argv list)")
+    w.add_argument("--timeout", type=float, default=300.0)
+    _task_main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

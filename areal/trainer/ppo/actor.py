@@ -1,0 +1,439 @@
+"""PPO-family policy: logprob recomputation, advantages and the clipped-surrogate update.
+
+``PPOActor(config, engine)`` is algorithm code on top of any :class:`TrainEngine`; every
+algorithm preset (GRPO, PPO, DAPO, Dr.GRPO, LitePPO, RLOO, REINFORCE++, GSPO, SAPO, M2PO)
+is a configuration of it. ``FSDPPPOActor`` is the FSDP engine that owns a ``PPOActor`` and
+is what the training workers host (the reference model is a frozen ``FSDPPPOActor``
+used only for ``compute_logp``).
+
+Data keys (padded ``[B, T]``, token-aligned, see the shared conventions):
+
+* in: ``input_ids``, ``attention_mask``, ``loss_mask``, ``logprobs`` (behaviour policy),
+  ``rewards`` ``[B]``; optional ``versions``, ``prox_logp`` (recomputed by
+  :meth:`PPOActor.compute_logp`), ``ref_logp`` (reference model), ``values`` (critic),
+  ``no_eos`` ``[B]`` bool (truncated responses; otherwise a response that fills the padded
+  width counts as truncated).
+* out of :meth:`PPOActor.compute_advantages`: ``advantages``, ``old_logp`` (behaviour),
+  ``prox_logp`` (the policy the ratio is clipped against), ``returns`` (when ``values``),
+  ``kl_rewards``, ``tot_rewards`` ``[B, T]`` and ``task_rewards`` ``[B]`` (processed).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from areal.api.engine_api import TrainEngine
+from areal.utils import logging, stats_tracker
+from areal.utils.data import select_sequences
+from areal.utils.functional import (
+    LOSS_AGG_MODES,
+    gae,
+    group_normalization,
+    kl_estimator,
+    m2po_loss_mask,
+    ppo_actor_loss_fn,
+    reward_overlong_penalty,
+    sapo_loss_fn,
+    sequence_index,
+)
+
+logger = logging.getLogger("PPOActor")
+
+__all__ = [
+    "PPOActor",
+    "grpo_loss_fn",
+    "loss_weight",
+    "apply_norm",
+    "dp_group_of",
+]  # + FSDPPPOActor (lazy)
+
+# keys the loss needs; everything else stays out of the mini-batches
+_TRAIN_KEYS = (
+    "input_ids",
+    "attention_mask",
+    "loss_mask",
+    "old_logp",
+    "prox_logp",
+    "advantages",
+    "versions",
+    "m2po_mask",
+    "multi_modal_input",
+)
+
+
+def dp_group_of(engine: Any) -> Any:
+    """The engine's data-parallel group when torch.distributed runs with > 1 rank, else None."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    try:
+        return engine.data_parallel_group
+    except (NotImplementedError, AttributeError):
+        return None
+
+
+def apply_norm(
+    x: torch.Tensor,
+    norm: Any,
+    mask: torch.Tensor | None = None,
+    reduce_group: Any = None,
+) -> torch.Tensor:
+    """Apply a ``NormConfig`` (``mean_level``, ``std_level``, ``mean_leave1out``,
+    ``std_unbiased``, ``eps``, ``group_size``) to ``x``; ``None`` returns ``x`` unchanged."""
+    if norm is None:
+        return x
+    return group_normalization(
+        x,
+        mask,
+        mean_level=norm.mean_level,
+        std_level=norm.std_level,
+        group_size=norm.group_size,
+        mean_leave1out=norm.mean_leave1out,
+        std_unbiased=norm.std_unbiased,
+        eps=norm.eps,
+        reduce_group=reduce_group,
+    )
+
+
+class PPOActor:
+    """PPO/GRPO policy algorithm over a :class:`TrainEngine` (see the module docstring)."""
+
+    def __init__(self, config: Any, engine: TrainEngine):
+        self.config = config
+        self.engine = engine
+        self.loss_agg_mode = getattr(config, "loss_agg_mode", "token-mean")
+        self.loss_norm_constant = getattr(config, "loss_norm_constant", None)
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(
+                f"actor.loss_agg_mode={self.loss_agg_mode!r}; allowed: {list(LOSS_AGG_MODES)}"
+            )
+        if self.loss_agg_mode == "seq-mean-token-sum-norm" and self.loss_norm_constant is None:
+            self.loss_norm_constant = float(config.max_new_tokens)
+        if getattr(config, "use_sapo_loss", False) and config.use_decoupled_loss:
+            raise ValueError(
+                "actor.use_sapo_loss=True is incompatible with actor.use_decoupled_loss=True; "
+                "set actor.use_decoupled_loss=false"
+            )
+        if config.use_decoupled_loss and not config.recompute_logprob:
+            raise ValueError("actor.use_decoupled_loss=True requires actor.recompute_logprob=True")
+
+    # ------------------------------------------------------------------ logprobs
+    @torch.no_grad()
+    def compute_logp(self, data: dict[str, Any]) -> torch.Tensor:
+        """Token logprobs ``[B, T]`` of ``data["input_ids"]`` under the current weights.
+
+        The engine divides logits by its config ``temperature`` (set it to the rollout
+        temperature so that the ratios compare like with like).
+        """
+        self.engine.eval()
+        return self.engine.forward_batch(data)
+
+    # ---------------------------------------------------------------- advantages
+    @torch.no_grad()
+    def compute_advantages(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Rewards -> per-token advantages (in place; also returned). See the module docstring."""
+        cfg = self.config
+        loss_mask = data["loss_mask"].bool()
+        attn = data["attention_mask"].bool()
+        bs, seqlen = loss_mask.shape
+        device = loss_mask.device
+        fmask = loss_mask.float()
+        group = dp_group_of(self.engine)
+
+        # ---- sequence rewards
+        rewards = data["rewards"].float().reshape(bs)
+        resp_len = loss_mask.sum(-1)
+        if cfg.overlong_reward_penalty:
+            rewards = reward_overlong_penalty(
+                rewards,
+                resp_len,
+                overlong_tokens=cfg.overlong_tokens,
+                overlong_penalty_factor=cfg.overlong_penalty_factor,
+                max_response_length=cfg.max_new_tokens,
+            )
+        rewards = ((rewards + cfg.reward_bias) * cfg.reward_scaling).clamp(
+            -cfg.reward_clip, cfg.reward_clip
+        )
+        rewards = apply_norm(rewards, cfg.reward_norm, reduce_group=group)
+        if cfg.mask_no_eos_with_zero:
+            no_eos = data.get("no_eos")
+            if no_eos is None:
+                no_eos = attn.sum(-1) == seqlen
+            rewards = torch.where(no_eos.bool().reshape(bs), 0.0, rewards)
+
+        # ---- logprobs: behaviour (old) and proximal
+        behav = torch.where(loss_mask, data["logprobs"].float(), 0.0)
+        prox = data.get("prox_logp")
+        if cfg.use_decoupled_loss:
+            if prox is None:
+                raise ValueError(
+                    "use_decoupled_loss=True but data has no 'prox_logp'; call compute_logp first"
+                )
+            old_logp = behav
+        elif cfg.recompute_logprob and prox is not None:
+            old_logp = prox.float()  # on-policy PPO with recomputed logprobs
+        else:
+            old_logp = behav
+        prox = old_logp if prox is None or not cfg.use_decoupled_loss else prox.float()
+        old_logp = torch.where(loss_mask, old_logp, 0.0)
+        prox = torch.where(loss_mask, prox, 0.0)
+
+        # ---- token rewards: KL penalty + sequence reward on the last loss token
+        kl_rewards = torch.zeros(bs, seqlen, device=device)
+        ref_logp = data.get("ref_logp")
+        if cfg.kl_ctl > 0 and ref_logp is not None:
+            kl = kl_estimator(prox, ref_logp.float(), cfg.kl_estimator)
+            kl_rewards = -cfg.kl_ctl * torch.where(loss_mask, kl, 0.0)
+        positions = torch.arange(seqlen, device=device).expand(bs, seqlen)
+        last_pos = torch.where(loss_mask, positions, -1).amax(-1)
+        has_tokens = last_pos >= 0
+        tot_rewards = kl_rewards.clone()
+        rows = torch.arange(bs, device=device)
+        tot_rewards[rows, last_pos.clamp(min=0)] += torch.where(has_tokens, rewards, 0.0)
+
+        # ---- advantages
+        values = data.get("values")
+        simple = values is None and cfg.discount == 1.0 and not bool(kl_rewards.any())
+        if simple:
+            # no critic, no discount, no per-token rewards: every token gets its sequence reward
+            advantages = rewards[:, None] * fmask
+        else:
+            v = torch.zeros_like(tot_rewards) if values is None else values.float()
+            lam = cfg.gae_lambda if values is not None else 1.0
+            advantages, returns = gae(tot_rewards, v, loss_mask, cfg.discount, lam)
+            if values is not None:
+                data["returns"] = returns
+        advantages = apply_norm(advantages, cfg.adv_norm, mask=loss_mask, reduce_group=group)
+
+        data["advantages"] = advantages.float()
+        data["old_logp"] = old_logp
+        data["prox_logp"] = prox
+        data["kl_rewards"] = kl_rewards
+        data["tot_rewards"] = tot_rewards
+        data["task_rewards"] = rewards
+        return data
+
+    # ------------------------------------------------------------------- update
+    def ppo_update(self, data: dict[str, Any]) -> list[dict[str, float]]:
+        """``ppo_n_minibatches`` optimizer steps over a shuffled split of ``data``.
+
+        Returns the engine's stats of every step; all stats also go to ``stats_tracker``
+        under ``ppo_actor/``.
+        """
+        cfg = self.config
+        if "advantages" not in data:
+            raise ValueError("ppo_update needs 'advantages'; call compute_advantages first")
+        with stats_tracker.scope("ppo_actor"):
+            self._log_batch_stats(data)
+        self.engine.train()
+        bs = data["attention_mask"].shape[0]
+        n_mbs = min(cfg.ppo_n_minibatches, bs)
+        perm = torch.randperm(bs, device=data["attention_mask"].device)
+        train_data = {k: data[k] for k in _TRAIN_KEYS if k in data}
+        try:
+            current_version = self.engine.get_version()
+        except (NotImplementedError, AttributeError):
+            current_version = None
+        loss_fn = functools.partial(
+            grpo_loss_fn,
+            eps_clip=cfg.eps_clip,
+            eps_clip_higher=cfg.eps_clip_higher,
+            c_clip=cfg.c_clip,
+            behav_imp_weight_cap=cfg.behav_imp_weight_cap,
+            behave_imp_weight_mode=getattr(cfg, "behave_imp_weight_mode", "token_mask"),
+            importance_sampling_level=cfg.importance_sampling_level,
+            use_sapo_loss=getattr(cfg, "use_sapo_loss", False),
+            sapo_tau_pos=getattr(cfg, "sapo_tau_pos", 1.0),
+            sapo_tau_neg=getattr(cfg, "sapo_tau_neg", 1.05),
+            use_decoupled_loss=cfg.use_decoupled_loss,
+            loss_agg_mode=self.loss_agg_mode,
+            loss_norm_constant=self.loss_norm_constant,
+            current_version=current_version,
+        )
+        weight_fn = functools.partial(loss_weight, loss_agg_mode=self.loss_agg_mode)
+        m2_threshold = getattr(cfg, "m2_threshold", None)
+        results = []
+        with stats_tracker.scope("ppo_actor"), stats_tracker.scope("update"):
+            for idx in torch.tensor_split(perm, n_mbs):
+                mb = select_sequences(train_data, idx)
+                if m2_threshold is not None:
+                    mb["m2po_mask"] = m2po_loss_mask(
+                        mb["old_logp"], mb["prox_logp"], mb["loss_mask"], m2_threshold
+                    )
+                stat = self.engine.train_batch(mb, loss_fn=loss_fn, loss_weight_fn=weight_fn)
+                stats_tracker.scalar(**{k: float(v) for k, v in stat.items()})
+                results.append(stat)
+        return results
+
+    def _log_batch_stats(self, data: dict[str, Any]) -> None:
+        loss_mask = data["loss_mask"].bool()
+        attn = data["attention_mask"].bool()
+        seqlens = attn.sum(-1).float()
+        raw = data["rewards"].float().reshape(-1)
+        stats_tracker.denominator(
+            n_seqs=torch.ones_like(raw, dtype=torch.bool),
+            n_valid_tokens=loss_mask,
+            correct_n_seqs=raw > 0,
+            incorrect_n_seqs=raw <= 0,
+        )
+        stats_tracker.stat(
+            task_reward=raw,
+            seq_len=seqlens,
+            prompt_len=seqlens - loss_mask.sum(-1).float(),
+            no_eos_ratio=(seqlens == attn.shape[-1]).float(),
+            denominator="n_seqs",
+        )
+        stats_tracker.stat(correct_seq_len=seqlens, denominator="correct_n_seqs")
+        stats_tracker.stat(incorrect_seq_len=seqlens, denominator="incorrect_n_seqs")
+        tok = dict(advantages=data["advantages"].float())
+        for k in ("kl_rewards", "tot_rewards", "returns", "values"):
+            if k in data:
+                tok[k] = data[k].float()
+        stats_tracker.stat(**tok, denominator="n_valid_tokens")
+
+
+def loss_weight(input_data: dict[str, Any], loss_agg_mode: str = "token-mean") -> torch.Tensor:
+    """Micro-batch weight matching :func:`aggregate_token_loss`: loss tokens, or sequences
+    that have loss tokens for the sequence-mean modes."""
+    mask = input_data["loss_mask"].bool()
+    if loss_agg_mode == "token-mean":
+        return mask.count_nonzero()
+    cu = input_data["cu_seqlens"]
+    idx = sequence_index(cu, mask.numel())
+    per_seq = torch.zeros(cu.numel() - 1, dtype=torch.long, device=mask.device)
+    per_seq.index_add_(0, idx, mask.long())
+    return (per_seq > 0).count_nonzero()
+
+
+def grpo_loss_fn(
+    logprobs: torch.Tensor,
+    entropy: torch.Tensor | None,
+    input_data: dict[str, Any],
+    eps_clip: float,
+    eps_clip_higher: float | None = None,
+    c_clip: float | None = None,
+    behav_imp_weight_cap: float | None = None,
+    behave_imp_weight_mode: str = "token_mask",
+    importance_sampling_level: str = "token",
+    use_sapo_loss: bool = False,
+    sapo_tau_pos: float = 1.0,
+    sapo_tau_neg: float = 1.05,
+    use_decoupled_loss: bool = False,
+    loss_agg_mode: str = "token-mean",
+    loss_norm_constant: float | None = None,
+    current_version: int | None = None,
+) -> torch.Tensor:
+    """Per-micro-batch actor loss for ``TrainEngine.train_batch`` (packed 1-D inputs)."""
+    mask = input_data["loss_mask"].bool()
+    old_logp = input_data["old_logp"]
+    prox_logp = input_data.get("prox_logp", old_logp)
+    advantages = input_data["advantages"]
+    cu = input_data.get("cu_seqlens")
+    keep = input_data.get("m2po_mask")
+    if use_sapo_loss:
+        if use_decoupled_loss:
+            raise ValueError(
+                "actor.use_sapo_loss=True is incompatible with actor.use_decoupled_loss=True"
+            )
+        loss, stat = sapo_loss_fn(
+            logprobs,
+            prox_logp,
+            advantages,
+            sapo_tau_pos,
+            sapo_tau_neg,
+            mask,
+            importance_sampling_level=importance_sampling_level,
+            cu_seqlens=cu,
+            loss_agg_mode=loss_agg_mode,
+            loss_norm_constant=loss_norm_constant,
+            token_keep_mask=keep,
+        )
+    else:
+        loss, stat = ppo_actor_loss_fn(
+            logprobs,
+            prox_logp,
+            old_logp,
+            advantages,
+            eps_clip,
+            mask,
+            eps_clip_higher=eps_clip_higher,
+            c_clip=c_clip,
+            behav_imp_weight_cap=behav_imp_weight_cap,
+            importance_sampling_level=importance_sampling_level,
+            cu_seqlens=cu,
+            loss_agg_mode=loss_agg_mode,
+            loss_norm_constant=loss_norm_constant,
+            behave_imp_weight_mode=behave_imp_weight_mode,
+            token_keep_mask=keep,
+        )
+
+    # ---- statistics (recorded lazily; reduced at export)
+    stats_tracker.denominator(
+        n_valid_tokens=mask,
+        clipped_tokens=stat["clip_mask"],
+        dual_clipped_tokens=stat["dual_clip_mask"],
+    )
+    tok = dict(
+        importance_weight=stat["importance_weight"].float(),
+        approx_kl=stat["approx_kl"].float(),
+        new_logp=logprobs.detach().float(),
+        old_logp=old_logp.float(),
+        actor_loss=stat["loss"].float(),
+        clip_ratio=stat["clip_mask"].float(),
+        dual_clip_ratio=stat["dual_clip_mask"].float(),
+    )
+    if entropy is not None:
+        tok["entropy"] = entropy.detach().float()
+    if keep is not None:
+        tok["m2po_kept_ratio"] = keep.float()
+    if "sapo_soft_gate" in stat:
+        tok["sapo_soft_gate"] = stat["sapo_soft_gate"].float()
+    if current_version is not None and "versions" in input_data:
+        tok["staleness"] = (current_version - input_data["versions"]).float()
+    stats_tracker.stat(**tok, denominator="n_valid_tokens")
+    if "behave_mask" in stat:
+        stats_tracker.denominator(unclipped_behave_tokens=stat["behave_mask"])
+        stats_tracker.stat(
+            behave_imp_weight=stat["behave_imp_weight"].float(),
+            behave_approx_kl=stat["behave_approx_kl"].float(),
+            denominator="unclipped_behave_tokens",
+        )
+    return loss
+
+
+def _make_fsdp_ppo_actor() -> type:
+    from areal.engine.fsdp_engine import FSDPEngine
+
+    class FSDPPPOActor(FSDPEngine):
+        """FSDP engine hosting a :class:`PPOActor` (the training workers' actor/ref model)."""
+
+        def __init__(self, config: Any):
+            super().__init__(config)
+            self.actor = PPOActor(config, self)
+
+        @torch.no_grad()
+        def compute_logp(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+            return self.actor.compute_logp(*args, **kwargs)
+
+        @torch.no_grad()
+        def compute_advantages(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return self.actor.compute_advantages(*args, **kwargs)
+
+        def ppo_update(self, *args: Any, **kwargs: Any) -> list[dict[str, float]]:
+            return self.actor.ppo_update(*args, **kwargs)
+
+    FSDPPPOActor.__module__ = __name__
+    FSDPPPOActor.__qualname__ = "FSDPPPOActor"
+    return FSDPPPOActor
+
+
+def __getattr__(name: str) -> Any:
+    # FSDPPPOActor subclasses FSDPEngine, imported on first use so that the algorithm code
+    # (and its tests) do not depend on the FSDP engine module.
+    if name == "FSDPPPOActor":
+        cls = _make_fsdp_ppo_actor()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

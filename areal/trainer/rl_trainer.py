@@ -1,0 +1,493 @@
+"""PPOTrainer: the single controller of an RL run.
+
+The user's script is the controller::
+
+    with PPOTrainer(config, train_dataset=train, valid_dataset=valid) as trainer:
+        trainer.train(workflow="areal.workflow.rlvr.RLVRWorkflow", workflow_kwargs=...)
+
+The trainer starts the workers named by the allocation mode through a scheduler
+(inference servers + training workers hosting ``FSDPPPOActor``), runs the rollout side
+(``RemoteInfEngine`` + ``WorkflowExecutor``) in this process, and drives each step:
+
+prepare_batch -> proximal logprobs -> reference logprobs -> values -> advantages ->
+ppo_update -> LR step -> pause rollout, push weights, bump version, resume ->
+evaluate / save / recover checkpoint / stats.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from areal.api.alloc_mode import AllocationMode
+from areal.api.cli_args import PPOConfig, get_log_path, save_config
+from areal.api.io_struct import FinetuneSpec, StepInfo, WeightUpdateMeta
+from areal.api.workflow_api import RolloutWorkflow
+from areal.utils import logging, stats_tracker
+from areal.utils.evaluator import Evaluator
+from areal.utils.recover import RecoverHandler, RecoverInfo
+from areal.utils.saver import Saver
+from areal.utils.stats_logger import StatsLogger
+
+logger = logging.getLogger("PPOTrainer")
+
+ACTOR_ENGINE = "areal.trainer.ppo.actor.FSDPPPOActor"
+CRITIC_ENGINE = "areal.trainer.ppo.critic.FSDPPPOCritic"
+
+
+def seeding(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_allocation(config: PPOConfig) -> AllocationMode:
+    """Allocation from ``allocation_mode`` or, when empty, from ``rollout.backend`` + ``actor.backend``."""
+    if config.allocation_mode:
+        return AllocationMode.from_str(config.allocation_mode)
+    rb = getattr(config.rollout, "backend", "") or ""
+    ab = getattr(config.actor, "backend", "") or ""
+    if rb and ab:
+        return AllocationMode.from_str(f"{rb}+{ab}")
+    raise ValueError(
+        "allocation_mode is empty and rollout.backend/actor.backend are not both set; "
+        "give e.g. allocation_mode='local:d1+fsdp:d1'"
+    )
+
+
+def make_scheduler(config: Any):
+    """Scheduler chosen by ``scheduler.type`` (None = local)."""
+    stype = config.scheduler.type or "local"
+    if stype == "local":
+        from areal.infra.scheduler.local import LocalScheduler
+
+        return LocalScheduler(
+            fileroot=config.cluster.fileroot,
+            experiment_name=config.experiment_name,
+            trial_name=config.trial_name,
+        )
+    if stype == "ray":
+        from areal.infra.scheduler.ray import RayScheduler
+
+        return RayScheduler(config)
+    if stype == "slurm":
+        from areal.infra.scheduler.slurm import SlurmScheduler
+
+        return SlurmScheduler(config)
+    raise ValueError(f"scheduler.type={stype!r}; allowed: 'local', 'ray', 'slurm'")
+
+
+class PPOTrainer:
+    """Asynchronous PPO/GRPO trainer (see module docstring)."""
+
+    def __init__(self, config: PPOConfig, train_dataset: Any, valid_dataset: Any = None):
+        from areal.infra.controller.train_controller import TrainController
+        from areal.utils.dataloader import create_dataloader
+        from areal.utils.hf_utils import load_hf_tokenizer
+
+        self.config = config
+        self._closed = False
+        self._components: list[Any] = []
+        seeding(config.seed)
+        self.log_dir = get_log_path(config)
+        os.makedirs(self.log_dir, exist_ok=True)
+        save_config(config, self.log_dir)
+        self.alloc_mode = resolve_allocation(config)
+        self.tokenizer = load_hf_tokenizer(config.tokenizer_path or config.actor.path)
+
+        if len(train_dataset) < config.train_dataset.batch_size:
+            raise ValueError(
+                f"train_dataset has {len(train_dataset)} rows, fewer than "
+                f"train_dataset.batch_size={config.train_dataset.batch_size}"
+            )
+        self.train_dataset = train_dataset
+        self.valid_dataset = valid_dataset
+        self.train_dataloader = create_dataloader(train_dataset, config.train_dataset, seed=config.seed)
+        self.ft_spec = FinetuneSpec(
+            total_train_epochs=config.total_train_epochs,
+            dataset_size=len(self.train_dataloader) * config.train_dataset.batch_size,
+            train_batch_size=config.train_dataset.batch_size,
+            total_train_steps_override=config.total_train_steps,
+        )
+
+        try:
+            self.scheduler = make_scheduler(config)
+            # Training workers first: their start-up (model load + process group) overlaps
+            # with the servers' start-up.
+            self.actor = TrainController(ACTOR_ENGINE, config.actor, self.scheduler)
+            self.actor.initialize(role="actor", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec)
+            self.ref = None
+            if config.ref is not None and config.actor.kl_ctl > 0:
+                self.ref = TrainController(ACTOR_ENGINE, config.ref, self.scheduler)
+                self.ref.initialize(role="ref", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec)
+            self.critic = None
+            if getattr(config, "critic", None) is not None:
+                self.critic = TrainController(CRITIC_ENGINE, config.critic, self.scheduler)
+                self.critic.initialize(role="critic", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec)
+            self.rollout = self._start_rollout()
+            self.weight_update_meta = self._make_weight_update_meta()
+            self.actor.connect_engine(self.rollout, self.weight_update_meta)
+        except BaseException:
+            self.close()
+            raise
+
+        self.saver = Saver(config.saver, self.ft_spec)
+        self.evaluator = Evaluator(config.evaluator, self.ft_spec)
+        self.stats_logger = StatsLogger(config.stats_logger, self.ft_spec)
+        self.recover_handler = RecoverHandler(config.recover, self.ft_spec)
+        self.start_step = 0
+        self.eval_history: list[dict[str, float]] = []
+
+    # ------------------------------------------------------------------ set-up
+    def _start_rollout(self):
+        from areal.infra.remote_inf_engine import RemoteInfEngine
+        from areal.infra.scheduler.servers import launch_inference_servers
+
+        addrs = launch_inference_servers(
+            self.scheduler,
+            alloc_mode=self.alloc_mode,
+            model_path=self.config.actor.path,
+            config=self.config,
+        )
+        engine = RemoteInfEngine(self.config.rollout)
+        # One executor in the controller produces the whole batch for all training ranks.
+        engine.initialize(addr=addrs, train_data_parallel_size=1)
+        return engine
+
+    def _make_weight_update_meta(self) -> WeightUpdateMeta:
+        if self.config.actor.weight_update_mode == "disk":
+            return WeightUpdateMeta.from_disk(
+                self.config.experiment_name,
+                self.config.trial_name,
+                self.config.cluster.fileroot,
+                alloc_mode=self.alloc_mode,
+            )
+        from areal.utils.network import find_free_ports
+
+        return WeightUpdateMeta.from_fsdp_xccl(
+            allocation_mode=self.alloc_mode,
+            master_port=find_free_ports(1)[0],
+            backend=None,
+        )
+
+    # ------------------------------------------------------------------ context
+    def __enter__(self) -> PPOTrainer:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for name in ("rollout", "critic", "ref", "actor"):
+            comp = getattr(self, name, None)
+            if comp is None:
+                continue
+            try:
+                comp.destroy()
+            except Exception as e:  # keep tearing the rest down
+                logger.warning(f"destroy {name} failed: {e}")
+        sched = getattr(self, "scheduler", None)
+        if sched is not None:
+            try:
+                sched.delete_workers(None)
+            except Exception as e:
+                logger.warning(f"deleting workers failed: {e}")
+        sl = getattr(self, "stats_logger", None)
+        if sl is not None:
+            png = sl.close()
+            if png:
+                logger.info(f"Curves written to {png}")
+
+    # ------------------------------------------------------------------ train
+    def train(
+        self,
+        workflow: RolloutWorkflow | type | str | None = None,
+        workflow_kwargs: dict[str, Any] | None = None,
+        eval_workflow: RolloutWorkflow | type | str | None = None,
+        eval_workflow_kwargs: dict[str, Any] | None = None,
+        should_accept_fn: Callable[[dict[str, Any]], bool] | str | None = None,
+    ) -> dict[str, Any]:
+        """Run until ``total_train_steps`` (or epochs); returns a summary dict."""
+        config = self.config
+        if workflow is None:
+            raise ValueError("train(workflow=...) is required: an instance, a class or an import string")
+        if should_accept_fn is None and getattr(config.actor, "dynamic_sampling", False):
+            should_accept_fn = "areal.utils.functional.dynamic_sampling_accept"
+        total_steps = self.ft_spec.total_train_steps
+        steps_per_epoch = self.ft_spec.steps_per_epoch
+
+        recover_info: RecoverInfo | None = self.recover_handler.load(
+            self.actor,
+            self.saver,
+            self.evaluator,
+            self.stats_logger,
+            self.train_dataloader,
+            inference_engine=self.rollout,
+            weight_update_meta=self.weight_update_meta,
+        )
+        if recover_info is not None:
+            self.start_step = recover_info.last_step_info.next().global_step
+            logger.info(f"Resumed from recover checkpoint: continuing at step {self.start_step}")
+
+        result: dict[str, Any] = {"start_step": self.start_step}
+        if self.start_step == 0 and self.valid_dataset is not None and eval_workflow is not None:
+            result["initial_eval"] = self._evaluate(eval_workflow, eval_workflow_kwargs, global_step=0)
+
+        from tqdm import tqdm
+
+        pbar = tqdm(total=total_steps, initial=self.start_step, desc="train", dynamic_ncols=True)
+        t_run = time.monotonic()
+        for global_step in range(self.start_step, total_steps):
+            epoch = global_step // steps_per_epoch
+            step = global_step % steps_per_epoch
+            step_info = StepInfo(epoch=epoch, epoch_step=step, global_step=global_step, steps_per_epoch=steps_per_epoch)
+            stats = self._train_step(step_info, workflow, workflow_kwargs, should_accept_fn)
+
+            with stats_tracker.record_timing("checkpoint_for_recover"):
+                self.recover_handler.dump(
+                    self.actor,
+                    step_info,
+                    self.saver,
+                    self.evaluator,
+                    self.stats_logger,
+                    self.train_dataloader,
+                    inference_engine=self.rollout,
+                    tokenizer=self.tokenizer,
+                )
+            self.rollout.resume()
+
+            evaluated = None
+            if self.valid_dataset is not None and eval_workflow is not None:
+                evaluated = self.evaluator.evaluate(
+                    lambda gs=global_step: self._evaluate(eval_workflow, eval_workflow_kwargs, gs + 1),
+                    epoch,
+                    step,
+                    global_step,
+                )
+            if evaluated:
+                stats.update(evaluated)
+            with stats_tracker.record_timing("save"):
+                self.saver.save(self.actor, epoch, step, global_step, tokenizer=self.tokenizer)
+            stats["time/elapsed"] = time.monotonic() - t_run
+            self.stats_logger.commit(epoch, step, global_step, stats)
+            pbar.set_postfix(reward=f"{stats.get('batch/reward', float('nan')):.3f}")
+            pbar.update(1)
+        pbar.close()
+
+        if self.valid_dataset is not None and eval_workflow is not None:
+            result["final_eval"] = self._evaluate(eval_workflow, eval_workflow_kwargs, global_step=total_steps)
+        result["total_steps"] = total_steps
+        result["log_dir"] = self.log_dir
+        return result
+
+    def _train_step(self, step_info: StepInfo, workflow, workflow_kwargs, should_accept_fn) -> dict[str, float]:
+        config = self.config
+        timings: dict[str, float] = {}
+
+        def timed(name: str):
+            class _T:
+                def __enter__(s):
+                    s.t = time.monotonic()
+
+                def __exit__(s, *a):
+                    timings[f"time/{name}"] = time.monotonic() - s.t
+
+            return _T()
+
+        with timed("rollout"):
+            if config.async_training:
+                batch = self.rollout.prepare_batch(
+                    self.train_dataloader,
+                    workflow=workflow,
+                    workflow_kwargs=workflow_kwargs,
+                    should_accept_fn=should_accept_fn,
+                )
+            else:
+                data = next(self._sync_iter())
+                batch = self.rollout.rollout_batch(
+                    data, workflow=workflow, workflow_kwargs=workflow_kwargs, should_accept_fn=should_accept_fn
+                )
+        version = step_info.global_step
+        stats: dict[str, float] = self._batch_stats(batch, version)
+
+        with timed("compute_logp"):
+            if config.actor.recompute_logprob or config.actor.use_decoupled_loss:
+                batch["prox_logp"] = self.actor.compute_logp(batch)
+            if self.ref is not None:
+                batch["ref_logp"] = self.ref.compute_logp(batch)
+            if self.critic is not None:
+                batch["values"] = self.critic.compute_values(batch)
+        if "prox_logp" in batch:
+            stats.update(_consistency_stats(batch, version))
+        with timed("compute_advantages"):
+            batch = self.actor.compute_advantages(batch)
+        with timed("train_step"):
+            train_stats = self.actor.ppo_update(batch)
+            self.actor.step_lr_scheduler()
+            if self.critic is not None:
+                critic_stats = self.critic.ppo_update(batch)
+                self.critic.step_lr_scheduler()
+                train_stats = _merge_stats(train_stats, critic_stats)
+        with timed("update_weights"):
+            self.rollout.pause()
+            new_version = version + 1
+            self.actor.update_weights(self.weight_update_meta.with_version(new_version))
+            self.actor.set_version(new_version)
+            if self.critic is not None:
+                self.critic.set_version(new_version)
+            self.rollout.set_version(new_version)
+            # Rollout stays paused until the recover checkpoint is written (train loop), so
+            # the saved dataloader position matches what training consumed in sync mode.
+
+        stats.update(_flatten_stats(train_stats))
+        stats.update(self.actor.export_stats())
+        stats.update(stats_tracker.export_all())
+        stats.update(timings)
+        n_tokens = float(batch["attention_mask"].sum())
+        train_time = timings["time/compute_logp"] + timings["time/compute_advantages"] + timings["time/train_step"]
+        stats["perf/train_tokens_per_sec"] = n_tokens / max(train_time, 1e-9)
+        stats["perf/step_tokens_per_sec"] = n_tokens / max(sum(timings.values()), 1e-9)
+        return stats
+
+    def _sync_iter(self):
+        if not hasattr(self, "_sync_it"):
+
+            def gen():
+                while True:
+                    yield from self.train_dataloader
+
+            self._sync_it = gen()
+        return self._sync_it
+
+    @staticmethod
+    def _batch_stats(batch: dict[str, torch.Tensor], version: int) -> dict[str, float]:
+        """Reward, lengths and the staleness histogram of the consumed batch."""
+        stats: dict[str, float] = {}
+        rewards = batch["rewards"].float()
+        stats["batch/reward"] = float(rewards.mean())
+        stats["batch/accuracy"] = float((rewards > 0).float().mean())
+        loss_mask = batch["loss_mask"].bool()
+        gen_len = loss_mask.sum(-1).float()
+        stats["batch/gen_len"] = float(gen_len.mean())
+        stats["batch/seq_len"] = float(batch["attention_mask"].sum(-1).float().mean())
+        stats["batch/n_seqs"] = float(rewards.numel())
+        versions = batch["versions"][loss_mask]
+        if versions.numel() > 0:
+            lag = (version - versions).clamp(min=0)
+            stats["staleness/max"] = float(lag.max())
+            stats["staleness/avg"] = float(lag.float().mean())
+            counts = torch.bincount(lag, minlength=1)
+            for k, c in enumerate(counts.tolist()):
+                stats[f"staleness/hist/{k}"] = c / versions.numel()
+        return stats
+
+    # ------------------------------------------------------------------ eval
+    def _evaluate(self, eval_workflow, eval_workflow_kwargs, global_step: int) -> dict[str, float]:
+        """Evaluation over the whole valid set through the servers.
+
+        Runs the episodes directly (not through the WorkflowExecutor), so evaluation never
+        mixes with training rollouts or counts against the staleness bound.
+        """
+        import asyncio
+
+        t0 = time.monotonic()
+        wf = _resolve_workflow(eval_workflow, eval_workflow_kwargs)
+        rows = [self.valid_dataset[i] for i in range(len(self.valid_dataset))]
+        limit = max(1, int(self.config.rollout.max_concurrent_rollouts or 64))
+
+        async def run_all():
+            sem = asyncio.Semaphore(limit)
+
+            async def one(item):
+                async with sem:
+                    return await wf.arun_episode(self.rollout, item)
+
+            return await asyncio.gather(*(one(x) for x in rows), return_exceptions=True)
+
+        outs = asyncio.run(run_all())
+        rewards = [o["rewards"].float().reshape(-1) for o in outs if isinstance(o, dict)]
+        n_failed = sum(isinstance(o, BaseException) for o in outs)
+        if n_failed:
+            first = next(o for o in outs if isinstance(o, BaseException))
+            logger.warning(f"{n_failed}/{len(outs)} evaluation episodes failed (first: {first!r})")
+        r = torch.cat(rewards) if rewards else torch.zeros(0)
+        res = {
+            "eval/accuracy": float((r > 0).float().mean()) if r.numel() else float("nan"),
+            "eval/reward": float(r.mean()) if r.numel() else float("nan"),
+            "eval/n": float(r.numel()),
+            "eval/n_failed": float(n_failed),
+            "time/eval": time.monotonic() - t0,
+        }
+        logger.info(
+            f"Eval at step {global_step}: accuracy {res['eval/accuracy']:.3f} over {int(res['eval/n'])} "
+            f"samples ({res['time/eval']:.1f}s)"
+        )
+        self.eval_history.append({"global_step": global_step, **res})
+        return res
+
+
+def _resolve_workflow(workflow: Any, kwargs: dict[str, Any] | None) -> RolloutWorkflow:
+    """An instance, a class + kwargs, or an import string + kwargs."""
+    from areal.utils.dynamic_import import import_from_string
+
+    if isinstance(workflow, RolloutWorkflow):
+        return workflow
+    if isinstance(workflow, str):
+        workflow = import_from_string(workflow)
+    if isinstance(workflow, type):
+        return workflow(**(kwargs or {}))
+    raise TypeError(f"workflow must be a RolloutWorkflow instance, class or import string; got {workflow!r}")
+
+
+def _consistency_stats(batch: dict[str, torch.Tensor], version: int) -> dict[str, float]:
+    """Server vs trainer log-probabilities on tokens generated with the current weights.
+
+    Tokens of version ``version`` were sampled by the servers with exactly the weights the
+    trainer holds now, so their behaviour logprobs must equal the recomputed ones; a gap
+    means the weight sync or the numerics of the two sides disagree.
+    """
+    fresh = batch["loss_mask"].bool() & (batch["versions"] == version)
+    n = int(fresh.sum())
+    if n == 0:
+        return {"consistency/fresh_tokens": 0.0}
+    diff = (batch["prox_logp"].float() - batch["logprobs"].float()).abs()[fresh]
+    return {
+        "consistency/fresh_tokens": float(n),
+        "consistency/logp_absdiff_max": float(diff.max()),
+        "consistency/logp_absdiff_avg": float(diff.mean()),
+    }
+
+
+def _flatten_stats(stats: Any) -> dict[str, float]:
+    """ppo_update returns a dict or a list of per-minibatch dicts: average the list."""
+    if stats is None:
+        return {}
+    if isinstance(stats, dict):
+        return {k: float(v) for k, v in stats.items() if _is_number(v)}
+    acc: dict[str, list[float]] = {}
+    for d in stats:
+        for k, v in d.items():
+            if _is_number(v):
+                acc.setdefault(k, []).append(float(v))
+    return {k: sum(v) / len(v) for k, v in acc.items()}
+
+
+def _merge_stats(a: Any, b: Any) -> dict[str, float]:
+    out = _flatten_stats(a)
+    out.update(_flatten_stats(b))
+    return out
+
+
+def _is_number(v: Any) -> bool:
+    if isinstance(v, torch.Tensor):
+        return v.numel() == 1
+    return isinstance(v, int | float)

@@ -1,0 +1,201 @@
+"""SFTTrainer: supervised fine-tuning on the same engine and controller as RL.
+
+Rows are chat-format (``messages``) with a target ``answer`` (or already tokenized rows
+with ``input_ids`` + ``loss_mask``). The loss is the mean negative log-likelihood of the
+target tokens; the prompt is masked out.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+
+from areal.api.alloc_mode import AllocationMode
+from areal.api.cli_args import SFTConfig, get_log_path, save_config
+from areal.api.io_struct import FinetuneSpec, SaveLoadMeta, StepInfo
+from areal.engine.fsdp_engine import FSDPEngine
+from areal.utils import logging
+from areal.utils.evaluator import Evaluator
+from areal.utils.recover import RecoverHandler
+from areal.utils.saver import Saver
+from areal.utils.stats_logger import StatsLogger
+
+logger = logging.getLogger("SFTTrainer")
+
+LM_ENGINE = "areal.trainer.sft_trainer.FSDPLMEngine"
+
+
+def sft_loss_fn(logprobs: torch.Tensor, entropy: torch.Tensor, input_data: dict[str, Any]) -> torch.Tensor:
+    """Mean NLL over target tokens of one packed micro-batch."""
+    mask = input_data["loss_mask"].bool()
+    n = mask.count_nonzero().clamp(min=1)
+    return -(logprobs * mask).sum() / n
+
+
+def sft_loss_weight_fn(input_data: dict[str, Any]) -> torch.Tensor:
+    return input_data["loss_mask"].count_nonzero()
+
+
+class FSDPLMEngine(FSDPEngine):
+    """FSDP engine with the SFT step (``train_lm`` / ``evaluate_lm``)."""
+
+    def train_lm(self, data: dict[str, Any]) -> dict[str, float]:
+        self.train()
+        return self.train_batch(data, loss_fn=sft_loss_fn, loss_weight_fn=sft_loss_weight_fn)
+
+    def evaluate_lm(self, data: dict[str, Any]) -> float:
+        self.eval()
+        loss = self.eval_batch(data, loss_fn=sft_loss_fn, loss_weight_fn=sft_loss_weight_fn)
+        return float(loss) if loss is not None else float("nan")
+
+
+def tokenize_sft_rows(rows: list[dict[str, Any]], tokenizer: Any, max_length: int | None = None) -> dict[str, torch.Tensor]:
+    """Chat-template the prompt, append ``answer`` + EOS; pad right. Prompt tokens get loss_mask 0."""
+    seqs: list[list[int]] = []
+    masks: list[list[int]] = []
+    for row in rows:
+        if "input_ids" in row and "loss_mask" in row:
+            ids, lm = list(row["input_ids"]), list(row["loss_mask"])
+        else:
+            if "messages" in row:
+                prompt = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=False)
+            else:
+                prompt = row["question"]
+            p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            a_ids = tokenizer(row["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            ids, lm = p_ids + a_ids, [0] * len(p_ids) + [1] * len(a_ids)
+        if max_length is not None:
+            ids, lm = ids[:max_length], lm[:max_length]
+        seqs.append(ids)
+        masks.append(lm)
+    T = max(len(s) for s in seqs)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    input_ids = torch.full((len(seqs), T), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(seqs), T), dtype=torch.bool)
+    loss_mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for i, (s, m) in enumerate(zip(seqs, masks, strict=True)):
+        input_ids[i, : len(s)] = torch.tensor(s)
+        attention_mask[i, : len(s)] = True
+        loss_mask[i, : len(m)] = torch.tensor(m)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+
+
+class SFTTrainer:
+    """``with SFTTrainer(config, train_dataset, valid_dataset) as t: t.train()``."""
+
+    def __init__(self, config: SFTConfig, train_dataset: Any, valid_dataset: Any = None):
+        from areal.infra.controller.train_controller import TrainController
+        from areal.trainer.rl_trainer import make_scheduler, seeding
+        from areal.utils.dataloader import create_dataloader
+        from areal.utils.hf_utils import load_hf_tokenizer
+
+        self.config = config
+        self._closed = False
+        seeding(config.seed)
+        self.log_dir = get_log_path(config)
+        os.makedirs(self.log_dir, exist_ok=True)
+        save_config(config, self.log_dir)
+        self.tokenizer = load_hf_tokenizer(config.tokenizer_path or config.model.path)
+        alloc = config.allocation_mode or (config.model.backend or "fsdp:d1")
+        self.alloc_mode = AllocationMode.from_str(alloc)
+        self.train_dataset = train_dataset
+        self.valid_dataset = valid_dataset
+        self.train_dataloader = create_dataloader(train_dataset, config.train_dataset, seed=config.seed)
+        self.valid_dataloader = (
+            create_dataloader(valid_dataset, config.valid_dataset, seed=config.seed)
+            if valid_dataset is not None and config.valid_dataset is not None
+            else None
+        )
+        self.ft_spec = FinetuneSpec(
+            total_train_epochs=config.total_train_epochs,
+            dataset_size=len(self.train_dataloader) * config.train_dataset.batch_size,
+            train_batch_size=config.train_dataset.batch_size,
+            total_train_steps_override=config.total_train_steps,
+        )
+        try:
+            self.scheduler = make_scheduler(config)
+            self.model = TrainController(LM_ENGINE, config.model, self.scheduler)
+            self.model.initialize(role="model", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec)
+        except BaseException:
+            self.close()
+            raise
+        self.saver = Saver(config.saver, self.ft_spec)
+        self.evaluator = Evaluator(config.evaluator, self.ft_spec)
+        self.stats_logger = StatsLogger(config.stats_logger, self.ft_spec)
+        self.recover_handler = RecoverHandler(config.recover, self.ft_spec)
+
+    def __enter__(self) -> SFTTrainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        model = getattr(self, "model", None)
+        if model is not None:
+            try:
+                model.destroy()
+            except Exception as e:
+                logger.warning(f"destroy failed: {e}")
+        sched = getattr(self, "scheduler", None)
+        if sched is not None:
+            sched.delete_workers(None)
+        sl = getattr(self, "stats_logger", None)
+        if sl is not None:
+            sl.close()
+
+    def _batch(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        return tokenize_sft_rows(rows, self.tokenizer, self.config.train_dataset.max_length)
+
+    def evaluate(self) -> float:
+        if self.valid_dataloader is None:
+            return float("nan")
+        losses, weights = [], []
+        for rows in self.valid_dataloader:
+            b = self._batch(rows)
+            losses.append(self.model.evaluate_lm(b))
+            weights.append(float(b["loss_mask"].sum()))
+        return sum(lo * w for lo, w in zip(losses, weights, strict=True)) / max(sum(weights), 1.0)
+
+    def train(self) -> dict[str, Any]:
+        total = self.ft_spec.total_train_steps
+        spe = self.ft_spec.steps_per_epoch
+        info = self.recover_handler.load(
+            self.model, self.saver, self.evaluator, self.stats_logger, self.train_dataloader
+        )
+        start = 0 if info is None else info.last_step_info.next().global_step
+        losses: list[float] = []
+        data_iter = iter(self.train_dataloader)
+        for global_step in range(start, total):
+            epoch, step = divmod(global_step, spe)
+            try:
+                rows = next(data_iter)
+            except StopIteration:
+                data_iter = iter(self.train_dataloader)
+                rows = next(data_iter)
+            t0 = time.monotonic()
+            stats = dict(self.model.train_lm(self._batch(rows)))
+            self.model.step_lr_scheduler()
+            stats["time/train_step"] = time.monotonic() - t0
+            losses.append(float(stats.get("loss", float("nan"))))
+            si = StepInfo(epoch, step, global_step, spe)
+            ev = self.evaluator.evaluate(self.evaluate, epoch, step, global_step)
+            if ev is not None:
+                stats["eval/loss"] = ev
+            self.saver.save(self.model, epoch, step, global_step, tokenizer=self.tokenizer)
+            self.recover_handler.dump(
+                self.model, si, self.saver, self.evaluator, self.stats_logger, self.train_dataloader
+            )
+            self.stats_logger.commit(epoch, step, global_step, {f"sft/{k}": v for k, v in stats.items()})
+            if global_step % 10 == 0:
+                logger.info(f"step {global_step}/{total} loss {losses[-1]:.4f}")
+        return {"losses": losses, "log_dir": self.log_dir}
+
+    def save_hf(self, path: str) -> None:
+        self.model.save(SaveLoadMeta(path=path, weight_format="hf", tokenizer=self.tokenizer))

@@ -1,0 +1,240 @@
+"""FSDP2 helpers: sharding a transformers model, LR schedules, chunked logprobs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+__all__ = [
+    "VARLEN_SDPA",
+    "ChunkedLogprobHead",
+    "register_varlen_sdpa",
+    "varlen_sdpa_attention",
+    "apply_fsdp2",
+    "chunked_logprobs_entropy",
+    "find_decoder_layers",
+    "lr_lambda",
+]
+
+
+VARLEN_SDPA = "areal_varlen_sdpa"
+
+
+def varlen_sdpa_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function for packed sequences without flash-attn (CPU).
+
+    With ``cu_seq_lens_q`` in ``kwargs`` (the flash-attn varlen kwargs, also given to
+    ``flash_attention_2`` on GPU), the packed ``[1, heads, N, D]`` query is split at the
+    sequence boundaries and causal SDPA runs on each sequence alone: no ``[N, N]`` mask
+    and no attention across sequences. Without it: causal SDPA on the whole row, which is
+    exact for unpadded or right-padded rows (real tokens only see earlier real tokens).
+    Returns ``[B, N, heads, D]`` like transformers' own attention functions.
+    """
+    if attention_mask is not None:
+        raise ValueError(
+            f"{VARLEN_SDPA} takes packed inputs (position_ids + cu_seq_lens_q) or right-padded "
+            "rows without an attention mask"
+        )
+    gqa = getattr(module, "num_key_value_groups", 1) > 1
+    p = dropout if module.training else 0.0
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None or query.shape[0] != 1:
+        out = F.scaled_dot_product_attention(
+            query, key, value, dropout_p=p, is_causal=query.shape[2] > 1, scale=scaling, enable_gqa=gqa
+        )
+        return out.transpose(1, 2).contiguous(), None
+    bounds = cu.tolist() if torch.is_tensor(cu) else list(cu)
+    outs = [
+        F.scaled_dot_product_attention(
+            query[:, :, s:e],
+            key[:, :, s:e],
+            value[:, :, s:e],
+            dropout_p=p,
+            is_causal=e - s > 1,
+            scale=scaling,
+            enable_gqa=gqa,
+        )
+        for s, e in zip(bounds[:-1], bounds[1:])
+    ]
+    out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_varlen_sdpa() -> str:
+    """Register :func:`varlen_sdpa_attention` with transformers; returns its name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(VARLEN_SDPA, varlen_sdpa_attention)
+    return VARLEN_SDPA
+
+
+def lr_lambda(
+    scheduler_type: str, total_steps: int, warmup_steps: int, min_lr_ratio: float
+) -> Callable[[int], float]:
+    """LR multiplier per step for ``torch.optim.lr_scheduler.LambdaLR``.
+
+    Warm-up: ``(step + 1) / warmup_steps`` for ``step < warmup_steps`` (the first step
+    already trains). Afterwards ``constant`` (1), ``linear`` or ``cosine`` decay from 1 to
+    ``min_lr_ratio`` over the remaining ``total_steps - warmup_steps`` steps.
+    """
+    if scheduler_type not in ("constant", "linear", "cosine"):
+        raise ValueError(
+            f"lr_scheduler_type={scheduler_type!r}; allowed: 'constant', 'linear', 'cosine'"
+        )
+    total_steps = max(1, int(total_steps))
+    warmup_steps = max(0, int(warmup_steps))
+    decay_steps = max(1, total_steps - warmup_steps)
+
+    def f(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if scheduler_type == "constant":
+            return 1.0
+        progress = min(1.0, max(0.0, (step - warmup_steps) / decay_steps))
+        if scheduler_type == "linear":
+            return min_lr_ratio + (1.0 - min_lr_ratio) * (1.0 - progress)
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+def find_decoder_layers(model: nn.Module, class_names: list[str] | None = None) -> list[nn.Module]:
+    """Modules sharded as separate FSDP units: instances of ``class_names`` (default: the
+    model's ``_no_split_modules``, i.e. transformers' decoder-layer classes)."""
+    names = set(class_names or getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        for name in ("layers", "h", "blocks"):
+            for m in model.modules():
+                sub = getattr(m, name, None)
+                if isinstance(sub, nn.ModuleList):
+                    return list(sub)
+    return layers
+
+
+def apply_fsdp2(
+    model: nn.Module,
+    mesh,
+    mp_policy=None,
+    offload_policy=None,
+    layer_cls_names: list[str] | None = None,
+) -> nn.Module:
+    """``fully_shard`` every decoder layer, then the root module (in place)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    kwargs = dict(
+        mesh=mesh,
+        mp_policy=mp_policy or MixedPrecisionPolicy(),
+        offload_policy=offload_policy or OffloadPolicy(),
+    )
+    for layer in find_decoder_layers(model, layer_cls_names):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def _logprob_entropy_chunk(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = F.linear(hidden, weight, bias).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+def chunked_logprobs_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log p(labels[i] | hidden[i])`` and the entropy at each row, ``chunk_size`` rows at a time.
+
+    ``hidden`` ``[N, H]``, ``labels`` ``[N]`` -> two float32 ``[N]`` tensors; the
+    entropy carries no gradient (it is for monitoring and filtering). Only one
+    ``[chunk_size, vocab]`` fp32 logits block exists at a time; with autograd enabled each
+    chunk is recomputed in backward (activation checkpointing) instead of keeping its
+    logits.
+    """
+    n = hidden.shape[0]
+    if n <= chunk_size:
+        return _logprob_entropy_chunk(hidden, weight, bias, labels, temperature)
+    logps, ents = [], []
+    use_ckpt = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    for s in range(0, n, chunk_size):
+        h, y = hidden[s : s + chunk_size], labels[s : s + chunk_size]
+        if use_ckpt:
+            lp, ent = checkpoint(
+                _logprob_entropy_chunk, h, weight, bias, y, temperature, use_reentrant=False
+            )
+        else:
+            lp, ent = _logprob_entropy_chunk(h, weight, bias, y, temperature)
+        logps.append(lp)
+        ents.append(ent)
+    return torch.cat(logps), torch.cat(ents)
+
+
+class ChunkedLogprobHead(nn.Module):
+    """Drop-in replacement of a causal LM's ``lm_head`` that can return logprobs directly.
+
+    It holds the *same* ``weight`` (and ``bias``) Parameter objects as the head it
+    replaces, so state-dict keys, tied embeddings and FSDP sharding are unchanged. Without
+    a pending request it is a plain linear layer (logits). With ``request(labels,
+    temperature)`` set, the model's forward returns ``logits`` of shape ``[1, N, 2]``
+    holding (logprob of ``labels[i]`` at row i, entropy at row i), computed in chunks, so
+    the full ``[N, vocab]`` logits never exist. The whole computation stays inside the
+    root module's forward, where FSDP has the head's parameters unsharded.
+    """
+
+    def __init__(self, head: nn.Linear, chunk_size: int = 1024, chunk_bytes: int = 128 << 20):
+        super().__init__()
+        self.weight = head.weight
+        self.bias = head.bias
+        self.in_features = getattr(head, "in_features", head.weight.shape[1])
+        self.out_features = getattr(head, "out_features", head.weight.shape[0])
+        # Rows per chunk: at least chunk_size, more while one fp32 [rows, vocab] block
+        # stays under chunk_bytes (no need to chunk when the logits are small).
+        self.chunk_size = chunk_size
+        self.chunk_bytes = chunk_bytes
+        self._labels: torch.Tensor | None = None
+        self._temperature = 1.0
+
+    def request(self, labels: torch.Tensor | None, temperature: float = 1.0) -> None:
+        self._labels = labels
+        self._temperature = float(temperature)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._labels is None:
+            return F.linear(hidden, self.weight, self.bias)
+        if hidden.dim() != 3 or hidden.shape[0] != 1:
+            raise ValueError(f"packed forward expects hidden [1, N, H], got {tuple(hidden.shape)}")
+        rows = max(self.chunk_size, self.chunk_bytes // (4 * max(1, self.out_features)))
+        logp, ent = chunked_logprobs_entropy(
+            hidden[0], self.weight, self.bias, self._labels, self._temperature, rows
+        )
+        return torch.stack([logp, ent], dim=-1).unsqueeze(0)

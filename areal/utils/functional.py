@@ -1,0 +1,612 @@
+"""Pure tensor RL ops: policy/critic losses, KL estimators, GAE, normalisation, filters.
+
+Everything here is batched tensor code (no per-element host syncs). Per-token tensors are
+aligned with the token they score: position ``i`` holds the value for ``input_ids[..., i]``
+(see the shared tensor conventions); functions accept either padded ``[B, T]`` tensors or
+packed 1-D ``[n_tokens]`` tensors with ``cu_seqlens`` where sequence structure matters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "KL_ESTIMATORS",
+    "kl_estimator",
+    "masked_normalization",
+    "group_normalization",
+    "gae",
+    "compute_returns",
+    "reward_overlong_penalty",
+    "sequence_index",
+    "sequence_mean",
+    "ppo_actor_loss_fn",
+    "sapo_loss_fn",
+    "m2po_loss_mask",
+    "ppo_critic_loss_fn",
+    "aggregate_token_loss",
+    "LOSS_AGG_MODES",
+    "BEHAVE_IMP_WEIGHT_MODES",
+    "dynamic_sampling_accept",
+    "uniform_reward_group_mask",
+]
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+NORM_LEVELS = ("batch", "group", None)
+BEHAVE_IMP_WEIGHT_MODES = (
+    "token_mask",
+    "token_truncate",
+    "sequence_mask",
+    "sequence_truncate",
+    "disabled",
+)
+
+
+# ------------------------------------------------------------------------ KL estimators
+def kl_estimator(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k1") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1/k2/k3).
+
+    With ``log r = ref_logp - logp``: ``k1 = -log r``, ``k2 = (log r)^2 / 2``,
+    ``k3 = (r - 1) - log r`` (unbiased and non-negative).
+    """
+    log_ratio = logp.float() - ref_logp.float()
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio.square()
+    if kind == "k3":
+        neg = -log_ratio
+        return torch.expm1(neg) - neg
+    raise ValueError(f"kl_estimator={kind!r}; allowed: {list(KL_ESTIMATORS)}")
+
+
+# ------------------------------------------------------------------------ normalisation
+def _all_reduce_sum(tensors: list[torch.Tensor], group: dist.ProcessGroup | None) -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_world_size(group) == 1:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
+
+
+@torch.no_grad()
+def masked_normalization(
+    x: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dim: int | tuple[int, ...] | None = None,
+    unbiased: bool = False,
+    eps: float = 1e-5,
+    high_precision: bool = True,
+    all_reduce: bool = True,
+    reduce_group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
+    """``(x - mean) / (std + eps)`` over the masked entries (reduced across ranks if asked).
+
+    ``dim=None`` normalises over all dims. With ``all_reduce`` and an initialised
+    ``torch.distributed``, sums are all-reduced over ``reduce_group`` (global batch statistics).
+    Masked-out entries are returned as 0.
+    """
+    return group_normalization(
+        x,
+        mask,
+        mean_level="batch",
+        std_level="batch",
+        dim=dim,
+        std_unbiased=unbiased,
+        eps=eps,
+        high_precision=high_precision,
+        reduce_group=reduce_group if all_reduce else None,
+        all_reduce=all_reduce,
+    )
+
+
+@torch.no_grad()
+def group_normalization(
+    x: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    mean_level: str | None = "batch",
+    std_level: str | None = "batch",
+    group_size: int = 1,
+    mean_leave1out: bool = False,
+    std_unbiased: bool = True,
+    eps: float = 1e-5,
+    dim: int | tuple[int, ...] | None = None,
+    high_precision: bool = True,
+    reduce_group: dist.ProcessGroup | None = None,
+    all_reduce: bool = True,
+) -> torch.Tensor:
+    """NormConfig-style normalisation of rewards ``[B]`` or advantages ``[B, T]``.
+
+    * ``mean_level``: ``"batch"`` (subtract the batch mean, all-reduced across ranks),
+      ``"group"`` (mean over each run of ``group_size`` consecutive rows), or ``None``.
+    * ``std_level``: same levels for the divisor; ``None`` leaves the scale (Dr.GRPO).
+    * ``mean_leave1out``: each entry's mean excludes the entry itself (RLOO baseline).
+    * ``std_unbiased``: divide the variance by ``n - 1`` instead of ``n``.
+
+    The std is always taken around the plain (not leave-one-out) mean of the same level.
+    ``dim`` (batch level only) restricts the reduction to those dims. Masked-out entries
+    are returned as 0.
+    """
+    for name, level in (("mean_level", mean_level), ("std_level", std_level)):
+        if level not in NORM_LEVELS:
+            raise ValueError(f"{name}={level!r}; allowed: {list(NORM_LEVELS)}")
+    if group_size < 1:
+        raise ValueError(f"group_size={group_size}; must be >= 1")
+    dtype = torch.float64 if high_precision else torch.float32
+    out_dtype = x.dtype if x.is_floating_point() else torch.float32
+    xd = x.to(dtype)
+    m = torch.ones_like(xd) if mask is None else mask.to(dtype)
+    xd = xd * m
+
+    def stats(level: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Broadcastable (sum, sumsq, count) for a level."""
+        if level == "group":
+            if x.shape[0] % group_size != 0:
+                raise ValueError(
+                    f"group_size={group_size} does not divide the batch size {x.shape[0]}"
+                )
+            shape = (x.shape[0] // group_size, group_size, *x.shape[1:])
+            xg, mg = xd.reshape(shape), m.reshape(shape)
+            dims = tuple(range(1, xg.dim()))
+            s = xg.sum(dims, keepdim=True)
+            sq = xg.square().sum(dims, keepdim=True)
+            c = mg.sum(dims, keepdim=True)
+            expand = (x.shape[0], *([1] * (x.dim() - 1)))
+            rep = lambda t: t.repeat_interleave(group_size, 0).reshape(expand)  # noqa: E731
+            return rep(s), rep(sq), rep(c)
+        dims = tuple(range(x.dim())) if dim is None else dim
+        s = xd.sum(dims, keepdim=True)
+        sq = xd.square().sum(dims, keepdim=True)
+        c = m.sum(dims, keepdim=True)
+        if all_reduce:
+            _all_reduce_sum([s, sq, c], reduce_group)
+        return s, sq, c
+
+    cache: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def get(level: str):
+        if level not in cache:
+            cache[level] = stats(level)
+        return cache[level]
+
+    y = xd
+    if mean_level is not None:
+        s, _, c = get(mean_level)
+        if mean_leave1out:
+            mean = (s - xd) / (c - m).clamp(min=1)
+        else:
+            mean = s / c.clamp(min=1)
+        y = xd - mean
+    if std_level is not None:
+        s, sq, c = get(std_level)
+        mean = s / c.clamp(min=1)
+        var = (sq / c.clamp(min=1) - mean.square()).clamp(min=0)
+        if std_unbiased:
+            var = var * c / (c - 1).clamp(min=1)
+        y = y / (var.sqrt() + eps)
+    return (y * m).to(out_dtype)
+
+
+# ---------------------------------------------------------------------- rewards / GAE
+@torch.no_grad()
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    loss_mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over padded ``[B, T]`` tensors.
+
+    Token ``t`` with ``loss_mask[b, t] = 1`` is an action; ``values[b, t]`` is the value of
+    the state it was taken in and ``rewards[b, t]`` its reward. Positions outside the mask
+    are skipped (the next action of ``t`` is the next masked position; the episode ends
+    after the last one, with value 0)::
+
+        delta_t = r_t + gamma * V_next(t) - V_t
+        A_t     = delta_t + gamma * lam * A_next(t)
+
+    Returns ``(advantages, returns = advantages + values)``, both 0 outside the mask.
+    A reverse scan over time, vectorised over the batch.
+    """
+    mask = loss_mask.bool()
+    r = rewards.float()
+    v = values.float()
+    bs, seqlen = r.shape
+    adv = torch.zeros_like(r)
+    next_value = torch.zeros(bs, dtype=r.dtype, device=r.device)
+    last_gae = torch.zeros(bs, dtype=r.dtype, device=r.device)
+    for t in range(seqlen - 1, -1, -1):
+        m = mask[:, t]
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        new_gae = delta + gamma * lam * last_gae
+        adv[:, t] = torch.where(m, new_gae, 0.0)
+        next_value = torch.where(m, v[:, t], next_value)
+        last_gae = torch.where(m, new_gae, last_gae)
+    returns = torch.where(mask, adv + v, 0.0)
+    return adv, returns
+
+
+@torch.no_grad()
+def compute_returns(
+    rewards: torch.Tensor, loss_mask: torch.Tensor, gamma: float = 1.0
+) -> torch.Tensor:
+    """Discounted reward-to-go over the masked positions of ``[B, T]`` (GAE with V = 0, lam = 1)."""
+    adv, _ = gae(rewards, torch.zeros_like(rewards, dtype=torch.float32), loss_mask, gamma, 1.0)
+    return adv
+
+
+def reward_overlong_penalty(
+    rewards: torch.Tensor,
+    response_lengths: torch.Tensor,
+    overlong_tokens: int,
+    overlong_penalty_factor: float,
+    max_response_length: int,
+) -> torch.Tensor:
+    """DAPO soft overlong punishment added to sequence rewards ``[B]``.
+
+    With ``L_max = max_response_length`` and cache ``L_c = overlong_tokens``: no penalty for
+    ``|y| <= L_max - L_c``; ``((L_max - L_c) - |y|) / L_c * factor`` inside the cache;
+    ``-factor`` beyond ``L_max``.
+    """
+    if overlong_tokens <= 0 or overlong_tokens > max_response_length:
+        raise ValueError(
+            f"overlong_tokens={overlong_tokens}; must be in [1, max_new_tokens={max_response_length}]"
+        )
+    expected = max_response_length - overlong_tokens
+    lengths = response_lengths.to(torch.float32)
+    penalty = ((expected - lengths) / overlong_tokens).clamp(min=-1.0, max=0.0)
+    return rewards.float() + overlong_penalty_factor * penalty
+
+
+# ---------------------------------------------------------------- sequence helpers
+def sequence_index(cu_seqlens: torch.Tensor, n_tokens: int | None = None) -> torch.Tensor:
+    """For packed tokens, the sequence id of every token: ``[0,0,0,1,1,2,...]``."""
+    seqlens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    ids = torch.arange(seqlens.numel(), device=cu_seqlens.device)
+    return torch.repeat_interleave(ids, seqlens, output_size=n_tokens)
+
+
+def _seq_sum(x: torch.Tensor, mask: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+    """Per-sequence masked sums ``[n_seqs]`` (packed 1-D with cu_seqlens, or padded 2-D)."""
+    xm = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    if x.dim() == 2:
+        return xm.sum(-1)
+    if cu_seqlens is None:
+        raise ValueError("cu_seqlens is required for packed 1-D tensors")
+    idx = sequence_index(cu_seqlens, x.numel())
+    out = torch.zeros(cu_seqlens.numel() - 1, dtype=x.dtype, device=x.device)
+    return out.index_add(0, idx, xm)
+
+
+def _broadcast_seq(
+    v: torch.Tensor, like: torch.Tensor, cu_seqlens: torch.Tensor | None
+) -> torch.Tensor:
+    if like.dim() == 2:
+        return v.unsqueeze(-1).expand_as(like)
+    return v[sequence_index(cu_seqlens, like.numel())]
+
+
+def sequence_mean(
+    x: torch.Tensor, mask: torch.Tensor, cu_seqlens: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Masked mean of each sequence ``[n_seqs]`` (0 for sequences with no masked token)."""
+    mask = mask.bool()
+    n = _seq_sum(mask.to(x.dtype), mask, cu_seqlens)
+    return _seq_sum(x, mask, cu_seqlens) / n.clamp(min=1)
+
+
+def aggregate_token_loss(
+    token_loss: torch.Tensor,
+    loss_mask: torch.Tensor,
+    mode: str = "token-mean",
+    cu_seqlens: torch.Tensor | None = None,
+    norm_constant: float | None = None,
+) -> torch.Tensor:
+    """Reduce per-token losses to the micro-batch loss.
+
+    * ``token-mean``: mean over all masked tokens (weight the micro-batch by its token count).
+    * ``seq-mean-token-mean``: token mean per sequence, then mean over sequences that have
+      loss tokens (weight by that number of sequences).
+    * ``seq-mean-token-sum-norm`` (Dr.GRPO): token *sum* per sequence divided by the
+      constant ``norm_constant`` (e.g. ``max_new_tokens``), mean over sequences.
+    """
+    mask = loss_mask.bool()
+    if mode == "token-mean":
+        total = torch.where(mask, token_loss, 0.0).sum()
+        return total / mask.sum().clamp(min=1)
+    n_tok = _seq_sum(mask.to(token_loss.dtype), mask, cu_seqlens)
+    has_tokens = n_tok > 0
+    n_seqs = has_tokens.sum().clamp(min=1)
+    seq_sum = _seq_sum(token_loss, mask, cu_seqlens)
+    if mode == "seq-mean-token-mean":
+        return (seq_sum / n_tok.clamp(min=1)).sum() / n_seqs
+    if mode == "seq-mean-token-sum-norm":
+        if norm_constant is None or norm_constant <= 0:
+            raise ValueError(
+                f"loss_agg_mode={mode!r} needs a positive norm constant, got {norm_constant}"
+            )
+        return seq_sum.sum() / (norm_constant * n_seqs)
+    raise ValueError(f"loss_agg_mode={mode!r}; allowed: {list(LOSS_AGG_MODES)}")
+
+
+# --------------------------------------------------------------------- policy losses
+def _sequence_ratio(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO: per-sequence ratio ``exp(mean_t log r_t)`` and mean advantage, broadcast to tokens."""
+    seq_log_ratio = sequence_mean(log_ratio, mask, cu_seqlens)
+    seq_adv = sequence_mean(advantages, mask, cu_seqlens)
+    ratio = torch.exp(_broadcast_seq(seq_log_ratio, log_ratio, cu_seqlens))
+    adv = _broadcast_seq(seq_adv, advantages, cu_seqlens)
+    return ratio, adv
+
+
+def _check_is_level(level: str) -> None:
+    if level not in ("token", "sequence"):
+        raise ValueError(f"importance_sampling_level={level!r}; allowed: ['token', 'sequence']")
+
+
+def ppo_actor_loss_fn(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_clip: float,
+    loss_mask: torch.Tensor,
+    eps_clip_higher: float | None = None,
+    c_clip: float | None = None,
+    behav_imp_weight_cap: float | None = None,
+    importance_sampling_level: str = "token",
+    cu_seqlens: torch.Tensor | None = None,
+    loss_agg_mode: str = "token-mean",
+    loss_norm_constant: float | None = None,
+    behave_imp_weight_mode: str = "token_mask",
+    token_keep_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Decoupled clipped PPO surrogate (AReaL), with clip-higher, dual clip and GSPO.
+
+    ``ratio = exp(logprobs - proximal_logprobs)`` (token) or the sequence geometric mean
+    (``importance_sampling_level="sequence"``, GSPO; advantages are then averaged per
+    sequence). Per token::
+
+        L = max(-A * ratio, -A * clip(ratio, 1 - eps_clip, 1 + eps_clip_higher))
+        L = min(L, c_clip * |A|)            if c_clip (dual clip; binds only for A < 0)
+        L = L * exp(proximal - old)         behaviour importance weight (1 when prox == old)
+
+    ``behave_imp_weight_mode`` says what happens above ``behav_imp_weight_cap``:
+    ``token_mask`` drops the token, ``token_truncate`` clamps its weight to the cap,
+    ``sequence_mask`` / ``sequence_truncate`` use the sequence geometric-mean weight
+    (``exp(mean(prox - old))``) and drop / clamp whole sequences, ``disabled`` applies no
+    behaviour weight at all. Dropped tokens (and tokens where ``token_keep_mask`` is False,
+    e.g. the M2PO mask) leave the numerator but stay in the denominator, so the
+    micro-batch weight is unchanged. The result is aggregated by ``loss_agg_mode``
+    (see :func:`aggregate_token_loss`).
+
+    Returns ``(loss, stats)``; stats hold per-token tensors: ``loss``, ``importance_weight``,
+    ``approx_kl`` (``logprobs - proximal``), ``clip_mask``, ``dual_clip_mask``,
+    ``behave_imp_weight``, ``behave_approx_kl``, ``behave_mask``.
+    """
+    _check_is_level(importance_sampling_level)
+    if c_clip is not None and c_clip <= 1.0:
+        raise ValueError(f"c_clip={c_clip}; must be > 1.0 (or None to disable dual clip)")
+    mask = loss_mask.bool()
+    advantages = advantages.detach().float()
+    prox = proximal_logprobs.detach().float()
+    old = old_logprobs.detach().float()
+    log_ratio = logprobs.float() - prox
+    log_ratio = torch.where(mask, log_ratio, 0.0)
+    if importance_sampling_level == "sequence":
+        ratio, advantages = _sequence_ratio(log_ratio, advantages, mask, cu_seqlens)
+    else:
+        ratio = torch.exp(log_ratio)
+    ratio = torch.where(mask, ratio, 0.0)
+    hi = eps_clip if eps_clip_higher is None else eps_clip_higher
+    clipped_ratio = ratio.clamp(1.0 - eps_clip, 1.0 + hi)
+    loss1 = -advantages * ratio
+    loss2 = -advantages * clipped_ratio
+    clip_mask = (loss1.detach() < loss2.detach()) & mask
+    pg_loss = torch.maximum(loss1, loss2)
+    if c_clip is not None:
+        loss3 = c_clip * advantages.abs()
+        dual_clip_mask = (loss3 < pg_loss.detach()) & mask
+        pg_loss = torch.minimum(pg_loss, loss3)
+    else:
+        dual_clip_mask = torch.zeros_like(mask)
+
+    behav_log = torch.where(mask, prox - old, 0.0)
+    mode = behave_imp_weight_mode
+    if mode not in BEHAVE_IMP_WEIGHT_MODES:
+        raise ValueError(
+            f"behave_imp_weight_mode={mode!r}; allowed: {list(BEHAVE_IMP_WEIGHT_MODES)}"
+        )
+    if mode == "disabled":
+        behav_w = torch.ones_like(behav_log)
+    elif mode.startswith("sequence"):
+        seq_log = sequence_mean(behav_log, mask, cu_seqlens)
+        behav_w = torch.exp(_broadcast_seq(seq_log, behav_log, cu_seqlens))
+    else:
+        behav_w = torch.exp(behav_log)
+    behav_mask = mask
+    if behav_imp_weight_cap is not None and mode != "disabled":
+        if mode.endswith("mask"):
+            behav_mask = mask & (behav_w <= behav_imp_weight_cap)
+        else:
+            behav_w = behav_w.clamp(max=behav_imp_weight_cap)
+    if token_keep_mask is not None:
+        behav_mask = behav_mask & token_keep_mask.bool()
+    behav_w = torch.where(behav_mask, behav_w, 0.0)
+    pg_loss = pg_loss * behav_w
+
+    loss = aggregate_token_loss(pg_loss, mask, loss_agg_mode, cu_seqlens, loss_norm_constant)
+    stats = dict(
+        loss=pg_loss.detach(),
+        importance_weight=ratio.detach(),
+        approx_kl=log_ratio.detach(),
+        clip_mask=clip_mask,
+        dual_clip_mask=dual_clip_mask,
+        behave_imp_weight=behav_w.detach(),
+        behave_approx_kl=torch.where(behav_mask, behav_log, 0.0),
+        behave_mask=behav_mask,
+    )
+    return loss, stats
+
+
+def sapo_loss_fn(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    tau_pos: float,
+    tau_neg: float,
+    loss_mask: torch.Tensor,
+    importance_sampling_level: str = "token",
+    cu_seqlens: torch.Tensor | None = None,
+    loss_agg_mode: str = "token-mean",
+    loss_norm_constant: float | None = None,
+    token_keep_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SAPO: a smooth sigmoid gate replaces the hard clip (arXiv 2511.20347).
+
+    ``L_t = -(4 / tau) * sigmoid(tau * (r_t - 1)) * A_t`` with ``tau = tau_pos`` for
+    ``A_t > 0`` and ``tau_neg`` otherwise. The gradient w.r.t. ``log r`` is
+    ``-4 s (1 - s) r A`` (``s`` the sigmoid): exactly ``-A`` at ``r = 1`` (like the
+    unclipped surrogate) and decaying smoothly as ``r`` leaves 1. Not defined for the
+    decoupled objective (the actor raises a config error).
+    """
+    _check_is_level(importance_sampling_level)
+    if tau_pos <= 0 or tau_neg <= 0:
+        raise ValueError(f"sapo_tau_pos={tau_pos}, sapo_tau_neg={tau_neg}; both must be > 0")
+    mask = loss_mask.bool()
+    advantages = advantages.detach().float()
+    log_ratio = torch.where(mask, logprobs.float() - old_logprobs.detach().float(), 0.0)
+    if importance_sampling_level == "sequence":
+        ratio, advantages = _sequence_ratio(log_ratio, advantages, mask, cu_seqlens)
+    else:
+        ratio = torch.exp(log_ratio)
+    tau = torch.where(advantages > 0, tau_pos, tau_neg)
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    keep = mask if token_keep_mask is None else mask & token_keep_mask.bool()
+    token_loss = torch.where(keep, -gate * advantages, 0.0)
+    loss = aggregate_token_loss(token_loss, mask, loss_agg_mode, cu_seqlens, loss_norm_constant)
+    stats = dict(
+        loss=token_loss.detach(),
+        importance_weight=torch.where(mask, ratio, 0.0).detach(),
+        approx_kl=log_ratio.detach(),
+        clip_mask=torch.zeros_like(mask),
+        dual_clip_mask=torch.zeros_like(mask),
+        sapo_soft_gate=gate.detach(),
+    )
+    return loss, stats
+
+
+@torch.no_grad()
+def m2po_loss_mask(
+    old_logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    m2_threshold: float,
+) -> torch.Tensor:
+    """M2PO second-moment trust mask (arXiv 2510.01161).
+
+    With ``d_t = proximal - old`` (log importance weight of the stale behaviour policy),
+    drop the tokens with the largest ``d_t^2`` until the mean of ``d^2`` over the kept
+    tokens is ``<= m2_threshold``. Returns the new bool mask (the fewest tokens dropped).
+    """
+    if m2_threshold <= 0:
+        raise ValueError(f"m2_threshold={m2_threshold}; must be > 0")
+    mask = loss_mask.bool()
+    d2 = (proximal_logprobs.float() - old_logprobs.float()).square()
+    flat_mask = mask.reshape(-1)
+    vals = d2.reshape(-1)[flat_mask]
+    n = vals.numel()
+    if n == 0:
+        return mask
+    sorted_vals, order = torch.sort(vals, descending=True)
+    # suffix means: mean of sorted_vals[k:] for k = 0..n-1 (non-increasing in k)
+    suffix_sum = torch.flip(torch.cumsum(torch.flip(sorted_vals.double(), [0]), 0), [0])
+    counts = torch.arange(n, 0, -1, device=vals.device, dtype=torch.float64)
+    ok = suffix_sum / counts <= m2_threshold
+    # first k that satisfies the bound (all n dropped if none does, k = n)
+    k = torch.where(ok.any(), ok.int().argmax(), torch.tensor(n, device=vals.device))
+    keep_sorted = torch.arange(n, device=vals.device) >= k
+    keep = torch.empty_like(keep_sorted)
+    keep[order] = keep_sorted
+    new_flat = flat_mask.clone()
+    new_flat[flat_mask] = keep
+    return new_flat.view_as(mask)
+
+
+# --------------------------------------------------------------------- critic loss
+def ppo_critic_loss_fn(
+    value: torch.Tensor,
+    old_value: torch.Tensor,
+    target_value: torch.Tensor,
+    value_eps_clip: float,
+    loss_mask: torch.Tensor,
+    loss_fn_type: str = "mse",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped value loss: ``max(l(V), l(V_old + clip(V - V_old, -eps, eps)))``, token mean.
+
+    ``l`` is ``0.5 * (V - R)^2`` (``mse``) or the Huber loss with delta 10 (``huber``).
+    """
+    if loss_fn_type == "mse":
+
+        def lf(x: torch.Tensor) -> torch.Tensor:
+            return 0.5 * (x - target_value).square()
+    elif loss_fn_type == "huber":
+
+        def lf(x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.huber_loss(x, target_value, reduction="none", delta=10.0)
+    else:
+        raise ValueError(f"loss_fn_type={loss_fn_type!r}; allowed: ['mse', 'huber']")
+    mask = loss_mask.bool()
+    value = value.float()
+    target_value = target_value.detach().float()
+    old_value = old_value.detach().float()
+    loss_orig = lf(value)
+    clipped = old_value + (value - old_value).clamp(-value_eps_clip, value_eps_clip)
+    loss_clip = lf(clipped)
+    token_loss = torch.maximum(loss_orig, loss_clip)
+    clip_mask = (loss_clip.detach() > loss_orig.detach()) & mask
+    loss = torch.where(mask, token_loss, 0.0).sum() / mask.sum().clamp(min=1)
+    return loss, dict(loss=token_loss.detach(), clip_mask=clip_mask)
+
+
+# ----------------------------------------------------------------- dynamic sampling
+def uniform_reward_group_mask(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Bool ``[B]``: True for rows whose group (``group_size`` consecutive rows) has
+    non-identical rewards, i.e. rows that DAPO dynamic sampling keeps."""
+    if rewards.numel() % group_size != 0:
+        raise ValueError(
+            f"group_size={group_size} does not divide the batch size {rewards.numel()}"
+        )
+    g = rewards.reshape(-1, group_size)
+    keep = (g.amax(-1) != g.amin(-1)).repeat_interleave(group_size)
+    return keep
+
+
+def dynamic_sampling_accept(trajectory: dict[str, Any]) -> bool:
+    """``should_accept_fn`` for DAPO dynamic sampling: reject a group whose rewards are all equal.
+
+    ``trajectory`` is one prompt's group (padded dict with ``rewards`` ``[G]``). A single
+    sample is kept (nothing to compare). One host sync per group.
+    """
+    rewards = trajectory["rewards"]
+    if not isinstance(rewards, torch.Tensor):
+        rewards = torch.as_tensor(rewards)
+    if rewards.numel() <= 1:  # no group to compare against: keep it
+        return True
+    return bool((rewards.amax() != rewards.amin()).item())

@@ -1,0 +1,209 @@
+"""Recover checkpoints: everything a crashed run needs to continue as if nothing happened.
+
+A checkpoint directory ``{fileroot}/checkpoints/{experiment}/{trial}/recover/step{N:08d}``
+holds ``model/`` (sharded DCP of model + optimizer + LR scheduler, written by the train
+engine) and ``recover_info.pt`` (step, dataloader state, saver/evaluator/stats-logger
+state, RNG states, the version the inference servers had). It is first written to a
+``.tmp-*`` directory, completed with a ``COMPLETE`` marker and then renamed into place, so a
+process killed half-way never leaves a directory that :meth:`RecoverHandler.load` accepts.
+The last ``keep_last`` complete checkpoints are kept.
+
+Modes (``recover.mode``): ``disabled``: nothing written, never resumed. ``off``: written,
+never resumed (every run starts fresh). ``on`` / ``auto``: written, and a rerun of the same
+experiment/trial resumes from the newest complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from areal.api.io_struct import FinetuneSpec, SaveLoadMeta, StepInfo, WeightUpdateMeta
+from areal.utils import logging
+from areal.utils.timeutil import EpochStepTimeFreqCtl
+
+logger = logging.getLogger("RecoverHandler")
+
+_MARKER = "COMPLETE"
+_INFO = "recover_info.pt"
+
+
+@dataclass
+class RecoverInfo:
+    last_step_info: StepInfo
+    saver_info: dict = field(default_factory=dict)
+    evaluator_info: dict = field(default_factory=dict)
+    dataloader_info: dict = field(default_factory=dict)
+    rng_state: dict = field(default_factory=dict)
+    inference_version: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def recover_root(config: Any) -> str:
+    return os.path.join(
+        str(config.fileroot), "checkpoints", str(config.experiment_name), str(config.trial_name), "recover"
+    )
+
+
+def get_rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    if not state:
+        return
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def list_complete_checkpoints(root: str) -> list[str]:
+    """Complete checkpoint directories, oldest first."""
+    dirs = [d for d in glob.glob(os.path.join(root, "step*")) if os.path.exists(os.path.join(d, _MARKER))]
+    return sorted(dirs)
+
+
+class RecoverHandler:
+    def __init__(self, config: Any, ft_spec: FinetuneSpec):
+        self.config = config
+        self.ft_spec = ft_spec
+        self.root = recover_root(config)
+        self.keep_last = max(1, int(getattr(config, "keep_last", 2) or 2))
+        self.freq_ctl = EpochStepTimeFreqCtl(
+            freq_epoch=config.freq_epochs, freq_step=config.freq_steps, freq_sec=config.freq_secs
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.mode != "disabled"
+
+    @property
+    def resumes(self) -> bool:
+        return self.config.mode in ("on", "auto")
+
+    # ------------------------------------------------------------------ dump
+    def dump(
+        self,
+        engine: Any,
+        step_info: StepInfo,
+        saver: Any,
+        evaluator: Any,
+        stats_logger: Any,
+        dataloader: Any,
+        inference_engine: Any = None,
+        tokenizer: Any = None,
+        force: bool = False,
+    ) -> str | None:
+        """Write a recover checkpoint when due (or ``force``); returns its directory."""
+        if not self.enabled:
+            return None
+        epoch_done = int(step_info.epoch_step + 1 == step_info.steps_per_epoch)
+        last = step_info.global_step + 1 >= self.ft_spec.total_train_steps
+        if not (self.freq_ctl.check(epochs=epoch_done, steps=1) or force or last):
+            return None
+        t0 = time.monotonic()
+        os.makedirs(self.root, exist_ok=True)
+        final = os.path.join(self.root, f"step{step_info.global_step:08d}")
+        tmp = os.path.join(self.root, f".tmp-step{step_info.global_step:08d}-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        engine.save(
+            SaveLoadMeta(
+                path=os.path.join(tmp, "model"),
+                weight_format="dcp",
+                with_optim=not getattr(self.config, "no_save_optim", False),
+                tokenizer=tokenizer,
+            )
+        )
+        version = inference_engine.get_version() if inference_engine is not None else step_info.global_step + 1
+        info = RecoverInfo(
+            last_step_info=step_info,
+            saver_info=saver.state_dict() if saver is not None else {},
+            evaluator_info=evaluator.state_dict() if evaluator is not None else {},
+            dataloader_info=dataloader.state_dict() if dataloader is not None else {},
+            rng_state=get_rng_state(),
+            inference_version=int(version),
+        )
+        torch.save(info, os.path.join(tmp, _INFO))
+        with open(os.path.join(tmp, _MARKER), "w") as f:
+            f.write(f"{step_info.global_step}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        self._prune()
+        logger.info(f"Recover checkpoint for step {step_info.global_step} written in {time.monotonic() - t0:.2f}s")
+        return final
+
+    def _prune(self) -> None:
+        complete = list_complete_checkpoints(self.root)
+        for d in complete[: -self.keep_last]:
+            shutil.rmtree(d, ignore_errors=True)
+        for d in glob.glob(os.path.join(self.root, ".tmp-*")):
+            pid = d.rsplit("-", 1)[-1]
+            if pid != str(os.getpid()):  # left behind by a killed process
+                shutil.rmtree(d, ignore_errors=True)
+
+    # ------------------------------------------------------------------ load
+    def latest(self) -> str | None:
+        complete = list_complete_checkpoints(self.root)
+        return complete[-1] if complete else None
+
+    def load(
+        self,
+        engine: Any,
+        saver: Any,
+        evaluator: Any,
+        stats_logger: Any,
+        dataloader: Any,
+        inference_engine: Any = None,
+        weight_update_meta: WeightUpdateMeta | None = None,
+    ) -> RecoverInfo | None:
+        """Restore the newest complete checkpoint (modes on/auto); ``None`` when starting fresh."""
+        if not self.resumes:
+            return None
+        path = self.latest()
+        if path is None:
+            logger.info(f"No recover checkpoint under {self.root}; starting fresh")
+            return None
+        logger.info(f"Resuming from {path}")
+        info: RecoverInfo = torch.load(os.path.join(path, _INFO), weights_only=False)
+        engine.load(
+            SaveLoadMeta(
+                path=os.path.join(path, "model"),
+                weight_format="dcp",
+                with_optim=not getattr(self.config, "no_load_optim", False),
+            )
+        )
+        if saver is not None and info.saver_info:
+            saver.load_state_dict(info.saver_info)
+        if evaluator is not None and info.evaluator_info:
+            evaluator.load_state_dict(info.evaluator_info)
+        if stats_logger is not None:
+            stats_logger.truncate_after(info.last_step_info.global_step)
+        if dataloader is not None and info.dataloader_info:
+            dataloader.load_state_dict(info.dataloader_info)
+        set_rng_state(info.rng_state)
+        version = info.inference_version
+        # The servers still hold the initial weights: push the restored ones before any rollout.
+        engine.set_version(version)
+        if inference_engine is not None:
+            if weight_update_meta is not None:
+                inference_engine.pause()
+                engine.update_weights(weight_update_meta.with_version(version))
+                inference_engine.resume()
+            inference_engine.set_version(version)
+            executor = getattr(inference_engine, "workflow_executor", None)
+            sm = getattr(executor, "staleness_manager", None)
+            if sm is not None:
+                sm.on_version_recovered(version)
+        return info

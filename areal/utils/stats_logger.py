@@ -1,0 +1,161 @@
+"""StatsLogger: every step's stats to JSON-lines, TensorBoard and (optionally) wandb.
+
+Files under ``get_log_path(config)``: ``stats.jsonl`` (one JSON object per step),
+``tensorboard/`` (unless ``tensorboard.path`` points elsewhere) and, at ``close()``, a
+``curves.png`` plot of reward / accuracy / eval metrics against the step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from areal.utils import logging
+
+logger = logging.getLogger("StatsLogger")
+
+# Keys plotted in curves.png when present (first match per panel).
+_CURVE_PANELS = (
+    ("reward", ("batch/reward", "rollout/reward/avg", "rollout/reward")),
+    ("eval accuracy", ("eval/accuracy", "eval-rollout/reward/avg", "eval-rollout/reward")),
+    ("loss", ("ppo_actor/update/actor_loss/avg", "sft/loss/avg", "loss")),
+)
+
+
+def get_log_path(config: Any) -> str:
+    """``{fileroot}/logs/{experiment_name}/{trial_name}``: the run's log directory."""
+    return os.path.join(str(config.fileroot), "logs", str(config.experiment_name), str(config.trial_name))
+
+
+class StatsLogger:
+    """Writes step statistics; rank-0/controller only."""
+
+    def __init__(self, config: Any, ft_spec: Any = None):
+        self.config = config
+        self.ft_spec = ft_spec
+        self.log_path = get_log_path(config)
+        os.makedirs(self.log_path, exist_ok=True)
+        self.jsonl_path = os.path.join(self.log_path, "stats.jsonl")
+        self._history: list[dict[str, float]] = []
+        self._tb = None
+        self._wandb = None
+        tb_cfg = getattr(config, "tensorboard", None)
+        tb_path = getattr(tb_cfg, "path", None) or os.path.join(self.log_path, "tensorboard")
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=tb_path)
+        except Exception as e:  # tensorboard is a core dependency; be loud but keep running
+            logger.warning(f"TensorBoard disabled: {e}")
+        wandb_cfg = getattr(config, "wandb", None)
+        mode = getattr(wandb_cfg, "mode", "disabled")
+        if mode != "disabled":
+            try:
+                import wandb
+            except ImportError as e:
+                raise ImportError("stats_logger.wandb.mode != 'disabled' needs `pip install areal[wandb]`") from e
+            self._wandb = wandb.init(
+                mode=mode,
+                project=getattr(wandb_cfg, "project", None) or str(config.experiment_name),
+                name=getattr(wandb_cfg, "name", None) or str(config.trial_name),
+                dir=self.log_path,
+                resume="allow",
+            )
+
+    @staticmethod
+    def get_log_path(config: Any) -> str:
+        return get_log_path(config)
+
+    def commit(self, epoch: int, step: int, global_step: int, data: dict[str, float] | list[dict[str, float]]):
+        """Record the stats of one training step (a list is merged, later keys win)."""
+        if isinstance(data, list):
+            merged: dict[str, float] = {}
+            for d in data:
+                merged.update(d)
+            data = merged
+        row = {k: _to_float(v) for k, v in data.items()}
+        row.update({"epoch": epoch, "epoch_step": step, "global_step": global_step})
+        self._history.append(row)
+        with open(self.jsonl_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for k, v in row.items():
+                if isinstance(v, float) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, global_step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(row, step=global_step)
+
+    @property
+    def history(self) -> list[dict[str, float]]:
+        return list(self._history)
+
+    def load_history(self) -> None:
+        """Re-read ``stats.jsonl`` (after a resume) so the final curve covers the whole run."""
+        if os.path.exists(self.jsonl_path):
+            with open(self.jsonl_path) as f:
+                self._history = [json.loads(line) for line in f if line.strip()]
+
+    def plot_curves(self, path: str | None = None) -> str | None:
+        """Write ``curves.png`` (reward, eval accuracy, loss against global step)."""
+        if not self._history:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        panels = []
+        for title, keys in _CURVE_PANELS:
+            for k in keys:
+                pts = [(r["global_step"], r[k]) for r in self._history if k in r and _finite(r[k])]
+                if pts:
+                    panels.append((title, k, pts))
+                    break
+        if not panels:
+            return None
+        path = path or os.path.join(self.log_path, "curves.png")
+        fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.5), squeeze=False)
+        for ax, (title, key, pts) in zip(axes[0], panels, strict=True):
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None)
+            ax.set_title(f"{title}\n({key})", fontsize=9)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+    def close(self) -> str | None:
+        png = self.plot_curves()
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+        return png
+
+    def truncate_after(self, global_step: int) -> None:
+        """After a resume: drop rows of steps later than ``global_step`` (they are redone)."""
+        self.load_history()
+        kept = [r for r in self._history if r.get("global_step", -1) <= global_step]
+        if len(kept) != len(self._history):
+            self._history = kept
+            with open(self.jsonl_path, "w") as f:
+                for row in kept:
+                    f.write(json.dumps(row) + "\n")
+
+
+def _to_float(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and math.isfinite(v)

@@ -1,0 +1,261 @@
+"""``RLVRWorkflow``: RL with verifiable rewards (one prompt -> ``n_samples`` scored answers).
+
+One episode:
+
+1. ``data_extract_prompt_fn(data)`` (default: ``data["messages"]``) and
+   ``get_input_ids_fn(prompt, tokenizer, enable_thinking)`` (default: the chat template
+   with ``add_generation_prompt=True``) give the prompt token ids;
+2. ``gconfig.n_samples`` generations run concurrently (one request each, ``n_samples=1``);
+3. completions are decoded and scored by ``reward_fn`` through ``AsyncRewardWrapper``
+   (process pool + timeout; a failing reward is a logged 0.0), with every data field
+   passed as a keyword argument (e.g. ``answer``);
+4. the result is a padded batch of ``n_samples`` rows: ``input_ids``, ``attention_mask``
+   (bool), ``loss_mask`` (1 on generated tokens), ``logprobs`` (float32, behaviour logprob
+   at each generated token), ``versions`` (weight version per generated token, -1 on the
+   prompt and padding), ``rewards`` (float32 ``[n]``), ``seqlen`` (long ``[n]``, prompt +
+   completion length) and ``no_eos`` (bool ``[n]``, True when generation hit the length
+   limit, for overlong penalties / masking).
+
+Rollout stats (``reward``, ``prompt_len``, ``completion_len``, ``no_eos``) go to the
+stats tracker named ``rollout_stat_scope``. With ``dump_dir``, prompt/completion/reward
+text is appended to ``{dump_dir}/{version}.jsonl`` in a worker thread (never blocking the
+event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from areal.api.io_struct import ModelRequest
+from areal.api.workflow_api import RolloutWorkflow
+from areal.utils import logging
+from areal.utils.batch import pad_sequences_to_tensors
+
+if TYPE_CHECKING:
+    from areal.api.cli_args import GenerationHyperparameters
+    from areal.api.engine_api import InferenceEngine
+
+logger = logging.getLogger("RLVRWorkflow")
+
+# Reward-function positional arguments; data fields with these names are not forwarded.
+_REWARD_POSITIONAL = ("prompt", "completions", "prompt_ids", "completion_ids")
+_DUMP_LOCK = threading.Lock()
+
+
+def default_data_extract_prompt_fn(data: dict[str, Any]) -> Any:
+    """The chat messages of a dataset row (``data["messages"]``)."""
+    if "messages" not in data:
+        raise KeyError(
+            f"RLVRWorkflow: data has no 'messages' field (keys: {sorted(data)}); pass "
+            "data_extract_prompt_fn to say where the prompt is"
+        )
+    return data["messages"]
+
+
+def default_get_input_ids_fn(prompt: Any, tokenizer: Any, enable_thinking: bool) -> list[int]:
+    """Chat messages -> ids with the generation prompt; a plain string is just encoded."""
+    if isinstance(prompt, str):
+        return list(tokenizer.encode(prompt, add_special_tokens=False))
+    kwargs: dict[str, Any] = dict(tokenize=True, add_generation_prompt=True)
+    if enable_thinking:
+        kwargs["enable_thinking"] = True
+    out = tokenizer.apply_chat_template(prompt, **kwargs)
+    if hasattr(out, "keys") and "input_ids" in out:
+        out = out["input_ids"]
+    if isinstance(out, torch.Tensor):
+        out = out.tolist()
+    if out and isinstance(out[0], list):  # batched form
+        out = out[0]
+    return [int(t) for t in out]
+
+
+def _load_tokenizer(path: str) -> Any:
+    try:
+        from areal.utils.hf_utils import load_hf_tokenizer
+    except ImportError:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+    return load_hf_tokenizer(path)
+
+
+def _append_lines(path: str, lines: list[str]) -> None:
+    with _DUMP_LOCK, open(path, "a", encoding="utf-8") as f:
+        f.write("".join(lines))
+
+
+class RLVRWorkflow(RolloutWorkflow):
+    """Sample ``gconfig.n_samples`` answers per prompt and score them with ``reward_fn``.
+
+    Args:
+        reward_fn: ``reward_fn(prompt, completions, prompt_ids, completion_ids, **data) ->
+            float`` (module-level, picklable) or its import string
+            (``"areal.reward.gsm8k.gsm8k_reward_fn"``).
+        gconfig: sampling parameters; ``n_samples`` answers are drawn per prompt.
+        tokenizer: a tokenizer object or a path to load one from.
+        enable_thinking: forwarded to the chat template (Qwen3-style thinking).
+        rollout_stat_scope: stats tracker name for reward/length stats.
+        dump_dir: if set, append text dumps to ``{dump_dir}/{version}.jsonl``.
+        get_input_ids_fn: ``(prompt, tokenizer, enable_thinking) -> list[int]``.
+        data_extract_prompt_fn: ``(data) -> prompt`` (messages list or string).
+    """
+
+    def __init__(
+        self,
+        reward_fn: Callable[..., float] | str,
+        gconfig: GenerationHyperparameters,
+        tokenizer: Any,
+        enable_thinking: bool = False,
+        rollout_stat_scope: str = "rollout",
+        dump_dir: str | None = None,
+        get_input_ids_fn: Callable[[Any, Any, bool], list[int]] | None = None,
+        data_extract_prompt_fn: Callable[[dict[str, Any]], Any] | None = None,
+    ):
+        from areal.api.reward_api import AsyncRewardWrapper
+
+        if gconfig is None:
+            raise ValueError("RLVRWorkflow: gconfig is required")
+        if tokenizer is None:
+            raise ValueError("RLVRWorkflow: tokenizer (object or path) is required")
+        if isinstance(tokenizer, str | os.PathLike):
+            tokenizer = _load_tokenizer(str(tokenizer))
+        self.reward_fn = reward_fn
+        self.gconfig = gconfig
+        self.tokenizer = tokenizer
+        self.enable_thinking = enable_thinking
+        self.rollout_stat_scope = rollout_stat_scope
+        self.dump_dir = dump_dir
+        self.get_input_ids_fn = get_input_ids_fn or default_get_input_ids_fn
+        self.data_extract_prompt_fn = data_extract_prompt_fn or default_data_extract_prompt_fn
+        self.async_reward_fn = AsyncRewardWrapper(reward_fn)
+        if dump_dir is not None:
+            os.makedirs(dump_dir, exist_ok=True)
+
+    async def arun_episode(
+        self, engine: InferenceEngine, data: dict[str, Any]
+    ) -> dict[str, torch.Tensor] | None:
+        input_ids = self.get_input_ids_fn(
+            self.data_extract_prompt_fn(data), self.tokenizer, self.enable_thinking
+        )
+        if isinstance(input_ids, dict):
+            input_ids = input_ids["input_ids"]
+        input_ids = [int(t) for t in input_ids]
+        if not input_ids:
+            raise ValueError("RLVRWorkflow: the prompt tokenized to an empty sequence")
+        n = self.gconfig.n_samples
+        gconfig = self.gconfig.new(n_samples=1)
+        reqs = [
+            ModelRequest(
+                rid=uuid.uuid4().hex,
+                input_ids=list(input_ids),
+                gconfig=gconfig,
+                tokenizer=self.tokenizer,
+            )
+            for _ in range(n)
+        ]
+        resps = await asyncio.gather(*[engine.agenerate(r) for r in reqs])
+
+        skip = self.gconfig.skip_special_tokens
+        prompt_str = self.tokenizer.decode(input_ids, skip_special_tokens=skip)
+        completions = [
+            self.tokenizer.decode(r.output_tokens, skip_special_tokens=skip) for r in resps
+        ]
+        reward_kwargs = {k: v for k, v in data.items() if k not in _REWARD_POSITIONAL}
+        rewards = await asyncio.gather(
+            *[
+                self.async_reward_fn(
+                    prompt_str, c, list(input_ids), list(r.output_tokens), **reward_kwargs
+                )
+                for c, r in zip(completions, resps)
+            ]
+        )
+
+        seqs = []
+        for resp, reward in zip(resps, rewards):
+            p_len, c_len = len(input_ids), resp.output_len
+            if len(resp.output_logprobs) != c_len or len(resp.output_versions) != c_len:
+                raise ValueError(
+                    f"RLVRWorkflow: response {resp.metadata.get('rid', '')} has {c_len} tokens but "
+                    f"{len(resp.output_logprobs)} logprobs and {len(resp.output_versions)} versions"
+                )
+            seqs.append(
+                dict(
+                    input_ids=list(input_ids) + list(resp.output_tokens),
+                    attention_mask=[True] * (p_len + c_len),
+                    loss_mask=[0] * p_len + [1] * c_len,
+                    logprobs=[0.0] * p_len + [float(x) for x in resp.output_logprobs],
+                    versions=[-1] * p_len + [int(v) for v in resp.output_versions],
+                    rewards=float(reward),
+                    seqlen=p_len + c_len,
+                    no_eos=resp.stop_reason == "length",
+                )
+            )
+        batch = pad_sequences_to_tensors(
+            seqs,
+            dtypes=dict(
+                input_ids=torch.long,
+                attention_mask=torch.bool,
+                loss_mask=torch.long,
+                logprobs=torch.float32,
+                versions=torch.long,
+                rewards=torch.float32,
+                seqlen=torch.long,
+                no_eos=torch.bool,
+            ),
+        )
+        self._record_stats(batch, len(input_ids))
+        if self.dump_dir is not None:
+            await self._dump(engine, data, prompt_str, completions, rewards, resps)
+        return batch
+
+    def _record_stats(self, batch: dict[str, torch.Tensor], prompt_len: int) -> None:
+        try:
+            from areal.utils import stats_tracker
+        except ImportError:  # pragma: no cover - optional
+            return
+        tracker = stats_tracker.get(self.rollout_stat_scope)
+        # no await inside: per-thread scopes are not shared between coroutines
+        for r, sl, ne in zip(
+            batch["rewards"].tolist(), batch["seqlen"].tolist(), batch["no_eos"].tolist()
+        ):
+            tracker.scalar(
+                reward=r, prompt_len=prompt_len, completion_len=sl - prompt_len, no_eos=float(ne)
+            )
+
+    async def _dump(self, engine, data, prompt_str, completions, rewards, resps) -> None:
+        try:
+            version = int(engine.get_version())
+        except NotImplementedError:
+            version = 0
+        qid = next((data[k] for k in ("query_id", "id", "qid") if data.get(k) is not None), None)
+        qid = str(qid) if qid is not None else uuid.uuid4().hex
+        lines = [
+            json.dumps(
+                dict(
+                    qid=qid,
+                    version=version,
+                    idx=i,
+                    prompt=prompt_str,
+                    completion=c,
+                    reward=float(r),
+                    seqlen=resp.input_len + resp.output_len,
+                    stop_reason=resp.stop_reason,
+                ),
+                ensure_ascii=False,
+            )
+            + "\n"
+            for i, (c, r, resp) in enumerate(zip(completions, rewards, resps))
+        ]
+        path = os.path.join(self.dump_dir, f"{version}.jsonl")
+        try:
+            await asyncio.to_thread(_append_lines, path, lines)
+        except OSError as e:
+            logger.warning("Could not dump rollouts to %s: %s", path, e)

@@ -1,0 +1,262 @@
+"""Generation throughput: built-in server (continuous batching) vs HF ``generate`` on padded batches.
+
+Same model, same prompts (``--num-prompts`` x ``--samples``: GSM8K test questions in the chat template when
+the model has a tokenizer, else random prompts of 40-120 tokens; answers end at EOS, capped
+at ``--max-new-tokens``), sampling at
+T=1, one torch thread in both. Also measures pause->resume latency under load and the
+weight-reload time (disk, and gloo broadcast) of a ~100M-parameter model. Prints JSON.
+
+    .venv/bin/python benchmarks/bench_generation.py [--num-prompts 256 --samples 8]
+
+Model: the shipped tiny base (``areal/models/assets/tiny-base``) when present, else a
+random ~1M Qwen2 (hidden 128, 4 layers, vocab 384) without tokenizer. A random model rarely
+samples one particular EOS, so for it 6 token ids act as stop tokens (about 1 in 64 per
+step: mean answer ~60 tokens, like GSM8K answers in a byte-level tokenizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig  # noqa: E402
+from areal.api.io_struct import ModelRequest, ParamSpec, WeightUpdateMeta  # noqa: E402
+from areal.engine.local_remote import RemoteLocalEngine  # noqa: E402
+from areal.infra.launcher.local_server import launch_local_server  # noqa: E402
+
+
+def _random_qwen2(
+    path: str, hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int, eos: int
+) -> str:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        eos_token_id=eos,
+        bos_token_id=1,
+        pad_token_id=0,
+    )
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def pick_model(tmp: str) -> tuple[str, list[int], int]:
+    """Returns (model dir, stop token ids, vocab size)."""
+    try:
+        from areal.models.tiny import get_tiny_base_path
+
+        path = get_tiny_base_path()
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(path)
+        eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id]
+        return path, list(eos), cfg.vocab_size
+    except (ImportError, FileNotFoundError):
+        path = _random_qwen2(os.path.join(tmp, "tiny"), 128, 4, 4, 2, 512, 384, eos=2)
+        return path, [2, 3, 4, 5, 6, 7], 384
+
+
+GSM8K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "test.jsonl")
+
+
+def make_prompts(n: int, vocab: int, model_dir: str, seed: int = 0) -> list[list[int]]:
+    """GSM8K test questions in the model's chat template when it has a tokenizer, else random ids."""
+    if os.path.exists(os.path.join(model_dir, "tokenizer.json")) and os.path.exists(GSM8K):
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        with open(GSM8K) as f:
+            qs = [json.loads(line)["question"] for line in f][:n]
+        out = []
+        for q in qs:
+            ids = tok.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
+            )
+            out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+        return out
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab) for _ in range(rng.randrange(40, 121))] for _ in range(n)]
+
+
+@torch.no_grad()
+def bench_hf(model_dir, prompts, samples, max_new, stop_ids, batch_prompts):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    stop = torch.tensor(stop_ids)
+    total = 0
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch_prompts):
+        chunk = prompts[i : i + batch_prompts]
+        P = max(len(p) for p in chunk)
+        ids = torch.zeros(len(chunk), P, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for j, p in enumerate(chunk):
+            ids[j, P - len(p) :] = torch.tensor(p)
+            mask[j, P - len(p) :] = 1
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new,
+            num_return_sequences=samples,
+            eos_token_id=stop_ids,
+            pad_token_id=0,
+        )[:, P:]
+        # tokens up to and including the first stop token
+        is_stop = torch.isin(out, stop)
+        first = torch.where(
+            is_stop.any(1), is_stop.int().argmax(1) + 1, torch.full((out.shape[0],), out.shape[1])
+        )
+        total += int(first.sum())
+    dt = time.perf_counter() - t0
+    return {"seconds": dt, "generated_tokens": total, "tokens_per_s": total / dt}
+
+
+def bench_server(addr, prompts, samples, max_new, stop_ids):
+    eng = RemoteLocalEngine(InferenceEngineConfig(request_timeout=3600, setup_timeout=120))
+    eng.initialize([addr])
+    g = GenerationHyperparameters(max_new_tokens=max_new, temperature=1.0, stop_token_ids=stop_ids)
+    reqs = [ModelRequest(input_ids=p, gconfig=g) for p in prompts for _ in range(samples)]
+    result = {}
+    pause_lat: list[tuple[float, float]] = []
+
+    async def main():
+        return await asyncio.gather(*[eng.agenerate(r) for r in reqs])
+
+    def pauser():  # pause/resume a few times under load
+        time.sleep(3.0)
+        for _ in range(3):
+            t0 = time.perf_counter()
+            eng.pause_generation()
+            t1 = time.perf_counter()
+            eng.continue_generation()
+            pause_lat.append((t1 - t0, time.perf_counter() - t1))
+            time.sleep(1.0)
+
+    t0 = time.perf_counter()
+    th = threading.Thread(target=pauser)
+    th.start()
+    resps = asyncio.run(main())
+    dt = time.perf_counter() - t0
+    th.join()
+    eng.destroy()
+    total = sum(r.output_len for r in resps)
+    result["throughput"] = {"seconds": dt, "generated_tokens": total, "tokens_per_s": total / dt}
+    result["pause_resume"] = {
+        "pause_s": [round(a, 4) for a, _ in pause_lat],
+        "resume_s": [round(b, 4) for _, b in pause_lat],
+        "all_requests_completed": all(r.stop_reason in ("stop", "length") for r in resps),
+    }
+    return result
+
+
+def bench_reload(tmp):
+    path = _random_qwen2(os.path.join(tmp, "m100"), 768, 12, 12, 4, 2048, 32000, eos=2)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    n_params = sum(p.numel() for p in model.parameters())
+    group = launch_local_server(path, num_servers=1, timeout=300)
+    eng = RemoteLocalEngine(InferenceEngineConfig(request_timeout=600, setup_timeout=300))
+    eng.initialize(group.addresses)
+    out = {"params": n_params}
+    try:
+        t0 = time.perf_counter()
+        eng.update_weights_from_disk(WeightUpdateMeta(type="disk", path=path, version=1)).result()
+        out["disk_reload_s"] = time.perf_counter() - t0
+        from areal.utils.dist import init_custom_process_group
+        from areal.utils.network import find_free_ports
+
+        port = find_free_ports(1)[0]
+        meta = WeightUpdateMeta(type="xccl", master_port=port, backend="gloo", version=2)
+        fut = eng.init_weights_update_group(meta)
+        pg = init_custom_process_group(
+            "gloo", "127.0.0.1", port, meta.world_size, 0, meta.group_name
+        )
+        fut.result()
+        named = list(model.state_dict().items())
+        t0 = time.perf_counter()
+        specs = [ParamSpec(n, tuple(t.shape), "float32") for n, t in named]
+        f = eng.update_weights_from_distributed(meta, specs)
+        for _, t in named:
+            pg.broadcast(t.contiguous(), 0).wait()
+        f.result()
+        out["gloo_broadcast_update_s"] = time.perf_counter() - t0
+    finally:
+        eng.destroy()
+        group.shutdown()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--num-prompts", type=int, default=256)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=192)
+    ap.add_argument(
+        "--hf-batch-prompts", type=int, default=8, help="prompts per HF batch (x samples rows)"
+    )
+    ap.add_argument("--max-batch-size", type=int, default=128)
+    ap.add_argument("--skip-reload", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    report = {
+        "machine": f"{os.cpu_count()} CPUs (shared; numbers are noisy under contention)",
+        "load_avg": os.getloadavg(),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir, stop_ids, vocab = pick_model(tmp)
+        prompts = make_prompts(args.num_prompts, vocab, model_dir)
+        report["model"] = model_dir
+        report["workload"] = {
+            "prompts": args.num_prompts,
+            "samples": args.samples,
+            "prompt_len_mean": sum(map(len, prompts)) / len(prompts),
+            "max_new_tokens": args.max_new_tokens,
+            "stop_token_ids": stop_ids,
+        }
+        group = launch_local_server(
+            model_dir, num_servers=1, server_args={"max_batch_size": args.max_batch_size}
+        )
+        try:
+            report["server"] = bench_server(
+                group.addresses[0], prompts, args.samples, args.max_new_tokens, stop_ids
+            )
+        finally:
+            group.shutdown()
+        report["hf_generate"] = bench_hf(
+            model_dir, prompts, args.samples, args.max_new_tokens, stop_ids, args.hf_batch_prompts
+        )
+        report["speedup"] = (
+            report["server"]["throughput"]["tokens_per_s"] / report["hf_generate"]["tokens_per_s"]
+        )
+        if not args.skip_reload:
+            report["reload_100m"] = bench_reload(tmp)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

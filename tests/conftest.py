@@ -1,0 +1,62 @@
+"""Shared pytest fixtures (keep minimal and additive)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def build_tiny_qwen2(path: str, vocab_size: int = 400, seed: int = 0, tie: bool = False) -> str:
+    """Save a random tiny Qwen2 causal LM (hidden 64, 2 layers) to ``path``; returns ``path``."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=tie,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    model = Qwen2ForCausalLM(cfg)
+    # Larger-than-default init so that sampled distributions are not near-uniform.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """Directory of a random tiny Qwen2 (hidden 64, 2 layers, vocab 400, EOS id 2, untied)."""
+    return build_tiny_qwen2(str(tmp_path_factory.mktemp("tiny_qwen2")))
+
+
+def build_tiny_lm_with_tokenizer(path: str, seed: int = 0) -> str:
+    """A random tiny Qwen2 (hidden 64, 2 layers) with the project's tiny tokenizer + chat template."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from areal.dataset.synthetic import ArithSpec, generate_arith_problems
+    from areal.models.tiny import build_tiny_tokenizer, tiny_model_config
+
+    rows = generate_arith_problems(ArithSpec(n=2000, seed=seed))
+    tok = build_tiny_tokenizer(path, [r["question"] + "\n" + r["answer"] for r in rows])
+    torch.manual_seed(seed)
+    cfg = tiny_model_config(vocab_size=len(tok), num_hidden_layers=2, hidden_size=64, intermediate_size=128)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_dir(tmp_path_factory) -> str:
+    """Directory of a random tiny Qwen2 with the tiny tokenizer (loadable by load_hf_tokenizer)."""
+    return build_tiny_lm_with_tokenizer(str(tmp_path_factory.mktemp("tiny_lm")))

@@ -1,0 +1,237 @@
+"""A real single-node Slurm cluster for tests (Debian's ``slurm-wlm``, run as root).
+
+``slurm_cluster`` (session fixture) writes ``slurm.conf`` into a temp dir
+(``ProctrackType=proctrack/linuxproc``, ``TaskPlugin=task/none``,
+``SelectType=select/cons_tres``, ``AuthType=auth/none`` + ``CredType=cred/none``, so no
+munge daemon is needed; node = this host declared with 16 CPUs and 64 GB
+(``SlurmdParameters=config_overrides``: logical, so several test jobs fit on 2 cores); state, spool,
+log and pid files under the temp dir; free ports), starts ``slurmctld -D`` and
+``slurmd -D`` as child processes, waits until ``sinfo`` shows the node idle, sets
+``SLURM_CONF`` for the session and yields a ``SlurmCluster``. Teardown cancels every
+job, stops both daemons (SIGTERM, then SIGKILL) and restores ``SLURM_CONF``.
+
+Skips with a reason when not root or the binaries are missing (``.ci/run`` installs
+``slurm-wlm`` and ``munge``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SLURM_BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "scontrol")
+
+
+@dataclass
+class SlurmCluster:
+    conf: str
+    root: str
+    node: str
+    env: dict[str, str]
+
+    def run(self, *argv: str, timeout: float = 30) -> str:
+        out = subprocess.run(
+            list(argv), env=self.env, capture_output=True, text=True, timeout=timeout, check=True
+        )
+        return out.stdout
+
+    def jobs(self) -> list[str]:
+        """Ids of jobs that squeue still lists."""
+        return self.run("squeue", "-h", "-o", "%i").split()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def slurm_skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "Slurm test cluster needs root (slurmd runs jobs as root here)"
+    missing = [b for b in SLURM_BINARIES if shutil.which(b) is None]
+    if missing:
+        return f"Slurm binaries missing: {missing} (apt-get install -y slurm-wlm munge)"
+    return None
+
+
+def write_slurm_conf(root: str, node: str, cpus: int, mem_mb: int) -> str:
+    for d in ("state", "spool", "log", "run"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    ctld_port, d_port = _free_port(), _free_port()
+    conf = f"""\
+ClusterName=areal-test
+SlurmctldHost={node}
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/none
+CredType=cred/none
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+ReturnToService=2
+MailProg=/bin/true
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd.log
+SlurmctldPidFile={root}/run/slurmctld.pid
+SlurmdPidFile={root}/run/slurmd.pid
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+SlurmctldTimeout=30
+SlurmdTimeout=30
+InactiveLimit=0
+KillWait=5
+MinJobAge=300
+SlurmdParameters=config_overrides
+NodeName={node} CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN
+PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+"""
+    path = os.path.join(root, "slurm.conf")
+    with open(path, "w") as f:
+        f.write(conf)
+    return path
+
+
+def _stop(proc: subprocess.Popen | None, pid_file: str) -> None:
+    pids = set()
+    if proc is not None and proc.poll() is None:
+        pids.add(proc.pid)
+    try:
+        with open(pid_file) as f:
+            pids.add(int(f.read().strip()))
+    except (OSError, ValueError):
+        pass
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            if proc is not None and proc.pid == pid and proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        else:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    if proc is not None:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _log_tail(path: str, n: int = 20) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return ""
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    reason = slurm_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    root = str(tmp_path_factory.mktemp("slurm"))
+    node = socket.gethostname()
+    conf = write_slurm_conf(root, node, cpus=16, mem_mb=65536)
+    env = dict(os.environ, SLURM_CONF=conf)
+    old_conf = os.environ.get("SLURM_CONF")
+    ctld = slurmd = None
+    cluster = SlurmCluster(conf=conf, root=root, node=node, env=env)
+    try:
+        logs = open(os.path.join(root, "log", "daemons.out"), "ab")  # noqa: SIM115
+        ctld = subprocess.Popen(
+            ["slurmctld", "-D", "-i", "-f", conf], env=env, stdout=logs, stderr=logs
+        )
+        slurmd = subprocess.Popen(["slurmd", "-D", "-f", conf], env=env, stdout=logs, stderr=logs)
+        deadline = time.monotonic() + 60
+        state = ""
+        while time.monotonic() < deadline:
+            for name, p in (("slurmctld", ctld), ("slurmd", slurmd)):
+                if p.poll() is not None:
+                    raise RuntimeError(
+                        f"{name} exited with {p.returncode}:\n"
+                        + _log_tail(os.path.join(root, "log", f"{name}.log"))
+                        + _log_tail(os.path.join(root, "log", "daemons.out"))
+                    )
+            try:
+                state = cluster.run("sinfo", "-h", "-N", "-o", "%T", timeout=10).strip()
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+                state = ""
+            if state.startswith("idle"):
+                break
+            time.sleep(0.5)
+        else:
+            raise RuntimeError(
+                f"Slurm node not idle within 60 s (sinfo: {state!r})\n"
+                + _log_tail(os.path.join(root, "log", "slurmctld.log"))
+                + _log_tail(os.path.join(root, "log", "slurmd.log"))
+            )
+        os.environ["SLURM_CONF"] = conf
+        yield cluster
+    finally:
+        try:
+            if ctld is not None and ctld.poll() is None:
+                subprocess.run(["scancel", "--full", "-u", "root"], env=env, timeout=20)
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline and cluster.jobs():
+                    time.sleep(0.5)
+        except Exception:  # noqa: BLE001 - teardown continues
+            pass
+        _stop(slurmd, os.path.join(root, "run", "slurmd.pid"))
+        _stop(ctld, os.path.join(root, "run", "slurmctld.pid"))
+        if old_conf is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old_conf
+
+
+def demo_command(tmp_path, scheduler_type: str) -> list[str]:
+    """The CPU GRPO demo, 2 steps on tiny data, 1 server + 1 training worker."""
+    return [
+        sys.executable,
+        os.path.join(REPO, "examples/math/gsm8k_rl.py"),
+        "--config",
+        os.path.join(REPO, "examples/math/gsm8k_grpo_cpu.yaml"),
+        f"scheduler.type={scheduler_type}",
+        "allocation_mode=local:d1+fsdp:d1",
+        f"cluster.fileroot={tmp_path}",
+        f"trial_name=e2e-{scheduler_type}",
+        "total_train_steps=2",
+        "train_dataset.batch_size=4",
+        "train_dataset.path=synthetic://arith?digits=1&steps=2&n=64&seed=0",
+        "valid_dataset.path=synthetic://arith?digits=1&steps=2&n=8&seed=1",
+        "valid_dataset.batch_size=8",
+        "gconfig.n_samples=2",
+        "gconfig.max_new_tokens=16",
+        "evaluator.freq_steps=null",
+        "recover.mode=disabled",
+        "actor.ppo_n_minibatches=1",
+    ]

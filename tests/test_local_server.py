@@ -1,0 +1,306 @@
+"""Built-in inference server: generation core (in process) and HTTP server (subprocess)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+import requests
+import torch
+
+from areal.engine.local_server.core import GenerationCore, RequestError, SamplingParams
+from areal.infra.launcher.local_server import launch_local_server, launch_server_process
+
+EOS = 2
+
+
+def _hf(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def _hf_greedy(model, prompt, max_new):
+    out = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=max_new,
+        do_sample=False,
+        eos_token_id=EOS,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+@torch.no_grad()
+def _hf_logprobs(model, prompt, output, temperature=1.0):
+    logits = model(torch.tensor([prompt + output])).logits[0].float() / temperature
+    lp = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1]
+    return lp.gather(1, torch.tensor(output).unsqueeze(1)).squeeze(1)
+
+
+def _prompts(n, seed=0, lo=3, hi=40):
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 400) for _ in range(rng.randrange(lo, hi))] for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    group = launch_local_server(tiny_model_dir, num_servers=1, timeout=120)
+    try:
+        yield group.addresses[0]
+    finally:
+        group.shutdown()
+
+
+def _generate(addr, input_ids, **sp):
+    r = requests.post(
+        f"http://{addr}/generate", json={"input_ids": input_ids, "sampling_params": sp}, timeout=60
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+# ---------------------------------------------------------------------------- core
+
+
+def test_core_staggered_greedy_requests_match_hf_generate(tiny_model_dir):
+    torch.set_num_threads(1)
+    model = _hf(tiny_model_dir)
+    core = GenerationCore(_hf(tiny_model_dir), max_batch_size=6)
+    prompts = _prompts(10, seed=1)
+    results: dict[int, dict] = {}
+    done = threading.Event()
+
+    def cb(i):
+        def f(r):
+            results[i] = r
+            if len(results) == len(prompts):
+                done.set()
+
+        return f
+
+    try:
+        for i, p in enumerate(prompts):  # requests join a running batch at different steps
+            core.submit(str(i), p, SamplingParams(max_new_tokens=15 + 2 * i, greedy=True), cb(i))
+            time.sleep(0.005)
+        assert done.wait(120)
+    finally:
+        core.shutdown()
+    for i, p in enumerate(prompts):
+        r = results[i]
+        assert r["output_ids"] == _hf_greedy(model, p, 15 + 2 * i), i
+        ref = _hf_logprobs(model, p, r["output_ids"])
+        torch.testing.assert_close(torch.tensor(r["output_logprobs"]), ref, atol=1e-4, rtol=0)
+        assert r["finish_reason"] in ("stop", "length")
+
+
+def test_core_invalid_request_raises_request_error(tiny_model_dir):
+    core = GenerationCore(_hf(tiny_model_dir))
+    try:
+        with pytest.raises(RequestError, match="context length"):
+            core.submit("a", [5] * 600, SamplingParams(), lambda r: None)
+        with pytest.raises(RequestError, match="vocab_size"):
+            core.submit("b", [5, 100000], SamplingParams(), lambda r: None)
+        with pytest.raises(RequestError, match="unknown sampling"):
+            SamplingParams.from_dict({"bogus": 1})
+        with pytest.raises(RequestError, match="top_p"):
+            SamplingParams.from_dict({"top_p": 0})
+    finally:
+        core.shutdown()
+
+
+# ---------------------------------------------------------------------------- HTTP
+
+
+def test_generate_greedy_concurrent_matches_hf_generate_and_logprobs(server, tiny_model_dir):
+    model = _hf(tiny_model_dir)
+    prompts = _prompts(8, seed=2)
+    out: dict[int, dict] = {}
+
+    def go(i):
+        out[i] = _generate(server, prompts[i], max_new_tokens=30, greedy=True)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, p in enumerate(prompts):
+        r = out[i]
+        assert r["output_ids"] == _hf_greedy(model, p, 30)
+        torch.testing.assert_close(
+            torch.tensor(r["output_logprobs"]),
+            _hf_logprobs(model, p, r["output_ids"]),
+            atol=1e-4,
+            rtol=0,
+        )
+        assert r["output_versions"] == [0] * len(r["output_ids"])
+
+
+def test_generate_sampling_logprobs_use_temperature_scaled_distribution(server, tiny_model_dir):
+    model = _hf(tiny_model_dir)
+    p = _prompts(1, seed=3)[0]
+    r = _generate(
+        server, p, max_new_tokens=20, temperature=0.7, top_k=50, top_p=0.9, ignore_eos=True
+    )
+    assert len(r["output_ids"]) == 20 and r["finish_reason"] == "length"
+    ref = _hf_logprobs(model, p, r["output_ids"], temperature=0.7)
+    torch.testing.assert_close(torch.tensor(r["output_logprobs"]), ref, atol=1e-4, rtol=0)
+
+
+def test_generate_stop_token_and_min_new_tokens_respected(server, tiny_model_dir):
+    model = _hf(tiny_model_dir)
+    p = _prompts(1, seed=4)[0]
+    ref = _hf_greedy(model, p, 10)
+    stop = ref[3]
+    first = ref.index(stop)
+    r = _generate(server, p, max_new_tokens=10, greedy=True, stop_token_ids=[stop])
+    assert r["output_ids"] == ref[: first + 1] and r["finish_reason"] == "stop"
+    r = _generate(
+        server, p, max_new_tokens=10, min_new_tokens=10, greedy=True, stop_token_ids=[stop]
+    )
+    assert len(r["output_ids"]) == 10 and r["finish_reason"] == "length"
+
+
+def test_bad_requests_get_4xx_and_server_keeps_serving(server):
+    base = f"http://{server}"
+    cases = [
+        ("/generate", {"data": "{not json"}),
+        ("/generate", {"json": [1, 2]}),
+        ("/generate", {"json": {"sampling_params": {}}}),
+        ("/generate", {"json": {"input_ids": ["a"]}}),
+        ("/generate", {"json": {"input_ids": [1, 99999]}}),
+        ("/generate", {"json": {"input_ids": [5] * 600}}),
+        ("/generate", {"json": {"input_ids": [5], "sampling_params": {"temperature": -1}}}),
+        ("/generate", {"json": {"input_ids": [5], "sampling_params": {"nope": 1}}}),
+        ("/v1/completions", {"json": {"prompt": 3}}),
+        ("/v1/chat/completions", {"json": {"messages": "hi"}}),
+        ("/set_version", {"json": {"version": "x"}}),
+        ("/update_weights_from_disk", {"json": {"model_path": "/nonexistent/dir"}}),
+        ("/update_weights_from_distributed", {"json": {"names": []}}),
+    ]
+    for path, kw in cases:
+        r = requests.post(base + path, timeout=30, **kw)
+        assert 400 <= r.status_code < 500, (path, kw, r.status_code, r.text)
+        assert "message" in r.json(), r.text
+    assert requests.post(base + "/no_such_endpoint", json={}, timeout=10).status_code == 404
+    long = requests.post(base + "/generate", json={"input_ids": [5] * 600}, timeout=30).json()
+    assert "context length" in long["message"]
+    assert _generate(server, [5, 6, 7], max_new_tokens=3, greedy=True)["output_ids"]
+
+
+def test_openai_completions_return_token_ids_and_logprobs(server, tiny_model_dir):
+    model = _hf(tiny_model_dir)
+    p = [7, 8, 9, 10]
+    r = requests.post(
+        f"http://{server}/v1/completions",
+        json={
+            "prompt": p,
+            "max_tokens": 6,
+            "temperature": 0,
+            "logprobs": 0,
+            "return_token_ids": True,
+        },
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    c = r.json()["choices"][0]
+    assert c["token_ids"] == _hf_greedy(model, p, 6)
+    torch.testing.assert_close(
+        torch.tensor(c["logprobs"]["token_logprobs"]),
+        _hf_logprobs(model, p, c["token_ids"]),
+        atol=1e-4,
+        rtol=0,
+    )
+    assert r.json()["usage"]["completion_tokens"] == len(c["token_ids"])
+
+
+def test_pause_interrupts_inflight_and_continue_serves_again(server):
+    res: dict = {}
+
+    def go():
+        res["r"] = _generate(server, [5, 6, 7], max_new_tokens=500, ignore_eos=True)
+
+    t = threading.Thread(target=go)
+    t.start()
+    deadline = time.time() + 30
+    while requests.get(f"http://{server}/metrics", timeout=10).json()["num_requests_running"] == 0:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert requests.post(f"http://{server}/pause", timeout=30).json()["paused"]
+    t.join(30)
+    r = res["r"]
+    assert r["finish_reason"] == "abort" and 0 < len(r["output_ids"]) < 500
+    assert len(r["output_logprobs"]) == len(r["output_ids"])
+    # a request sent while paused waits, then runs after /continue
+    t2 = threading.Thread(
+        target=lambda: res.__setitem__("r2", _generate(server, [5], max_new_tokens=2))
+    )
+    t2.start()
+    time.sleep(0.3)
+    assert "r2" not in res
+    assert requests.get(f"http://{server}/metrics", timeout=10).json()["num_requests_waiting"] == 1
+    requests.post(f"http://{server}/continue", timeout=30)
+    t2.join(30)
+    assert len(res["r2"]["output_ids"]) == 2
+
+
+def test_abort_request_by_rid_returns_partial_output(server):
+    res: dict = {}
+
+    def go():
+        r = requests.post(
+            f"http://{server}/generate",
+            json={
+                "rid": "abort-me",
+                "input_ids": [5, 6],
+                "sampling_params": {"max_new_tokens": 500, "ignore_eos": True},
+            },
+            timeout=60,
+        )
+        res["r"] = r.json()
+
+    t = threading.Thread(target=go)
+    t.start()
+    deadline = time.time() + 30
+    while not requests.post(
+        f"http://{server}/abort_request", json={"rid": "abort-me"}, timeout=10
+    ).json()["success"]:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    t.join(30)
+    assert res["r"]["finish_reason"] == "abort" and len(res["r"]["output_ids"]) < 500
+
+
+def test_set_version_is_reported_with_tokens(server):
+    assert (
+        requests.post(f"http://{server}/set_version", json={"version": 7}, timeout=10).json()[
+            "version"
+        ]
+        == 7
+    )
+    try:
+        r = _generate(server, [5, 6], max_new_tokens=3, ignore_eos=True)
+        assert r["output_versions"] == [7, 7, 7]
+        assert requests.get(f"http://{server}/version", timeout=10).json()["version"] == 7
+    finally:
+        requests.post(f"http://{server}/set_version", json={"version": 0}, timeout=10)
+
+
+def test_launch_bad_model_path_raises_with_log_tail(tmp_path):
+    with pytest.raises(RuntimeError, match="exited with code"):
+        launch_local_server(str(tmp_path / "missing-model"), timeout=60)
+
+
+def test_launch_server_process_timeout_kills_process(tmp_path):
+    import sys
+
+    with pytest.raises(TimeoutError):
+        sp = launch_server_process(
+            [sys.executable, "-c", "import time; time.sleep(60)"], "127.0.0.1:1", timeout=1.0
+        )
+        sp.stop()

@@ -1,0 +1,262 @@
+"""RayScheduler on a local Ray (started by the scheduler, 2 logical CPUs).
+
+The module shares one scheduler (Ray start-up ~7 s); the last scheduler test closes it and
+checks that no Ray process of ours is left. The end-to-end test runs the GRPO demo with
+``scheduler.type=ray`` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+ray = pytest.importorskip("ray", reason="ray not installed (pip install 'ray==2.60.0')")
+
+from areal.api.scheduler_api import (  # noqa: E402
+    Job,
+    RemoteCallError,
+    SchedulingSpec,
+    WorkerDiedError,
+)
+from areal.infra.scheduler.ray import RayScheduler  # noqa: E402
+
+ECHO = "tests._rpc_engines.EchoEngine"
+DIST = "tests._rpc_engines.DistTestEngine"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+pytestmark = pytest.mark.slow  # a local Ray takes ~7 s to start
+
+
+def _ray_descendants() -> list[psutil.Process]:
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            text = " ".join(p.cmdline()) + " " + p.name()
+        except psutil.Error:
+            continue
+        if "ray" in text:
+            out.append(p)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ray_sched(tmp_path_factory):
+    if ray.is_initialized():
+        pytest.skip("a Ray session is already initialised in this process")
+    os.environ.pop("RAY_ADDRESS", None)
+    sched = RayScheduler(
+        fileroot=str(tmp_path_factory.mktemp("ray_fileroot")),
+        experiment_name="exp",
+        trial_name="t0",
+        num_cpus=2,
+        startup_timeout=120,
+    )
+    try:
+        sched.create_workers(Job(replicas=2, role="actor", tasks=[SchedulingSpec(cpu=0, mem=1)]))
+        yield sched
+    finally:
+        sched.close()
+
+
+def test_create_workers_two_rpc_actors_healthy_with_dist_env(ray_sched):
+    import requests
+
+    workers = ray_sched.get_workers("actor")
+    assert [w.id for w in workers] == ["actor/0", "actor/1"]
+    pids = []
+    for i, w in enumerate(workers):
+        health = requests.get(f"http://{w.address}/health", timeout=5).json()
+        assert health["status"] == "ok"
+        pids.append(health["pid"])
+        ray_sched.create_engine(w.id, ECHO, scale=2.0, engine_name="echo")
+        env = {
+            k: ray_sched.call_engine(w.id, "env", k, engine_name="echo")
+            for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "AREAL_WORKER_ID")
+        }
+        assert env["RANK"] == str(i) and env["WORLD_SIZE"] == "2"
+        assert env["MASTER_ADDR"] == workers[0].ip
+        assert env["MASTER_PORT"] == workers[0].worker_ports[1]
+        assert env["AREAL_WORKER_ID"] == w.id
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    assert ray_sched.name_resolve.get("exp/t0/workers/actor/1") == workers[1].address
+
+
+def test_call_engine_tensor_roundtrip_returns_result(ray_sched):
+    out = ray_sched.call_engine(
+        "actor/1", "add", torch.ones(3), torch.arange(3.0), engine_name="echo"
+    )
+    assert torch.equal(out, (torch.ones(3) + torch.arange(3.0)) * 2.0)
+
+
+def test_call_engine_method_raises_remote_error_with_traceback(ray_sched):
+    with pytest.raises(RemoteCallError, match="engine failure: nope") as ei:
+        ray_sched.call_engine("actor/0", "fail", "nope", engine_name="echo")
+    assert "actor/0" in str(ei.value) and "Traceback" in ei.value.remote_traceback
+
+
+def test_dist_engine_two_actors_gloo_all_reduce_sees_world_two(ray_sched):
+    from concurrent.futures import ThreadPoolExecutor
+
+    ids = [w.id for w in ray_sched.get_workers("actor")]
+    with ThreadPoolExecutor(2) as ex:
+        list(ex.map(lambda i: ray_sched.create_engine(i, DIST, engine_name="dist"), ids))
+        list(
+            ex.map(
+                lambda i: ray_sched.call_engine(i, "initialize", engine_name="dist", timeout=60),
+                ids,
+            )
+        )
+        worlds = list(
+            ex.map(lambda i: ray_sched.call_engine(i, "world", engine_name="dist", timeout=60), ids)
+        )
+    assert worlds == [2, 2]
+
+
+def test_create_workers_command_worker_serves_and_logs(ray_sched):
+    job = Job(
+        replicas=1,
+        role="cmd",
+        tasks=[
+            SchedulingSpec(
+                cpu=0, mem=1, port_count=1, cmd="python -m http.server {port} --bind {host}"
+            )
+        ],
+        health_path="/",
+    )
+    ray_sched.create_workers(job)
+    (w,) = ray_sched.get_workers("cmd")
+    import requests
+
+    assert requests.get(f"http://{w.address}/", timeout=5).status_code == 200
+    log = ray_sched.log_path("cmd/0")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if "GET /" in open(log).read():
+            break
+        time.sleep(0.2)
+    assert "GET /" in open(log).read()
+    ray_sched.delete_workers("cmd")
+    with pytest.raises(KeyError):
+        ray_sched.get_workers("cmd")
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://{w.address}/", timeout=5)
+
+
+def test_call_engine_killed_actor_raises_worker_died_naming_it(ray_sched):
+    ray_sched.create_workers(Job(replicas=1, role="victim", tasks=[SchedulingSpec(cpu=0, mem=1)]))
+    ray_sched.create_engine("victim/0", ECHO)
+    assert ray_sched.call_engine("victim/0", "sleep", 0.0) == 0.0
+    ray.kill(ray_sched.actor_handle("victim/0"), no_restart=True)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerDiedError, match="victim/0") as ei:
+        ray_sched.call_engine("victim/0", "sleep", 0.0, timeout=30)
+    assert time.monotonic() - t0 < 20
+    assert "Ray actor died" in str(ei.value)
+    with pytest.raises(WorkerDiedError, match="victim/0"):
+        ray_sched.get_workers("victim")
+    ray_sched.delete_workers("victim")
+
+
+def test_ray_name_resolve_add_get_subtree_delete_behave_like_file_backend(ray_sched):
+    from areal.utils.name_resolve import (
+        NameEntryExistsError,
+        NameEntryNotFoundError,
+        RayNameRecordRepository,
+    )
+
+    repo = RayNameRecordRepository(ray_sched.name_resolve_actor)  # same named actor
+    repo.add("nr/a/0", "x")
+    repo.add("nr/a/1", "y")
+    with pytest.raises(NameEntryExistsError):
+        repo.add("nr/a/0", "z")
+    repo.add("nr/a/0", "z", replace=True)
+    assert ray_sched.name_resolve.get("nr/a/0") == "z"
+    assert repo.find_subtree("nr/a") == ["nr/a/0", "nr/a/1"]
+    assert repo.get_subtree("nr") == ["z", "y"]
+    repo.delete("nr/a/1")
+    with pytest.raises(NameEntryNotFoundError):
+        repo.get("nr/a/1")
+    with pytest.raises(TimeoutError):
+        repo.wait("nr/a/1", timeout=0.3)
+    repo.clear_subtree("nr")
+    assert repo.find_subtree("nr") == []
+
+
+def test_close_kills_actors_and_local_ray_no_processes_left(ray_sched):
+    ours = _ray_descendants()
+    assert ours, "expected the local Ray's processes to be children of the test process"
+    ray_sched.close()
+    assert not ray.is_initialized()
+    assert not os.path.exists(os.path.join(ray_sched.fileroot, "name_resolve"))
+    _, alive = psutil.wait_procs(ours, timeout=30)
+    assert not [p.pid for p in alive], [p.cmdline() for p in alive]
+    assert not [p for p in _ray_descendants() if "ray::" in " ".join(p.cmdline())]
+
+
+# ---------------------------------------------------------------------------- end to end
+@pytest.mark.ci_slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("areal.infra.scheduler.servers") is None,
+    reason="the trainer's inference-server launcher (areal.infra.scheduler.servers) is not there yet",
+)
+def test_gsm8k_grpo_demo_ray_scheduler_two_steps_then_no_ray_left(tmp_path):
+    from slurm_fixture import demo_command
+
+    cmd = demo_command(tmp_path, "ray")
+    marker = f"ray-e2e-{os.getpid()}-{time.time_ns()}"
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", AREAL_TEST_MARKER=marker)
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=540)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc)
+        out, _ = proc.communicate()
+        pytest.fail(f"demo with scheduler.type=ray timed out:\n{out[-6000:]}")
+    assert proc.returncode == 0, out[-6000:]
+    assert "Shutting down the local Ray" in out
+    assert _procs_with_marker(marker) == []
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    try:
+        kids = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        kids = []
+    proc.kill()
+    for k in kids:
+        try:
+            k.kill()
+        except psutil.Error:
+            pass
+
+
+def _procs_with_marker(marker: str) -> list[str]:
+    """Command lines of live processes that inherited ``AREAL_TEST_MARKER=marker``."""
+    left = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.environ().get("AREAL_TEST_MARKER") == marker:
+                left.append(" ".join(p.info["cmdline"] or []))
+        except psutil.Error:
+            continue
+    return left
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

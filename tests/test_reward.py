@@ -1,0 +1,190 @@
+"""Tests of the GSM8K reward, answer extraction and AsyncRewardWrapper."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from areal.api.reward_api import AsyncRewardWrapper
+from areal.reward import extract_answer, parse_number
+from areal.reward.gsm8k import gsm8k_reward_fn
+
+GSM8K_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
+if not GSM8K_TEST.exists():  # checkouts elsewhere: ../shared relative to the repo
+    GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared/data/gsm8k/test.jsonl"
+
+
+def _r(completion: str, answer: str) -> float:
+    return gsm8k_reward_fn("q", completion, [], [], answer)
+
+
+# --------------------------------------------------------------------- gsm8k reward
+@pytest.mark.skipif(not GSM8K_TEST.exists(), reason="GSM8K test split not available")
+def test_gsm8k_reward_gold_solutions_all_correct_and_off_by_one_wrong():
+    rows = [json.loads(line) for line in GSM8K_TEST.read_text().splitlines() if line.strip()]
+    assert len(rows) == 1319
+    t0 = time.perf_counter()
+    wrong_gold = []
+    wrong_perturbed = []
+    for row in rows:
+        sol = row["answer"]
+        if _r(sol, sol) != 1.0:
+            wrong_gold.append(sol[-60:])
+        body, final = sol.rsplit("####", 1)
+        value = float(final.strip().replace(",", ""))
+        perturbed = (
+            body + "#### " + f"{value + 1:g}"
+            if value != int(value)
+            else body + f"#### {int(value) + 1}"
+        )
+        if _r(perturbed, sol) != 0.0:
+            wrong_perturbed.append(perturbed[-60:])
+    elapsed = time.perf_counter() - t0
+    assert wrong_gold == []
+    assert wrong_perturbed == []
+    assert elapsed < 5.0, f"2 x 1319 rewards took {elapsed:.2f}s"
+
+
+@pytest.mark.parametrize(
+    "completion,answer",
+    [
+        ("Adding up, we get \\boxed{18}.", "18"),
+        ("So she makes 9 * 2 = 18 dollars. The answer is 18.", "#### 18"),
+        ("The answer is $1,000.", "1000"),
+        ("The answer is 5 dollars.", "5"),
+        ("#### 10%", "10"),
+        ("The final answer is 70,000", "Profit...\n#### 70000"),
+        ("Half of it: \\boxed{\\frac{1}{2}}", "0.5"),
+        ("It is -3 degrees, so the answer is -3", "-3"),
+        ("first 3 then 16 - 3 - 4 = 9", "9"),
+    ],
+)
+def test_gsm8k_reward_answer_styles_correct_gives_one(completion, answer):
+    assert _r(completion, answer) == 1.0
+
+
+@pytest.mark.parametrize(
+    "completion,answer",
+    [
+        ("Adding up, we get \\boxed{19}.", "18"),
+        ("The answer is 17.", "#### 18"),
+        ("", "18"),
+        ("I don't know", "18"),
+        ("@@@@ \\boxed{ ", "18"),
+        ("#### banana", "18"),
+        ("18 was a guess; the answer is 12", "18"),
+        ("#### 18000", "18"),
+    ],
+)
+def test_gsm8k_reward_wrong_or_garbage_gives_zero(completion, answer):
+    assert _r(completion, answer) == 0.0
+
+
+def test_gsm8k_reward_non_string_inputs_give_zero():
+    assert gsm8k_reward_fn("q", None, [], [], "18") == 0.0
+    assert gsm8k_reward_fn("q", ["The answer is ", "18"], [], [], "18") == 1.0
+    assert gsm8k_reward_fn("q", "18", [], [], None) == 0.0
+
+
+def test_extract_answer_priority_hash_over_boxed_over_last_number():
+    assert extract_answer("\\boxed{3}\n#### 4") == "4"
+    assert extract_answer("7 then \\boxed{3} and 9") == "3"
+    assert extract_answer("7 then 9.") == "9"
+    assert extract_answer("no digits") is None
+    assert parse_number("$1,234.5 dollars.") == 1234.5
+    assert parse_number("\\frac{1}{2}") is None
+
+
+# --------------------------------------------------------------------- AsyncRewardWrapper
+# Module-level so that worker processes can unpickle them.
+def ok_reward(x, scale=1.0):
+    return float(x) * scale
+
+
+def raising_reward(x):
+    raise ValueError(f"bad input {x}")
+
+
+def sleepy_reward(x, seconds):
+    time.sleep(seconds)
+    return float(x)
+
+
+def crashing_reward(x):
+    os._exit(3)
+
+
+def not_a_number_reward(x):
+    return "abc"
+
+
+@pytest.fixture
+def wrapper_cleanup():
+    yield
+    AsyncRewardWrapper.shutdown()
+
+
+async def test_async_reward_wrapper_ok_exception_timeout_counted_later_calls_work(wrapper_cleanup):
+    w = AsyncRewardWrapper(ok_reward, timeout_seconds=30, max_workers=1)
+    assert await w(2, scale=1.5) == 3.0  # warms the pool (process start)
+    e = AsyncRewardWrapper(raising_reward, timeout_seconds=30, max_workers=1)
+    assert await e(5) == 0.0
+    assert e.stats() == {"n_calls": 1, "n_timeouts": 0, "n_errors": 1}
+
+    s = AsyncRewardWrapper(sleepy_reward, timeout_seconds=1.0, max_workers=1)
+    t0 = time.perf_counter()
+    assert await s(1, seconds=120) == 0.0
+    assert time.perf_counter() - t0 < 10
+    assert s.stats() == {"n_calls": 1, "n_timeouts": 1, "n_errors": 0}
+
+    # The only worker was stuck in sleep(120): later calls must not wait for it.
+    t0 = time.perf_counter()
+    assert await w(4) == 4.0
+    assert await s(7, seconds=0) == 7.0
+    assert time.perf_counter() - t0 < 20
+    assert w.stats() == {"n_calls": 2, "n_timeouts": 0, "n_errors": 0}
+    assert s.stats()["n_calls"] == 2
+
+
+async def test_async_reward_wrapper_concurrent_calls_survive_a_timeout(wrapper_cleanup):
+    ok = AsyncRewardWrapper(sleepy_reward, timeout_seconds=30, max_workers=2)
+    hang = AsyncRewardWrapper(sleepy_reward, timeout_seconds=1.5, max_workers=2)
+    assert await ok(0, seconds=0) == 0.0  # pool warm
+    results = await asyncio.gather(hang(9, seconds=60), *[ok(i, seconds=0.2) for i in range(1, 6)])
+    assert results == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert hang.stats()["n_timeouts"] == 1
+    assert ok.stats() == {"n_calls": 6, "n_timeouts": 0, "n_errors": 0}
+
+
+async def test_async_reward_wrapper_crashing_worker_gives_zero_and_recovers(wrapper_cleanup):
+    c = AsyncRewardWrapper(crashing_reward, timeout_seconds=30, max_workers=1, max_retries=1)
+    assert await c(1) == 0.0
+    assert c.stats()["n_errors"] == 1
+    n = AsyncRewardWrapper(not_a_number_reward, timeout_seconds=30, max_workers=1)
+    assert await n(1) == 0.0
+    assert n.stats()["n_errors"] == 1
+    w = AsyncRewardWrapper(ok_reward, timeout_seconds=30, max_workers=1)
+    assert await w(3) == 3.0
+
+
+async def test_async_reward_wrapper_gsm8k_by_dotted_path(wrapper_cleanup):
+    w = AsyncRewardWrapper("areal.reward.gsm8k.gsm8k_reward_fn", timeout_seconds=60, max_workers=1)
+    r = await asyncio.gather(
+        w("q", "so \\boxed{18}", [], [], answer="#### 18"),
+        w("q", "#### 17", [], [], answer="#### 18"),
+    )
+    assert r == [1.0, 0.0]
+
+
+def test_async_reward_wrapper_unpicklable_fn_raises_clear_error():
+    with pytest.raises(TypeError, match="not picklable"):
+        AsyncRewardWrapper(lambda *a, **k: 1.0)
+    with pytest.raises(ValueError, match="timeout_seconds"):
+        AsyncRewardWrapper(ok_reward, timeout_seconds=0)
+    with pytest.raises(ValueError, match="no 'nope'"):
+        AsyncRewardWrapper("areal.reward.gsm8k.nope")
