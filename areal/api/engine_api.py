@@ -143,10 +143,10 @@ class TrainEngine(abc.ABC):
         """Stats gathered since the last export, reduced across data-parallel ranks."""
         return {}
 
-    def offload(self) -> None:
+    def offload(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Move weights/optimizer off the accelerator (no-op on CPU)."""
 
-    def onload(self) -> None:
+    def onload(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Undo ``offload`` (no-op on CPU)."""
 
 

@@ -111,7 +111,18 @@ def main() -> None:
     ap.add_argument("--n-eval", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument(
+        "--rewrite-readme",
+        action="store_true",
+        help="only rewrite OUT/README.md from OUT/build_results.json (no training)",
+    )
     args = ap.parse_args()
+    if args.rewrite_readme:
+        results = json.loads((args.out / "build_results.json").read_text())
+        args.noise = results["noise"]
+        (args.out / "README.md").write_text(readme_text(results, args))
+        print(f"rewrote {args.out / 'README.md'}")
+        return
 
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
@@ -248,10 +259,17 @@ single token, and a ChatML chat template. Rebuilt by `examples/math/build_tiny_b
 
 ## What the base lacks
 
-It writes the format and the first step well, but by construction of its data it gets
-the arithmetic of the final step wrong (off by one) most of the time. A verifiable
-reward against the true answers (`areal.reward.gsm8k.gsm8k_reward_fn`) can fix that:
-this is what the CPU RL demo measures.
+It writes the format (`a op b = c` lines, then `#### N`) and usually the first step, but
+by construction of its data it gets the arithmetic of the final step wrong (off by one)
+most of the time: {args.noise:.0%} of its targets were N+1, so N+1 is the mode it learned,
+and greedy decoding picks it ({r["greedy_answer_is_true_plus_one"]:.0%} of held-out problems).
+Sampling at T=1 still puts real probability on the true result, which is why sampled
+accuracy can exceed greedy accuracy. A verifiable reward against the true answers
+(`areal.reward.gsm8k.gsm8k_reward_fn`) gives RL a signal to move that mass to the
+correct result: this is what the CPU RL demo measures.
+
+Reference: the same recipe with 400 steps (442 s) gave greedy 19.9% / sampled 29.5%;
+longer SFT sharpens both the arithmetic and the learned N+1 bias.
 """
 
 
