@@ -101,6 +101,7 @@ class _Result:
     accept_version: int
     is_eval: bool
     seq: int  # acceptance order
+    data: Any = None
 
 
 class WorkflowExecutor:
@@ -123,6 +124,9 @@ class WorkflowExecutor:
         self._cv = threading.Condition()
         self._pending: deque[_Task] = deque()
         self._results: list[_Result] = []
+        self._inflight: dict[int, _Task] = {}
+        # Data items to run before drawing from the dataloader again (after a resume).
+        self._replay: deque[Any] = deque()
         self._task_ids = itertools.count()
         self._accept_seq = itertools.count()
         self._reject_reasons: Counter[str] = Counter()
@@ -349,7 +353,9 @@ class WorkflowExecutor:
                 version = self._get_version()
                 self._drop_stale_locked(version)
                 if len(self._results) >= count:
-                    self._results.sort(key=lambda r: (r.submit_version, r.seq))
+                    # Oldest first; submission order (task id) breaks ties so that a
+                    # synchronous run consumes the same rows in the same order every time.
+                    self._results.sort(key=lambda r: (r.submit_version, r.task_id))
                     taken, self._results = self._results[:count], self._results[count:]
                     break
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -441,6 +447,24 @@ class WorkflowExecutor:
                     self.is_paused,
                 )
 
+    def pending_data(self) -> list[Any]:
+        """Training data items drawn from the dataloader but not yet consumed by ``wait``.
+
+        Queued, running and accepted-but-unconsumed rollouts, in submission order. A recover
+        checkpoint stores them (with the dataloader state) so that a resumed run re-runs
+        them instead of losing them.
+        """
+        with self._cv:
+            tasks = [(t.task_id, t.data) for t in self._pending if not t.is_eval]
+            tasks += [(t.task_id, t.data) for t in self._inflight.values() if not t.is_eval]
+            tasks += [(r.task_id, r.data) for r in self._results if not r.is_eval]
+        return [d for _, d in sorted(tasks, key=lambda x: x[0])]
+
+    def requeue_data(self, items: list[Any]) -> None:
+        """Run ``items`` before drawing from the dataloader again (used after a resume)."""
+        with self._cv:
+            self._replay.extend(items)
+
     def _top_up(self, workflow: Any, accept_fn: Callable[[Any], bool] | None) -> None:
         """Enqueue dataloader items until queued work covers capacity + one batch."""
         if self.is_paused:
@@ -452,7 +476,11 @@ class WorkflowExecutor:
                 return
             if self.queue_size is not None and stat.enqueued >= self.queue_size:
                 return
-            items = next(self._data_iter)
+            if self._replay:
+                n = min(len(self._replay), self.consumer_batch_size)
+                items = [self._replay.popleft() for _ in range(n)]
+            else:
+                items = next(self._data_iter)
             if isinstance(items, dict):
                 items = [items]
             for item in items:
@@ -595,6 +623,7 @@ class WorkflowExecutor:
                 if not ok:
                     return True
                 self._pending.popleft()
+                self._inflight[task.task_id] = task
                 if task.is_eval:
                     self._eval_running += 1
                 else:
@@ -651,6 +680,7 @@ class WorkflowExecutor:
             reason = "stale"
         sm = self.staleness_manager
         with self._cv:
+            self._inflight.pop(task.task_id, None)
             if task.is_eval:
                 self._eval_running -= 1
             elif reason is None:
@@ -666,6 +696,7 @@ class WorkflowExecutor:
                         accept_version=version,
                         is_eval=task.is_eval,
                         seq=next(self._accept_seq),
+                        data=task.data,
                     )
                 )
             else:

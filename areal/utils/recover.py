@@ -124,6 +124,9 @@ class RecoverHandler:
             )
         )
         version = inference_engine.get_version() if inference_engine is not None else step_info.global_step + 1
+        executor = getattr(inference_engine, "workflow_executor", None)
+        # Rows drawn from the dataloader but not yet trained on: re-run after a resume.
+        pending = executor.pending_data() if executor is not None else []
         info = RecoverInfo(
             last_step_info=step_info,
             saver_info=saver.state_dict() if saver is not None else {},
@@ -131,6 +134,7 @@ class RecoverHandler:
             dataloader_info=dataloader.state_dict() if dataloader is not None else {},
             rng_state=get_rng_state(),
             inference_version=int(version),
+            extra={"pending_data": pending},
         )
         torch.save(info, os.path.join(tmp, _INFO))
         with open(os.path.join(tmp, _MARKER), "w") as f:
@@ -206,4 +210,8 @@ class RecoverHandler:
             sm = getattr(executor, "staleness_manager", None)
             if sm is not None:
                 sm.on_version_recovered(version)
+            pending = info.extra.get("pending_data", [])
+            if executor is not None and pending:
+                executor.requeue_data(pending)
+                logger.info(f"Re-queued {len(pending)} rows that were in flight when the checkpoint was taken")
         return info

@@ -21,7 +21,9 @@ def main(args):
     tokenizer = load_hf_tokenizer(config.tokenizer_path)
 
     train_dataset = get_custom_dataset("train", config.train_dataset, tokenizer)
-    valid_dataset = get_custom_dataset("test", config.valid_dataset, tokenizer)
+    valid_dataset = (
+        get_custom_dataset("test", config.valid_dataset, tokenizer) if config.valid_dataset is not None else None
+    )
 
     log_path = StatsLogger.get_log_path(config.stats_logger)
     workflow_kwargs = dict(
