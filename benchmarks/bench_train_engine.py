@@ -26,7 +26,9 @@ import traceback
 
 import torch
 
-GSM8K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "train.jsonl")
+GSM8K = os.path.join(
+    os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "train.jsonl"
+)
 
 
 def _free_port() -> int:
@@ -98,7 +100,11 @@ def _padded_step(eng, batch, n_mbs: int) -> None:
     chunks = torch.arange(b).chunk(n_mbs)
     for i, idx in enumerate(chunks):
         model.set_requires_gradient_sync(i == len(chunks) - 1)
-        ids, mask, lm = batch["input_ids"][idx], batch["attention_mask"][idx], batch["loss_mask"][idx]
+        ids, mask, lm = (
+            batch["input_ids"][idx],
+            batch["attention_mask"][idx],
+            batch["loss_mask"][idx],
+        )
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
         logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
         m = lm[:, 1:].float()
@@ -198,7 +204,9 @@ def _export_rank(rank: int, world_size: int, out_dir: str, wu_port: int, q_specs
         eng._update_weights_from_disk(disk_meta)
         times.append(time.perf_counter() - t0)
     res["disk_export_s"] = round(min(times), 3)
-    xmeta = WeightUpdateMeta(type="xccl", master_port=wu_port, world_size=2, weight_chunked_mem_mb=256)
+    xmeta = WeightUpdateMeta(
+        type="xccl", master_port=wu_port, world_size=2, weight_chunked_mem_mb=256
+    )
     torch.distributed.barrier()
     t0 = time.perf_counter()
     eng.update_weights(xmeta)  # includes joining the group
@@ -254,8 +262,13 @@ def _run(jobs: list[tuple], world_size: int, timeout: float = 900) -> dict:
         for tag, fn, args, is_rank in jobs:
             env = {}
             if is_rank:
-                env = {"RANK": str(tag), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(tag),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+                env = {
+                    "RANK": str(tag),
+                    "WORLD_SIZE": str(world_size),
+                    "LOCAL_RANK": str(tag),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                }
             p = ctx.Process(target=_entry, args=(tag, fn, env, args, q), daemon=True)
             p.start()
             procs.append(p)

@@ -7,13 +7,13 @@ receiver process for the xccl broadcast. Individual tests assert on their result
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from concurrent.futures import Future
 
 import pytest
 import torch
-
 from _dist_helpers import run_ranks
 
 ATOL = 1e-5
@@ -143,6 +143,7 @@ def _one_rank_session(rank, world_size, path, tied_path, out_dir):
 
     # Tied embeddings export: lm_head.weight dropped, reload gives the same logprobs.
     eng3 = make_engine(tied_path)
+    eng3.hf_shard_mb = 0.1  # several shards + index
     tied_dir = os.path.join(out_dir, "hf_tied")
     eng3.save(SaveLoadMeta(path=tied_dir, weight_format="hf"))
     res["fwd_tied"] = eng3.forward_batch(batch)
@@ -294,6 +295,13 @@ def _two_rank_session(rank, world_size, path, out_dir, spec_q, ack_q, wu_port):
         small.train_batch(batch, loss_fn, loss_weight_fn)
     except ValueError as e:
         errs["too_long"] = str(e)
+    # Only rank 1 has a sequence over the budget: both ranks raise, none hangs.
+    short = select_sequences(full, [1, 3, 5, 7][rank * 2 : rank * 2 + 2], trim=False)  # lens <= 17
+    mixed = short if rank == 0 else batch
+    try:
+        small.train_batch(mixed, loss_fn, loss_weight_fn)
+    except ValueError as e:
+        errs["one_rank_too_long"] = str(e)
     res["errors"] = errs
     return res
 
@@ -401,7 +409,16 @@ def test_hf_save_reload_by_transformers_gives_same_logprobs(one_rank):
 def test_hf_save_tied_embeddings_drops_lm_head(one_rank):
     from safetensors.torch import load_file
 
-    sd = load_file(os.path.join(one_rank["tied_dir"], "model.safetensors"))
+    with open(os.path.join(one_rank["tied_dir"], "model.safetensors.index.json")) as f:
+        weight_map = json.load(f)["weight_map"]
+    files = sorted(set(weight_map.values()))
+    assert len(files) > 1 and not os.path.exists(
+        os.path.join(one_rank["tied_dir"], "model.safetensors")
+    )
+    sd = {}
+    for fn in files:
+        sd.update(load_file(os.path.join(one_rank["tied_dir"], fn)))
+    assert sorted(sd) == sorted(weight_map)
     assert "lm_head.weight" not in sd and "model.embed_tokens.weight" in sd
     ref = reference_logprobs(one_rank["tied_dir"], make_batch())
     torch.testing.assert_close(ref, one_rank["fwd_tied"], atol=ATOL, rtol=0)
@@ -443,6 +460,8 @@ def test_train_batch_bad_input_clear_errors(two_rank):
         errs = two_rank[r]["errors"]
         assert "attention_mask" in errs["no_mask"]
         assert "max_tokens_per_mb=20" in errs["too_long"]
+    assert "another data-parallel rank rejected" in two_rank[0]["errors"]["one_rank_too_long"]
+    assert "max_tokens_per_mb=20" in two_rank[1]["errors"]["one_rank_too_long"]
 
 
 def test_critic_values_shape_and_training_lowers_loss(one_rank):
@@ -468,3 +487,24 @@ def test_bucket_param_specs_limit_respected_order_kept():
     assert [[s.name for s in b] for b in buckets] == [["p0", "p1"], ["p2"], ["p3"], ["p4", "p5"]]
     with pytest.raises(ValueError, match="limit_bytes"):
         bucket_param_specs(specs, 0)
+
+
+def test_write_safetensors_roundtrip_all_dtypes(tmp_path):
+    from safetensors.torch import load_file
+
+    from areal.engine.fsdp_engine import write_safetensors
+
+    sd = {
+        "a": torch.randn(3, 5),
+        "b": torch.randn(7).to(torch.bfloat16),
+        "c": torch.arange(6, dtype=torch.int64).view(2, 3),
+        "d": torch.zeros(0),
+        "e": torch.tensor([True, False]),
+    }
+    write_safetensors(sd, str(tmp_path / "x.safetensors"))
+    back = load_file(str(tmp_path / "x.safetensors"))
+    assert sorted(back) == sorted(sd)
+    for k, v in sd.items():
+        assert back[k].dtype == v.dtype and torch.equal(back[k], v), k
+    with pytest.raises(ValueError, match="complex"):
+        write_safetensors({"z": torch.zeros(2, dtype=torch.complex64)}, str(tmp_path / "z"))

@@ -14,7 +14,7 @@ Actor (``is_critic=False``): ``loss_fn(logprobs, entropy, input_data) -> scalar`
 ``logprobs``/``entropy`` are 1-D ``[n_tokens]`` float32, aligned with the packed
 ``input_ids`` (``logprobs[i] = log p(input_ids[i] | earlier tokens of its sequence)``,
 computed from ``logits / temperature``; 0 at the first token of each sequence; the
-entropy is that of the distribution that predicts token i). ``input_data`` is the
+entropy is that of the distribution that predicts token i and carries no gradient). ``input_data`` is the
 packed micro-batch: per-token keys 1-D ``[n_tokens]``, per-sequence keys ``[n_seqs]``,
 plus ``cu_seqlens``, ``max_seqlen``, ``position_ids``.
 
@@ -24,6 +24,13 @@ Critic (``is_critic=True``): ``loss_fn(values, None, input_data) -> scalar`` wit
 ``loss_fn`` returns the MEAN loss of its micro-batch and ``loss_weight_fn(input_data)``
 that micro-batch's weight (e.g. its number of loss tokens); the engine scales each
 micro-batch by ``weight / total weight of all micro-batches of all ranks``.
+
+Attention over packed micro-batches: ``flash_attention_2`` varlen on CUDA when flash_attn
+is installed (untested here), otherwise ``areal.utils.fsdp.varlen_sdpa_attention``
+(causal SDPA per sequence); both receive ``cu_seq_lens_q/k`` from the engine.
+Logprobs are computed inside the model's forward by ``ChunkedLogprobHead`` (which
+replaces ``lm_head`` and keeps its weight), so no ``[tokens, vocab]`` logits tensor is
+held for long micro-batches.
 """
 
 from __future__ import annotations
@@ -45,11 +52,10 @@ from areal.api.io_struct import FinetuneSpec, ParamSpec, SaveLoadMeta, WeightUpd
 from areal.utils import logging
 from areal.utils.data import (
     MicroBatchList,
-    pack_tensor_dict,
+    get_seqlens,
     pad_packed_tensor,
     split_padded_tensor_dict_into_mb_list,
     unpack_sequence,
-    validate_padded_batch,
 )
 from areal.utils.dist import broadcast_tensor, init_custom_process_group
 from areal.utils.fsdp import (
@@ -64,6 +70,7 @@ logger = logging.getLogger("FSDPEngine")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SAFETENSORS_NAME = "model.safetensors"
+_SAFETENSORS_INDEX = "model.safetensors.index.json"
 _EXTRA_STATE_NAME = "engine_extra_state.pt"
 
 
@@ -76,6 +83,57 @@ def _wait(fut: Any, what: str, timeout: float | None = None) -> Any:
         except Exception as e:  # re-raised with context
             raise RuntimeError(f"{what} failed: {e}") from e
     return fut
+
+
+_ST_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def write_safetensors(
+    tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str] | None = None
+) -> None:
+    """Write CPU tensors as a safetensors file straight from their memory (no staging copy).
+
+    Same format as ``safetensors.torch.save_file`` (8-byte header length, JSON header,
+    raw little-endian data); readable by ``safe_open``/``load_file``/``from_pretrained``.
+    """
+    import json
+    import struct
+
+    header: dict[str, Any] = {}
+    offset = 0
+    flat = []
+    for name, t in tensors.items():
+        if t.dtype not in _ST_DTYPES:
+            raise ValueError(f"tensor {name!r} has dtype {t.dtype} that safetensors cannot store")
+        t = t.detach().contiguous().cpu()
+        n = t.numel() * t.element_size()
+        header[name] = {
+            "dtype": _ST_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + n],
+        }
+        offset += n
+        flat.append(t.reshape(-1).view(torch.uint8))
+    header["__metadata__"] = dict(metadata or {"format": "pt"})
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * ((8 - len(raw) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for t in flat:
+            if t.numel():
+                f.write(t.numpy().data)
 
 
 def bucket_param_specs(specs: list[ParamSpec], limit_bytes: int) -> list[list[ParamSpec]]:
@@ -112,6 +170,7 @@ class FSDPEngine(TrainEngine):
         self.is_critic = bool(getattr(config, "is_critic", False))
         self.temperature = float(getattr(config, "temperature", 1.0) or 1.0)
         self.logprob_chunk_size = 1024
+        self.hf_shard_mb = 128  # safetensors shard size of HF saves (gather/write overlap)
         self._version = 0
         self._own_process_group = False
         self._initialized = False
@@ -148,11 +207,11 @@ class FSDPEngine(TrainEngine):
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30))
         self._own_process_group = True
-        logger.info(
-            "process group ready: backend=%s world_size=%d", backend, dist.get_world_size()
-        )
+        logger.info("process group ready: backend=%s world_size=%d", backend, dist.get_world_size())
 
-    def initialize(self, addr: str | None = None, ft_spec: FinetuneSpec | None = None, **kwargs) -> None:
+    def initialize(
+        self, addr: str | None = None, ft_spec: FinetuneSpec | None = None, **kwargs
+    ) -> None:
         """Load the model from ``config.path``, shard it, build optimizer and LR schedule."""
         if self._initialized:
             raise RuntimeError("FSDPEngine.initialize called twice")
@@ -188,7 +247,9 @@ class FSDPEngine(TrainEngine):
             except ImportError:
                 logger.info("flash_attn not installed: using per-sequence SDPA for packed batches")
         if want not in ("flash_attention_2", "sdpa", VARLEN_SDPA):
-            logger.warning("attn_impl=%s does not support packed batches; using %s", want, VARLEN_SDPA)
+            logger.warning(
+                "attn_impl=%s does not support packed batches; using %s", want, VARLEN_SDPA
+            )
         return register_varlen_sdpa()
 
     def _resolve_dtype(self) -> torch.dtype:
@@ -215,7 +276,13 @@ class FSDPEngine(TrainEngine):
         attn = self._resolve_attn_impl()
         hf_config = AutoConfig.from_pretrained(path)
         if getattr(self.config, "disable_dropout", False):
-            for k in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop"):
+            for k in (
+                "attention_dropout",
+                "hidden_dropout",
+                "dropout",
+                "resid_pdrop",
+                "embd_pdrop",
+            ):
                 if hasattr(hf_config, k):
                     setattr(hf_config, k, 0.0)
         if self.is_critic:
@@ -241,7 +308,9 @@ class FSDPEngine(TrainEngine):
                 if isinstance(m, nn.Dropout):
                     m.p = 0.0
         if getattr(self.config, "gradient_checkpointing", False):
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         if not self.is_critic:
             head = model.get_output_embeddings()
             if head is None or not hasattr(head, "weight"):
@@ -254,7 +323,9 @@ class FSDPEngine(TrainEngine):
         mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
         mp = MixedPrecisionPolicy(
             param_dtype=self.dtype,
-            reduce_dtype=_DTYPES.get(getattr(self.config, "grad_reduce_dtype", "float32"), torch.float32),
+            reduce_dtype=_DTYPES.get(
+                getattr(self.config, "grad_reduce_dtype", "float32"), torch.float32
+            ),
         )
         wrap = getattr(getattr(self.config, "fsdp", None), "wrap_policy", None)
         names = getattr(wrap, "transformer_layer_cls_to_wrap", None) if wrap else None
@@ -288,7 +359,9 @@ class FSDPEngine(TrainEngine):
         elif oc.type == "sgd":
             self.optimizer = torch.optim.SGD(params, lr=oc.lr, weight_decay=oc.weight_decay)
         else:
-            raise ValueError(f"OptimizerConfig.type={oc.type!r}; allowed: 'adam', 'sgd', 'adam_bf16'")
+            raise ValueError(
+                f"OptimizerConfig.type={oc.type!r}; allowed: 'adam', 'sgd', 'adam_bf16'"
+            )
         total = ft_spec.total_train_steps if ft_spec is not None else 1
         warmup = int(getattr(oc, "warmup_steps_proportion", 0.0) * total)
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -342,9 +415,11 @@ class FSDPEngine(TrainEngine):
         return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in data.items()}
 
     def _split(self, input_: dict[str, Any]) -> MicroBatchList:
-        validate_padded_batch(input_, "input_")
         return split_padded_tensor_dict_into_mb_list(
-            input_, getattr(self.config, "mb_spec", None), group=self.data_parallel_group
+            input_,
+            getattr(self.config, "mb_spec", None),
+            group=self.data_parallel_group,
+            name="input_",
         )
 
     def _forward_packed(self, mb: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -381,9 +456,14 @@ class FSDPEngine(TrainEngine):
             dist.all_reduce(t, group=self.data_parallel_group)
         return t
 
-    def _mb_weights(self, mbs: list[dict[str, Any]], loss_weight_fn: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+    def _mb_weights(
+        self, mbs: list[dict[str, Any]], loss_weight_fn: Callable
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         w = torch.stack(
-            [torch.as_tensor(loss_weight_fn(mb), dtype=torch.float64).reshape(()).cpu() for mb in mbs]
+            [
+                torch.as_tensor(loss_weight_fn(mb), dtype=torch.float64).reshape(()).cpu()
+                for mb in mbs
+            ]
         )
         total = self._all_reduce_sum(w.sum().reshape(1).to(self._reduce_device()))[0].cpu()
         if not bool(total > 0):
@@ -411,7 +491,7 @@ class FSDPEngine(TrainEngine):
         weights, total = self._mb_weights(mbs, loss_weight_fn)
         dp = self.data_parallel_world_size
         self.optimizer_zero_grad()
-        loss_acc = torch.zeros((), dtype=torch.float64)
+        loss_acc = torch.zeros((), dtype=torch.float64, device=self._reduce_device())
         for i, mb in enumerate(mbs):
             model.set_requires_gradient_sync(i == len(mbs) - 1)
             out, ent = self._forward_packed(mb)
@@ -420,10 +500,10 @@ class FSDPEngine(TrainEngine):
                 raise ValueError(f"loss_fn must return a scalar tensor, got {loss!r:.80}")
             scale = float(weights[i] / total) * dp
             (loss * scale).backward()
-            loss_acc += loss.detach().double().cpu() * float(weights[i] / total)
+            loss_acc += loss.detach().double() * float(weights[i] / total)
         model.set_requires_gradient_sync(True)
         stats = self.optimizer_step()
-        loss_t = self._all_reduce_sum(loss_acc.reshape(1).to(self._reduce_device()))
+        loss_t = self._all_reduce_sum(loss_acc.reshape(1))
         stats["loss"] = float(loss_t[0])
         return stats
 
@@ -498,7 +578,8 @@ class FSDPEngine(TrainEngine):
         ``attention_mask`` lengths (checked).
         """
         model = self._require_model()
-        lens = validate_padded_batch(input_, "input_")
+        mb_list = self._split(input_)  # validates input_ on every rank before collectives
+        lens = get_seqlens(input_["attention_mask"])
         if output_seqlens is not None and list(output_seqlens) != lens.tolist():
             raise ValueError(
                 f"output_seqlens {list(output_seqlens)[:8]}... != attention_mask lengths "
@@ -507,7 +588,6 @@ class FSDPEngine(TrainEngine):
         was_training = model.training
         model.eval()
         try:
-            mb_list = self._split(input_)
             pieces: list[torch.Tensor] = []
             for mb in mb_list.packed():
                 mb = self._to_device(mb)
@@ -541,15 +621,76 @@ class FSDPEngine(TrainEngine):
         name = getattr(self.config, "dtype", "float32") or "float32"
         return _DTYPES.get(name, torch.float32) if self.device.type == "cuda" else torch.float32
 
-    def _save_hf(self, path: str, tokenizer: Any = None) -> None:
-        from safetensors.torch import save_file
+    def _gather_buckets(self, limit_bytes: int):
+        """Yield ``(specs, full_tensors)`` bucket by bucket (export dtype, contiguous).
 
-        sd = self._full_state_dict()
-        if dist.get_rank() == 0:
+        Collective: every rank iterates (each ``full_tensor`` is an all-gather); the
+        tensors are full on every rank. Order: ``named_parameters`` (tied weights once),
+        then persistent buffers.
+        """
+        dt = self._export_dtype()
+        named = self._export_tensors()
+        for bucket in bucket_param_specs(self._export_specs(named), limit_bytes):
+            tensors = []
+            for spec in bucket:
+                t = named[spec.name].detach()
+                full = t.full_tensor() if hasattr(t, "full_tensor") else t
+                tensors.append(full.to(dt).contiguous())
+            yield bucket, tensors
+
+    def _save_hf(self, path: str, tokenizer: Any = None) -> None:
+        """Gather bucket by bucket; rank 0 writes each safetensors shard in a background
+        thread while the next bucket is gathered. One shard is named ``model.safetensors``;
+        more get ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``."""
+        import json
+        from concurrent.futures import ThreadPoolExecutor
+
+        rank0 = dist.get_rank() == 0
+        t0 = time.perf_counter()
+        if rank0:
             os.makedirs(path, exist_ok=True)
-            dt = self._export_dtype()
-            sd = {k: v.detach().to(dt).contiguous() for k, v in sd.items()}
-            save_file(sd, os.path.join(path, _SAFETENSORS_NAME), metadata={"format": "pt"})
+            for f in os.listdir(path):  # stale shards of an earlier save
+                if f.endswith(".safetensors") or f == _SAFETENSORS_INDEX:
+                    os.remove(os.path.join(path, f))
+        shard_bytes = max(1, int(self.hf_shard_mb * (1 << 20)))
+        shards: list[tuple[str, list[str], int]] = []
+        pool = ThreadPoolExecutor(max_workers=1) if rank0 else None
+        futs = []
+        try:
+            for i, (specs, tensors) in enumerate(self._gather_buckets(shard_bytes)):
+                if not rank0:
+                    continue
+                tmp_name = f"shard-{i:05d}.safetensors.tmp"
+                names = [sp.name for sp in specs]
+                shards.append((tmp_name, names, sum(t.numel() * t.element_size() for t in tensors)))
+                futs.append(
+                    pool.submit(
+                        write_safetensors,
+                        dict(zip(names, tensors)),
+                        os.path.join(path, tmp_name),
+                        {"format": "pt"},
+                    )
+                )
+            for f in futs:
+                f.result()
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
+        if rank0:
+            n = len(shards)
+            weight_map: dict[str, str] = {}
+            for i, (tmp_name, names, _) in enumerate(shards):
+                final = _SAFETENSORS_NAME if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+                os.replace(os.path.join(path, tmp_name), os.path.join(path, final))
+                weight_map.update(dict.fromkeys(names, final))
+            if n > 1:
+                index = {
+                    "metadata": {"total_size": sum(b for *_, b in shards)},
+                    "weight_map": weight_map,
+                }
+                with open(os.path.join(path, _SAFETENSORS_INDEX), "w") as f:
+                    json.dump(index, f, indent=1, sort_keys=True)
+            logger.debug("HF save to %s: %d shard(s) in %.2fs", path, n, time.perf_counter() - t0)
             cfg = self.model_config
             cfg.use_cache = True
             cfg.save_pretrained(path)
@@ -568,7 +709,11 @@ class FSDPEngine(TrainEngine):
         from safetensors.torch import load_file
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors")) if os.path.isdir(path) else []
+        files = (
+            sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+            if os.path.isdir(path)
+            else []
+        )
         if not files:
             raise FileNotFoundError(f"no .safetensors files in {path!r}")
         sd: dict[str, torch.Tensor] = {}
@@ -580,7 +725,9 @@ class FSDPEngine(TrainEngine):
             if emb_key is not None:
                 sd["lm_head.weight"] = sd[emb_key]
         sd = {k: v.to(torch.float32) for k, v in sd.items()}
-        set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True, strict=False))
+        set_model_state_dict(
+            model, sd, options=StateDictOptions(full_state_dict=True, strict=False)
+        )
 
     def _dcp_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
@@ -636,7 +783,10 @@ class FSDPEngine(TrainEngine):
         model = self._require_model()
         if meta.with_optim:
             set_state_dict(
-                model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+                model,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
             )
         else:
             set_model_state_dict(model, state["model"])
@@ -653,9 +803,21 @@ class FSDPEngine(TrainEngine):
         self.inference_engine = engine
         self.weight_update_meta = meta
 
-    def _named_export_params(self) -> list[tuple[str, nn.Parameter]]:
-        # named_parameters() de-duplicates tied weights (lm_head.weight is skipped).
-        return list(self._require_model().named_parameters())
+    def _export_tensors(self) -> dict[str, torch.Tensor]:
+        """Exported tensors by HF name (sharded DTensors for parameters): parameters in
+        ``named_parameters`` order (tied weights once, so a tied ``lm_head.weight`` is left
+        out), then persistent buffers."""
+        model = self._require_model()
+        named: dict[str, torch.Tensor] = dict(model.named_parameters())
+        sd_keys = set(model.state_dict().keys())
+        for name, buf in model.named_buffers():
+            if name in sd_keys and name not in named:
+                named[name] = buf
+        return named
+
+    def _export_specs(self, named: dict[str, torch.Tensor]) -> list[ParamSpec]:
+        dt_name = str(self._export_dtype()).removeprefix("torch.")
+        return [ParamSpec(n, tuple(int(x) for x in t.shape), dt_name) for n, t in named.items()]
 
     def get_param_specs(self, weight_chunked_mem_mb: int = 1024) -> list[list[ParamSpec]]:
         """Export specs (full shapes, export dtype) in ``named_parameters`` order, bucketed
@@ -663,12 +825,8 @@ class FSDPEngine(TrainEngine):
         bucket of its own)."""
         if weight_chunked_mem_mb <= 0:
             raise ValueError(f"weight_chunked_mem_mb={weight_chunked_mem_mb}; must be > 0")
-        dt_name = str(self._export_dtype()).removeprefix("torch.")
-        specs = [
-            ParamSpec(name=name, shape=tuple(int(s) for s in p.shape), dtype=dt_name)
-            for name, p in self._named_export_params()
-        ]
-        return bucket_param_specs(specs, int(weight_chunked_mem_mb) * (1 << 20))
+        specs = self._export_specs(self._export_tensors())
+        return bucket_param_specs(specs, int(weight_chunked_mem_mb) << 20)
 
     def update_weights(self, meta: WeightUpdateMeta) -> None:
         """Push the current weights (``disk`` or ``xccl``, see ``areal.api.io_struct``).
@@ -734,15 +892,8 @@ class FSDPEngine(TrainEngine):
         rank0 = dist.get_rank() == 0
         if rank0:
             self._ensure_weight_update_group(meta)
-        params = dict(self._named_export_params())
-        dt = self._export_dtype()
-        for bucket in self.get_param_specs(meta.weight_chunked_mem_mb):
-            # All ranks take part in gathering the full tensors.
-            tensors = []
-            for spec in bucket:
-                p = params[spec.name].detach()
-                full = p.full_tensor() if hasattr(p, "full_tensor") else p
-                tensors.append(full.to(dt).contiguous())
+        limit = int(meta.weight_chunked_mem_mb) << 20
+        for bucket, tensors in self._gather_buckets(limit):
             if rank0:
                 fut = None
                 if self.inference_engine is not None:

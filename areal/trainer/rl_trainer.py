@@ -215,8 +215,13 @@ class PPOTrainer:
         eval_workflow: RolloutWorkflow | type | str | None = None,
         eval_workflow_kwargs: dict[str, Any] | None = None,
         should_accept_fn: Callable[[dict[str, Any]], bool] | str | None = None,
+        max_seconds: float | None = None,
     ) -> dict[str, Any]:
-        """Run until ``total_train_steps`` (or epochs); returns a summary dict."""
+        """Run until ``total_train_steps`` (or epochs); returns a summary dict.
+
+        ``max_seconds`` (optional, for benchmarks) also stops after that much training
+        wall time, measured from the first step.
+        """
         config = self.config
         if workflow is None:
             raise ValueError("train(workflow=...) is required: an instance, a class or an import string")
@@ -241,6 +246,8 @@ class PPOTrainer:
         result: dict[str, Any] = {"start_step": self.start_step}
         if self.start_step == 0 and self.valid_dataset is not None and eval_workflow is not None:
             result["initial_eval"] = self._evaluate(eval_workflow, eval_workflow_kwargs, global_step=0)
+            # Logged as step -1: the accuracy before the first update.
+            self.stats_logger.commit(0, -1, -1, dict(result["initial_eval"]))
 
         from tqdm import tqdm
 
@@ -281,11 +288,21 @@ class PPOTrainer:
             self.stats_logger.commit(epoch, step, global_step, stats)
             pbar.set_postfix(reward=f"{stats.get('batch/reward', float('nan')):.3f}")
             pbar.update(1)
+            result["steps_done"] = global_step + 1 - self.start_step
+            if max_seconds is not None and time.monotonic() - t_run >= max_seconds:
+                logger.info(f"Stopping after {global_step + 1} steps: max_seconds={max_seconds} reached")
+                break
         pbar.close()
+        result["train_seconds"] = time.monotonic() - t_run
 
         if self.valid_dataset is not None and eval_workflow is not None:
-            result["final_eval"] = self._evaluate(eval_workflow, eval_workflow_kwargs, global_step=total_steps)
-        result["total_steps"] = total_steps
+            last = self.eval_history[-1] if self.eval_history else None
+            done = self.start_step + result.get("steps_done", 0)
+            if last is not None and last["global_step"] == done:
+                result["final_eval"] = {k: v for k, v in last.items() if k != "global_step"}
+            else:
+                result["final_eval"] = self._evaluate(eval_workflow, eval_workflow_kwargs, global_step=done)
+        result["total_steps"] = self.start_step + result.get("steps_done", 0)
         result["log_dir"] = self.log_dir
         return result
 

@@ -54,7 +54,9 @@ def validate_padded_batch(data: dict[str, Any], name: str = "batch") -> torch.Te
         raise ValueError(f"{name} has no 'input_ids' (keys: {sorted(data)})")
     mask, ids = data["attention_mask"], data["input_ids"]
     if not torch.is_tensor(mask) or mask.dim() != 2:
-        raise ValueError(f"{name}['attention_mask'] must be a 2-D tensor [B, T], got {_shape(mask)}")
+        raise ValueError(
+            f"{name}['attention_mask'] must be a 2-D tensor [B, T], got {_shape(mask)}"
+        )
     if not torch.is_tensor(ids) or tuple(ids.shape) != tuple(mask.shape):
         raise ValueError(
             f"{name}['input_ids'] shape {_shape(ids)} != attention_mask shape {tuple(mask.shape)}"
@@ -79,7 +81,9 @@ def get_seqlens(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def is_per_token(value: Any, mask_shape: Sequence[int]) -> bool:
-    return torch.is_tensor(value) and value.dim() >= 2 and tuple(value.shape[:2]) == tuple(mask_shape)
+    return (
+        torch.is_tensor(value) and value.dim() >= 2 and tuple(value.shape[:2]) == tuple(mask_shape)
+    )
 
 
 def pack_tensor_dict(data: dict[str, Any]) -> dict[str, Any]:
@@ -140,7 +144,9 @@ def select_sequences(
     return out
 
 
-def concat_padded_tensors(batches: Sequence[dict[str, Any]], pad_value: float = 0) -> dict[str, Any]:
+def concat_padded_tensors(
+    batches: Sequence[dict[str, Any]], pad_value: float = 0
+) -> dict[str, Any]:
     """Concatenate padded dicts along the batch dim, right-padding per-token keys to the longest."""
     if not batches:
         return {}
@@ -186,16 +192,49 @@ def _spec_value(mb_spec: Any, name: str, default: Any) -> Any:
     return default if v is None else v
 
 
-def _all_reduce_max(x: int, group: dist.ProcessGroup) -> int:
-    t = torch.tensor([x], dtype=torch.long)
+def _all_reduce_max(values: list[int], group: dist.ProcessGroup) -> list[int]:
+    t = torch.tensor(values, dtype=torch.long)
     if dist.get_backend(group) == "nccl":
         t = t.cuda()
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return int(t.item())
+    return t.cpu().tolist()
+
+
+def _plan_bins(
+    data: dict[str, Any], mb_spec: Any, name: str
+) -> tuple[list[int], int, list[list[int]]]:
+    lens = validate_padded_batch(data, name)
+    n_mbs = int(_spec_value(mb_spec, "n_mbs", 1))
+    granularity = int(_spec_value(mb_spec, "granularity", 1))
+    max_tokens = int(_spec_value(mb_spec, "max_tokens_per_mb", 1 << 62))
+    divisor = int(_spec_value(mb_spec, "n_mbs_divisor", 1))
+    b = lens.numel()
+    if b == 0:
+        raise ValueError(f"cannot split an empty {name} (B = 0) into micro-batches")
+    if granularity < 1 or b % granularity:
+        raise ValueError(f"{name} size {b} is not a multiple of mb_spec.granularity={granularity}")
+    group_lens = lens.view(-1, granularity).sum(1).tolist()
+    longest = max(group_lens)
+    if longest > max_tokens:
+        what = "sequence" if granularity == 1 else f"group of {granularity} sequences"
+        raise ValueError(
+            f"a {what} of {name} has {longest} tokens > mb_spec.max_tokens_per_mb={max_tokens}; "
+            "raise max_tokens_per_mb or shorten the sequences"
+        )
+    if n_mbs > len(group_lens):
+        raise ValueError(
+            f"mb_spec.n_mbs={n_mbs} micro-batches requested but {name} has only "
+            f"{len(group_lens)} sequence group(s)"
+        )
+    bins = ffd_allocate(group_lens, max_tokens, min_groups=n_mbs, divisor=divisor)
+    return group_lens, granularity, bins
 
 
 def split_padded_tensor_dict_into_mb_list(
-    data: dict[str, Any], mb_spec: Any = None, group: dist.ProcessGroup | None = None
+    data: dict[str, Any],
+    mb_spec: Any = None,
+    group: dist.ProcessGroup | None = None,
+    name: str = "batch",
 ) -> MicroBatchList:
     """Split a padded batch into micro-batches of at most ``mb_spec.max_tokens_per_mb`` tokens.
 
@@ -203,48 +242,41 @@ def split_padded_tensor_dict_into_mb_list(
     together; groups are packed by first-fit decreasing into at least ``mb_spec.n_mbs``
     micro-batches, a multiple of ``mb_spec.n_mbs_divisor``. With ``group`` (a
     data-parallel process group) every rank ends up with the same number of micro-batches
-    (the maximum over ranks), as FSDP needs matching collectives on every rank.
+    (the maximum over ranks), as FSDP needs matching collectives on every rank; a bad
+    batch on any rank makes every rank raise ``ValueError`` (no rank is left waiting).
     """
-    lens = validate_padded_batch(data)
-    n_mbs = int(_spec_value(mb_spec, "n_mbs", 1))
-    granularity = int(_spec_value(mb_spec, "granularity", 1))
-    max_tokens = int(_spec_value(mb_spec, "max_tokens_per_mb", 1 << 62))
-    divisor = int(_spec_value(mb_spec, "n_mbs_divisor", 1))
-    b = lens.numel()
-    if b == 0:
-        raise ValueError("cannot split an empty batch (B = 0) into micro-batches")
-    if granularity < 1 or b % granularity:
-        raise ValueError(
-            f"batch size {b} is not a multiple of mb_spec.granularity={granularity}"
+    multi = group is not None and dist.get_world_size(group) > 1
+    if not multi:
+        group_lens, granularity, bins = _plan_bins(data, mb_spec, name)
+    else:
+        err: ValueError | None = None
+        try:
+            group_lens, granularity, bins = _plan_bins(data, mb_spec, name)
+        except ValueError as e:
+            err, group_lens, granularity, bins = e, [], 1, []
+        any_err, k, neg_min_groups = _all_reduce_max(
+            [int(err is not None), len(bins), -len(group_lens)], group
         )
-    group_lens = lens.view(-1, granularity).sum(1).tolist()
-    longest = max(group_lens)
-    if longest > max_tokens:
-        what = "sequence" if granularity == 1 else f"group of {granularity} sequences"
-        raise ValueError(
-            f"a {what} has {longest} tokens > mb_spec.max_tokens_per_mb={max_tokens}; "
-            "raise max_tokens_per_mb or shorten the sequences"
-        )
-    if n_mbs > len(group_lens):
-        raise ValueError(
-            f"mb_spec.n_mbs={n_mbs} micro-batches requested but the batch has only "
-            f"{len(group_lens)} sequence group(s)"
-        )
-    bins = ffd_allocate(group_lens, max_tokens, min_groups=n_mbs, divisor=divisor)
-    if group is not None and dist.get_world_size(group) > 1:
+        if err is not None:
+            raise err
+        if any_err:
+            raise ValueError(f"another data-parallel rank rejected its {name} (see its error)")
+        if k > -neg_min_groups:
+            raise ValueError(
+                f"a data-parallel rank needs {k} micro-batches but another rank has only "
+                f"{-neg_min_groups} sequence group(s); give every rank a larger batch or raise "
+                "max_tokens_per_mb"
+            )
+        max_tokens = int(_spec_value(mb_spec, "max_tokens_per_mb", 1 << 62))
+        divisor = int(_spec_value(mb_spec, "n_mbs_divisor", 1))
         # Every rank must run the same number of micro-batches (FSDP collectives).
         while True:
-            k = _all_reduce_max(len(bins), group)
-            if k > len(group_lens):
-                raise ValueError(
-                    f"{len(group_lens)} sequence group(s) on this rank cannot fill {k} "
-                    "micro-batches (another data-parallel rank needs that many); give every "
-                    "rank a larger batch or raise max_tokens_per_mb"
-                )
             if len(bins) != k:
                 bins = ffd_allocate(group_lens, max_tokens, min_groups=k, divisor=divisor)
-            if _all_reduce_max(len(bins), group) == k:
+            (n,) = _all_reduce_max([len(bins)], group)
+            if n == k:
                 break
+            k = n
     group_indices = [
         [g * granularity + j for g in bin_ for j in range(granularity)] for bin_ in bins
     ]

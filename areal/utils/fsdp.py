@@ -55,7 +55,13 @@ def varlen_sdpa_attention(
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None or query.shape[0] != 1:
         out = F.scaled_dot_product_attention(
-            query, key, value, dropout_p=p, is_causal=query.shape[2] > 1, scale=scaling, enable_gqa=gqa
+            query,
+            key,
+            value,
+            dropout_p=p,
+            is_causal=query.shape[2] > 1,
+            scale=scaling,
+            enable_gqa=gqa,
         )
         return out.transpose(1, 2).contiguous(), None
     bounds = cu.tolist() if torch.is_tensor(cu) else list(cu)

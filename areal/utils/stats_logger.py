@@ -18,8 +18,8 @@ logger = logging.getLogger("StatsLogger")
 
 # Keys plotted in curves.png when present (first match per panel).
 _CURVE_PANELS = (
-    ("reward", ("batch/reward", "rollout/reward/avg", "rollout/reward")),
-    ("eval accuracy", ("eval/accuracy", "eval-rollout/reward/avg", "eval-rollout/reward")),
+    ("reward (all rollouts)", ("rollout/reward", "rollout/reward/avg", "batch/reward")),
+    ("held-out accuracy (step -1 = before RL)", ("eval/accuracy", "eval-rollout/reward")),
     ("loss", ("ppo_actor/update/actor_loss/avg", "sft/loss/avg", "loss")),
 )
 
