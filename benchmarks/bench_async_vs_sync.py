@@ -45,7 +45,11 @@ def run(eta: int, seconds: float, fileroot: str, extra: list[str]) -> dict:
     tok = load_hf_tokenizer(cfg.tokenizer_path)
     train = get_custom_dataset("train", cfg.train_dataset, tok)
     valid = get_custom_dataset("test", cfg.valid_dataset, tok)
-    kwargs = dict(reward_fn="areal.reward.gsm8k.gsm8k_reward_fn", gconfig=cfg.gconfig, tokenizer=cfg.tokenizer_path)
+    kwargs = dict(
+        reward_fn="areal.reward.gsm8k.gsm8k_reward_fn",
+        gconfig=cfg.gconfig,
+        tokenizer=cfg.tokenizer_path,
+    )
     eval_kwargs = dict(kwargs, gconfig=cfg.eval_gconfig, rollout_stat_scope="eval-rollout")
     with PPOTrainer(cfg, train_dataset=train, valid_dataset=valid) as trainer:
         res = trainer.train(
@@ -65,7 +69,9 @@ def run(eta: int, seconds: float, fileroot: str, extra: list[str]) -> dict:
         "trained_tokens_per_sec": round(tokens / res["train_seconds"], 1),
         "trained_generated_tokens_per_sec": round(gen_tokens / res["train_seconds"], 1),
         "samples_per_sec": round(sum(r["batch/n_seqs"] for r in rows) / res["train_seconds"], 2),
-        "mean_staleness": round(sum(r.get("staleness/avg", 0.0) for r in rows) / max(len(rows), 1), 3),
+        "mean_staleness": round(
+            sum(r.get("staleness/avg", 0.0) for r in rows) / max(len(rows), 1), 3
+        ),
         "accuracy_before": res["initial_eval"]["eval/accuracy"],
         "accuracy_after": res["final_eval"]["eval/accuracy"],
     }
@@ -86,7 +92,9 @@ def main() -> None:
         "baseline": "eta=0 (synchronous), same wall time",
         "sync": sync,
         "async": asyn,
-        "throughput_ratio": round(asyn["trained_tokens_per_sec"] / sync["trained_tokens_per_sec"], 3),
+        "throughput_ratio": round(
+            asyn["trained_tokens_per_sec"] / sync["trained_tokens_per_sec"], 3
+        ),
         "accuracy_delta": round(asyn["accuracy_after"] - sync["accuracy_after"], 4),
         "target_throughput_ratio": 1.5,
     }

@@ -139,37 +139,45 @@ def bench_server(addr, prompts, samples, max_new, stop_ids):
     eng = RemoteLocalEngine(InferenceEngineConfig(request_timeout=3600, setup_timeout=120))
     eng.initialize([addr])
     g = GenerationHyperparameters(max_new_tokens=max_new, temperature=1.0, stop_token_ids=stop_ids)
-    reqs = [ModelRequest(input_ids=p, gconfig=g) for p in prompts for _ in range(samples)]
-    result = {}
-    pause_lat: list[tuple[float, float]] = []
 
-    async def main():
+    async def run(reqs):
         return await asyncio.gather(*[eng.agenerate(r) for r in reqs])
 
-    def pauser():  # pause/resume a few times under load
-        time.sleep(3.0)
-        for _ in range(3):
-            t0 = time.perf_counter()
-            eng.pause_generation()
-            t1 = time.perf_counter()
-            eng.continue_generation()
-            pause_lat.append((t1 - t0, time.perf_counter() - t1))
-            time.sleep(1.0)
+    try:
+        reqs = [ModelRequest(input_ids=p, gconfig=g) for p in prompts for _ in range(samples)]
+        t0 = time.perf_counter()
+        resps = asyncio.run(run(reqs))
+        dt = time.perf_counter() - t0
+        total = sum(r.output_len for r in resps)
+        result = {
+            "throughput": {"seconds": dt, "generated_tokens": total, "tokens_per_s": total / dt}
+        }
 
-    t0 = time.perf_counter()
-    th = threading.Thread(target=pauser)
-    th.start()
-    resps = asyncio.run(main())
-    dt = time.perf_counter() - t0
-    th.join()
-    eng.destroy()
-    total = sum(r.output_len for r in resps)
-    result["throughput"] = {"seconds": dt, "generated_tokens": total, "tokens_per_s": total / dt}
-    result["pause_resume"] = {
-        "pause_s": [round(a, 4) for a, _ in pause_lat],
-        "resume_s": [round(b, 4) for _, b in pause_lat],
-        "all_requests_completed": all(r.stop_reason in ("stop", "length") for r in resps),
-    }
+        # pause -> resume latency while 128 requests are running
+        pause_lat: list[tuple[float, float]] = []
+
+        def pauser():
+            time.sleep(2.0)
+            for _ in range(3):
+                t0 = time.perf_counter()
+                eng.pause_generation()
+                t1 = time.perf_counter()
+                eng.continue_generation()
+                pause_lat.append((t1 - t0, time.perf_counter() - t1))
+                time.sleep(0.5)
+
+        g2 = g.new(ignore_eos=True, stop_token_ids=[])
+        th = threading.Thread(target=pauser)
+        th.start()
+        resps = asyncio.run(run([ModelRequest(input_ids=p, gconfig=g2) for p in prompts[:128]]))
+        th.join()
+        result["pause_resume"] = {
+            "pause_s": [round(a, 4) for a, _ in pause_lat],
+            "resume_s": [round(b, 4) for _, b in pause_lat],
+            "all_requests_completed_full_length": all(r.output_len == max_new for r in resps),
+        }
+    finally:
+        eng.destroy()
     return result
 
 

@@ -51,7 +51,9 @@ def build_tiny_lm_with_tokenizer(path: str, seed: int = 0) -> str:
     rows = generate_arith_problems(ArithSpec(n=2000, seed=seed))
     tok = build_tiny_tokenizer(path, [r["question"] + "\n" + r["answer"] for r in rows])
     torch.manual_seed(seed)
-    cfg = tiny_model_config(vocab_size=len(tok), num_hidden_layers=2, hidden_size=64, intermediate_size=128)
+    cfg = tiny_model_config(
+        vocab_size=len(tok), num_hidden_layers=2, hidden_size=64, intermediate_size=128
+    )
     AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
     return path
 

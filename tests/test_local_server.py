@@ -67,10 +67,13 @@ def _generate(addr, input_ids, **sp):
 
 
 def test_core_staggered_greedy_requests_match_hf_generate(tiny_model_dir):
+    """Requests join a running batch at different steps, reuse freed rows, get compacted."""
     torch.set_num_threads(1)
     model = _hf(tiny_model_dir)
-    core = GenerationCore(_hf(tiny_model_dir), max_batch_size=6)
-    prompts = _prompts(10, seed=1)
+    core = GenerationCore(_hf(tiny_model_dir), max_batch_size=12)
+    prompts = _prompts(40, seed=1, hi=60)
+    rng = random.Random(5)
+    lens = [rng.randrange(1, 40) for _ in prompts]
     results: dict[int, dict] = {}
     done = threading.Event()
 
@@ -83,15 +86,16 @@ def test_core_staggered_greedy_requests_match_hf_generate(tiny_model_dir):
         return f
 
     try:
-        for i, p in enumerate(prompts):  # requests join a running batch at different steps
-            core.submit(str(i), p, SamplingParams(max_new_tokens=15 + 2 * i, greedy=True), cb(i))
-            time.sleep(0.005)
+        for i, p in enumerate(prompts):
+            core.submit(str(i), p, SamplingParams(max_new_tokens=lens[i], greedy=True), cb(i))
+            if i % 3 == 0:
+                time.sleep(0.005)
         assert done.wait(120)
     finally:
         core.shutdown()
     for i, p in enumerate(prompts):
         r = results[i]
-        assert r["output_ids"] == _hf_greedy(model, p, 15 + 2 * i), i
+        assert r["output_ids"] == _hf_greedy(model, p, lens[i]), i
         ref = _hf_logprobs(model, p, r["output_ids"])
         torch.testing.assert_close(torch.tensor(r["output_logprobs"]), ref, atol=1e-4, rtol=0)
         assert r["finish_reason"] in ("stop", "length")
@@ -177,6 +181,8 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(server):
         ("/generate", {"json": {"input_ids": [5], "sampling_params": {"temperature": -1}}}),
         ("/generate", {"json": {"input_ids": [5], "sampling_params": {"nope": 1}}}),
         ("/v1/completions", {"json": {"prompt": 3}}),
+        ("/v1/completions", {"json": {"prompt": "text needs a tokenizer"}}),
+        ("/v1/completions", {"json": {"prompt": [5], "n": 0}}),
         ("/v1/chat/completions", {"json": {"messages": "hi"}}),
         ("/set_version", {"json": {"version": "x"}}),
         ("/update_weights_from_disk", {"json": {"model_path": "/nonexistent/dir"}}),
@@ -304,3 +310,57 @@ def test_launch_server_process_timeout_kills_process(tmp_path):
             [sys.executable, "-c", "import time; time.sleep(60)"], "127.0.0.1:1", timeout=1.0
         )
         sp.stop()
+
+
+async def test_chat_and_text_completions_with_tokenizer_in_process():
+    """OpenAI endpoints on the shipped tiny base (tokenizer + chat template), in process."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from areal.infra.launcher.local_server import LocalInferenceServer
+
+    try:
+        from areal.models.tiny import get_tiny_base_path
+
+        path = get_tiny_base_path()
+    except (ImportError, FileNotFoundError) as e:
+        pytest.skip(f"tiny base model not available: {e}")
+    torch.set_num_threads(1)
+    srv = LocalInferenceServer.from_pretrained(path)
+    client = TestClient(TestServer(srv.build_app()))
+    await client.start_server()
+    try:
+        msgs = [{"role": "user", "content": "What is 2 + 3?"}]
+        r = await client.post(
+            "/v1/chat/completions",
+            json={
+                "messages": msgs,
+                "max_tokens": 12,
+                "temperature": 0,
+                "logprobs": True,
+                "return_token_ids": True,
+            },
+        )
+        assert r.status == 200, await r.text()
+        c = (await r.json())["choices"][0]
+        ids = c["token_ids"]
+        assert 0 < len(ids) <= 12 and len(c["logprobs"]["content"]) == len(ids)
+        assert c["message"]["content"] == srv.tokenizer.decode(ids, skip_special_tokens=True)
+        prompt_ids = c["prompt_token_ids"]
+        # the same prompt through /v1/completions (token ids) gives the same greedy tokens
+        r = await client.post(
+            "/v1/completions",
+            json={
+                "prompt": prompt_ids,
+                "max_tokens": 12,
+                "temperature": 0,
+                "return_token_ids": True,
+            },
+        )
+        assert (await r.json())["choices"][0]["token_ids"] == ids
+        r = await client.post(
+            "/v1/completions", json={"prompt": "Q: 1+1?", "max_tokens": 3, "n": 2}
+        )
+        body = await r.json()
+        assert r.status == 200 and len(body["choices"]) == 2
+    finally:
+        await client.close()

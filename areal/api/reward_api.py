@@ -6,9 +6,10 @@ awaitable::
     wrapper = AsyncRewardWrapper(gsm8k_reward_fn, timeout_seconds=15)
     reward = await wrapper(prompt, completion, prompt_ids, completion_ids, answer=answer)
 
-The call runs in a ``ProcessPoolExecutor`` (``forkserver`` context where available, else
-``spawn``; never ``fork``, which is unsafe with threads and torch) shared by all wrappers
-with the same ``max_workers``. It never blocks the event loop and never raises for a bad
+The call runs in a ``ProcessPoolExecutor`` (``spawn`` context; never ``fork``, which is
+unsafe with threads and torch) shared by all wrappers with the same ``max_workers``. Each
+worker exits on its own when the process that created it dies (even by ``kill -9``), so
+a crashed controller leaves no reward workers behind. It never blocks the event loop and never raises for a bad
 reward: a timeout, an exception in the reward function, or a crashed worker gives 0.0,
 a logged warning and a counted event (:meth:`AsyncRewardWrapper.stats`).
 
@@ -51,8 +52,22 @@ def reward_fn(prompt, completions, prompt_ids, completion_ids, **kwargs) -> floa
 
 
 def _mp_context():
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    # spawn (not forkserver): the workers are children of this process, so they can watch it.
+    return multiprocessing.get_context("spawn")
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Pool-worker initializer: exit as soon as the creating process is gone."""
+    import os
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _import_callable(path: str) -> Callable:
@@ -143,7 +158,12 @@ class AsyncRewardWrapper:
         with self._lock:
             pool = self._pools.get(self.max_workers)
             if pool is None:
-                pool = ProcessPoolExecutor(max_workers=self.max_workers, mp_context=_mp_context())
+                pool = ProcessPoolExecutor(
+                    max_workers=self.max_workers,
+                    mp_context=_mp_context(),
+                    initializer=_exit_with_parent,
+                    initargs=(os.getpid(),),
+                )
                 self._pools[self.max_workers] = pool
             return pool
 

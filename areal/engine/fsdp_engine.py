@@ -218,6 +218,12 @@ class FSDPEngine(TrainEngine):
         self._check_model_path()
         if not dist.is_initialized():
             self.create_process_group()
+        if kwargs.get("seed") is not None:
+            # Same base seed on every rank; per-step randomness derives from it
+            # (areal.utils.seeding.request_seed) so that a resumed run is reproducible.
+            from areal.utils.seeding import set_random_seed
+
+            set_random_seed(int(kwargs["seed"]))
         torch.set_num_threads(int(getattr(self.config, "num_threads", 1) or 1))
         self.ft_spec = ft_spec
         self.model = self._build_model()

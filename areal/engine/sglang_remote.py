@@ -31,6 +31,8 @@ class SGLangBackend(BackendAdapter):
             "ignore_eos": p.ignore_eos,
             "skip_special_tokens": False,
         }
+        if p.seed is not None:
+            sp["sampling_seed"] = p.seed
         return HttpCall(
             "/generate",
             {

@@ -53,6 +53,7 @@ class VLLMBackend(BackendAdapter):
                 "return_tokens_as_token_ids": True,
                 "skip_special_tokens": False,
                 "request_id": rid,
+                **({"seed": p.seed} if p.seed is not None else {}),
             },
         )
 

@@ -65,6 +65,7 @@ class GenParams:
     greedy: bool
     stop_token_ids: list[int]
     ignore_eos: bool
+    seed: int | None = None  # per-request sampling seed (reproducible sampling)
 
 
 @dataclasses.dataclass
@@ -484,6 +485,7 @@ class RemoteInfEngine(InferenceEngine):
             raise ValueError(
                 f"prompt of {len(req.input_ids)} tokens leaves no room under gconfig.max_tokens={g.max_tokens}"
             )
+        seed = req.metadata.get("seed")
         tokens: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -502,6 +504,8 @@ class RemoteInfEngine(InferenceEngine):
                     greedy=g.greedy,
                     stop_token_ids=list(g.stop_token_ids),
                     ignore_eos=g.ignore_eos,
+                    # A resumed chunk continues the same seeded stream deterministically.
+                    seed=None if seed is None else seed + len(tokens),
                 )
                 version_before = self._version
                 chunk = await self._generate_chunk(req.rid, list(req.input_ids) + tokens, p)

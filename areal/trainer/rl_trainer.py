@@ -17,12 +17,10 @@ evaluate / save / recover checkpoint / stats.
 from __future__ import annotations
 
 import os
-import random
 import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from areal.api.alloc_mode import AllocationMode
@@ -33,6 +31,7 @@ from areal.utils import logging, stats_tracker
 from areal.utils.evaluator import Evaluator
 from areal.utils.recover import RecoverHandler, RecoverInfo
 from areal.utils.saver import Saver
+from areal.utils.seeding import set_random_seed
 from areal.utils.stats_logger import StatsLogger
 
 logger = logging.getLogger("PPOTrainer")
@@ -42,9 +41,7 @@ CRITIC_ENGINE = "areal.trainer.ppo.critic.FSDPPPOCritic"
 
 
 def seeding(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+    set_random_seed(seed)
 
 
 def resolve_allocation(config: PPOConfig) -> AllocationMode:
@@ -108,7 +105,9 @@ class PPOTrainer:
             )
         self.train_dataset = train_dataset
         self.valid_dataset = valid_dataset
-        self.train_dataloader = create_dataloader(train_dataset, config.train_dataset, seed=config.seed)
+        self.train_dataloader = create_dataloader(
+            train_dataset, config.train_dataset, seed=config.seed
+        )
         self.ft_spec = FinetuneSpec(
             total_train_epochs=config.total_train_epochs,
             dataset_size=len(self.train_dataloader) * config.train_dataset.batch_size,
@@ -121,15 +120,24 @@ class PPOTrainer:
             # Training workers first: their start-up (model load + process group) overlaps
             # with the servers' start-up.
             self.actor = TrainController(ACTOR_ENGINE, config.actor, self.scheduler)
-            self.actor.initialize(role="actor", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec)
+            self.actor.initialize(
+                role="actor", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec, seed=config.seed
+            )
             self.ref = None
             if config.ref is not None and config.actor.kl_ctl > 0:
                 self.ref = TrainController(ACTOR_ENGINE, config.ref, self.scheduler)
-                self.ref.initialize(role="ref", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec)
+                self.ref.initialize(
+                    role="ref", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec, seed=config.seed
+                )
             self.critic = None
             if getattr(config, "critic", None) is not None:
                 self.critic = TrainController(CRITIC_ENGINE, config.critic, self.scheduler)
-                self.critic.initialize(role="critic", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec)
+                self.critic.initialize(
+                    role="critic",
+                    alloc_mode=self.alloc_mode,
+                    ft_spec=self.ft_spec,
+                    seed=config.seed,
+                )
             self.rollout = self._start_rollout()
             self.weight_update_meta = self._make_weight_update_meta()
             self.actor.connect_engine(self.rollout, self.weight_update_meta)
@@ -224,7 +232,9 @@ class PPOTrainer:
         """
         config = self.config
         if workflow is None:
-            raise ValueError("train(workflow=...) is required: an instance, a class or an import string")
+            raise ValueError(
+                "train(workflow=...) is required: an instance, a class or an import string"
+            )
         if should_accept_fn is None and getattr(config.actor, "dynamic_sampling", False):
             should_accept_fn = "areal.utils.functional.dynamic_sampling_accept"
         total_steps = self.ft_spec.total_train_steps
@@ -245,7 +255,9 @@ class PPOTrainer:
 
         result: dict[str, Any] = {"start_step": self.start_step}
         if self.start_step == 0 and self.valid_dataset is not None and eval_workflow is not None:
-            result["initial_eval"] = self._evaluate(eval_workflow, eval_workflow_kwargs, global_step=0)
+            result["initial_eval"] = self._evaluate(
+                eval_workflow, eval_workflow_kwargs, global_step=0
+            )
             # Logged as step -1: the accuracy before the first update.
             self.stats_logger.commit(0, -1, -1, dict(result["initial_eval"]))
 
@@ -256,7 +268,12 @@ class PPOTrainer:
         for global_step in range(self.start_step, total_steps):
             epoch = global_step // steps_per_epoch
             step = global_step % steps_per_epoch
-            step_info = StepInfo(epoch=epoch, epoch_step=step, global_step=global_step, steps_per_epoch=steps_per_epoch)
+            step_info = StepInfo(
+                epoch=epoch,
+                epoch_step=step,
+                global_step=global_step,
+                steps_per_epoch=steps_per_epoch,
+            )
             stats = self._train_step(step_info, workflow, workflow_kwargs, should_accept_fn)
 
             with stats_tracker.record_timing("checkpoint_for_recover"):
@@ -275,7 +292,9 @@ class PPOTrainer:
             evaluated = None
             if self.valid_dataset is not None and eval_workflow is not None:
                 evaluated = self.evaluator.evaluate(
-                    lambda gs=global_step: self._evaluate(eval_workflow, eval_workflow_kwargs, gs + 1),
+                    lambda gs=global_step: self._evaluate(
+                        eval_workflow, eval_workflow_kwargs, gs + 1
+                    ),
                     epoch,
                     step,
                     global_step,
@@ -290,7 +309,9 @@ class PPOTrainer:
             pbar.update(1)
             result["steps_done"] = global_step + 1 - self.start_step
             if max_seconds is not None and time.monotonic() - t_run >= max_seconds:
-                logger.info(f"Stopping after {global_step + 1} steps: max_seconds={max_seconds} reached")
+                logger.info(
+                    f"Stopping after {global_step + 1} steps: max_seconds={max_seconds} reached"
+                )
                 break
         pbar.close()
         result["train_seconds"] = time.monotonic() - t_run
@@ -301,12 +322,16 @@ class PPOTrainer:
             if last is not None and last["global_step"] == done:
                 result["final_eval"] = {k: v for k, v in last.items() if k != "global_step"}
             else:
-                result["final_eval"] = self._evaluate(eval_workflow, eval_workflow_kwargs, global_step=done)
+                result["final_eval"] = self._evaluate(
+                    eval_workflow, eval_workflow_kwargs, global_step=done
+                )
         result["total_steps"] = self.start_step + result.get("steps_done", 0)
         result["log_dir"] = self.log_dir
         return result
 
-    def _train_step(self, step_info: StepInfo, workflow, workflow_kwargs, should_accept_fn) -> dict[str, float]:
+    def _train_step(
+        self, step_info: StepInfo, workflow, workflow_kwargs, should_accept_fn
+    ) -> dict[str, float]:
         config = self.config
         timings: dict[str, float] = {}
 
@@ -331,10 +356,14 @@ class PPOTrainer:
             else:
                 data = next(self._sync_iter())
                 batch = self.rollout.rollout_batch(
-                    data, workflow=workflow, workflow_kwargs=workflow_kwargs, should_accept_fn=should_accept_fn
+                    data,
+                    workflow=workflow,
+                    workflow_kwargs=workflow_kwargs,
+                    should_accept_fn=should_accept_fn,
                 )
         version = step_info.global_step
         stats: dict[str, float] = self._batch_stats(batch, version)
+        self._log_consumed(batch, step_info.global_step)
 
         with timed("compute_logp"):
             if config.actor.recompute_logprob or config.actor.use_decoupled_loss:
@@ -370,10 +399,33 @@ class PPOTrainer:
         stats.update(stats_tracker.export_all())
         stats.update(timings)
         n_tokens = float(batch["attention_mask"].sum())
-        train_time = timings["time/compute_logp"] + timings["time/compute_advantages"] + timings["time/train_step"]
+        train_time = (
+            timings["time/compute_logp"]
+            + timings["time/compute_advantages"]
+            + timings["time/train_step"]
+        )
         stats["perf/train_tokens_per_sec"] = n_tokens / max(train_time, 1e-9)
         stats["perf/step_tokens_per_sec"] = n_tokens / max(sum(timings.values()), 1e-9)
         return stats
+
+    def _log_consumed(self, batch: dict[str, torch.Tensor], global_step: int) -> None:
+        """Append the prompts (hashes) trained on at this step to ``consumed.jsonl``.
+
+        An audit trail: after a crash and resume, every row of the epoch appears exactly
+        once (``tests/test_resume.py`` checks it against an uninterrupted run).
+        """
+        import hashlib
+        import json
+
+        prompt = batch["attention_mask"].bool() & ~batch["loss_mask"].bool()
+        ids = batch["input_ids"]
+        hashes = []
+        for i in range(ids.shape[0]):
+            h = hashlib.sha1(ids[i][prompt[i]].numpy().tobytes()).hexdigest()[:16]
+            hashes.append(h)
+        path = os.path.join(self.log_dir, "consumed.jsonl")
+        with open(path, "a") as f:
+            f.write(json.dumps({"global_step": global_step, "prompts": hashes}) + "\n")
 
     def _sync_iter(self):
         if not hasattr(self, "_sync_it"):
@@ -462,7 +514,9 @@ def _resolve_workflow(workflow: Any, kwargs: dict[str, Any] | None) -> RolloutWo
         workflow = import_from_string(workflow)
     if isinstance(workflow, type):
         return workflow(**(kwargs or {}))
-    raise TypeError(f"workflow must be a RolloutWorkflow instance, class or import string; got {workflow!r}")
+    raise TypeError(
+        f"workflow must be a RolloutWorkflow instance, class or import string; got {workflow!r}"
+    )
 
 
 def _consistency_stats(batch: dict[str, torch.Tensor], version: int) -> dict[str, float]:

@@ -28,7 +28,9 @@ logger = logging.getLogger("SFTTrainer")
 LM_ENGINE = "areal.trainer.sft_trainer.FSDPLMEngine"
 
 
-def sft_loss_fn(logprobs: torch.Tensor, entropy: torch.Tensor, input_data: dict[str, Any]) -> torch.Tensor:
+def sft_loss_fn(
+    logprobs: torch.Tensor, entropy: torch.Tensor, input_data: dict[str, Any]
+) -> torch.Tensor:
     """Mean NLL over target tokens of one packed micro-batch."""
     mask = input_data["loss_mask"].bool()
     n = mask.count_nonzero().clamp(min=1)
@@ -52,7 +54,9 @@ class FSDPLMEngine(FSDPEngine):
         return float(loss) if loss is not None else float("nan")
 
 
-def tokenize_sft_rows(rows: list[dict[str, Any]], tokenizer: Any, max_length: int | None = None) -> dict[str, torch.Tensor]:
+def tokenize_sft_rows(
+    rows: list[dict[str, Any]], tokenizer: Any, max_length: int | None = None
+) -> dict[str, torch.Tensor]:
     """Chat-template the prompt, append ``answer`` + EOS; pad right. Prompt tokens get loss_mask 0."""
     seqs: list[list[int]] = []
     masks: list[list[int]] = []
@@ -61,11 +65,15 @@ def tokenize_sft_rows(rows: list[dict[str, Any]], tokenizer: Any, max_length: in
             ids, lm = list(row["input_ids"]), list(row["loss_mask"])
         else:
             if "messages" in row:
-                prompt = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=False)
+                prompt = tokenizer.apply_chat_template(
+                    row["messages"], add_generation_prompt=True, tokenize=False
+                )
             else:
                 prompt = row["question"]
             p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            a_ids = tokenizer(row["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            a_ids = tokenizer(row["answer"], add_special_tokens=False)["input_ids"] + [
+                tokenizer.eos_token_id
+            ]
             ids, lm = p_ids + a_ids, [0] * len(p_ids) + [1] * len(a_ids)
         if max_length is not None:
             ids, lm = ids[:max_length], lm[:max_length]
@@ -103,7 +111,9 @@ class SFTTrainer:
         self.alloc_mode = AllocationMode.from_str(alloc)
         self.train_dataset = train_dataset
         self.valid_dataset = valid_dataset
-        self.train_dataloader = create_dataloader(train_dataset, config.train_dataset, seed=config.seed)
+        self.train_dataloader = create_dataloader(
+            train_dataset, config.train_dataset, seed=config.seed
+        )
         self.valid_dataloader = (
             create_dataloader(valid_dataset, config.valid_dataset, seed=config.seed)
             if valid_dataset is not None and config.valid_dataset is not None
@@ -118,7 +128,9 @@ class SFTTrainer:
         try:
             self.scheduler = make_scheduler(config)
             self.model = TrainController(LM_ENGINE, config.model, self.scheduler)
-            self.model.initialize(role="model", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec)
+            self.model.initialize(
+                role="model", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec, seed=config.seed
+            )
         except BaseException:
             self.close()
             raise
@@ -192,7 +204,9 @@ class SFTTrainer:
             self.recover_handler.dump(
                 self.model, si, self.saver, self.evaluator, self.stats_logger, self.train_dataloader
             )
-            self.stats_logger.commit(epoch, step, global_step, {f"sft/{k}": v for k, v in stats.items()})
+            self.stats_logger.commit(
+                epoch, step, global_step, {f"sft/{k}": v for k, v in stats.items()}
+            )
             if global_step % 10 == 0:
                 logger.info(f"step {global_step}/{total} loss {losses[-1]:.4f}")
         return {"losses": losses, "log_dir": self.log_dir}

@@ -194,6 +194,7 @@ class RecoverHandler:
             evaluator.load_state_dict(info.evaluator_info)
         if stats_logger is not None:
             stats_logger.truncate_after(info.last_step_info.global_step)
+            _truncate_jsonl(os.path.join(stats_logger.log_path, "consumed.jsonl"), info.last_step_info.global_step)
         if dataloader is not None and info.dataloader_info:
             dataloader.load_state_dict(info.dataloader_info)
         set_rng_state(info.rng_state)
@@ -215,3 +216,18 @@ class RecoverHandler:
                 executor.requeue_data(pending)
                 logger.info(f"Re-queued {len(pending)} rows that were in flight when the checkpoint was taken")
         return info
+
+
+def _truncate_jsonl(path: str, global_step: int) -> None:
+    """Drop rows of ``path`` whose ``global_step`` is later than ``global_step``."""
+    import json
+
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    kept = [r for r in rows if r.get("global_step", -1) <= global_step]
+    if len(kept) != len(rows):
+        with open(path, "w") as f:
+            for r in kept:
+                f.write(json.dumps(r) + "\n")

@@ -38,6 +38,7 @@ from areal.api.io_struct import ModelRequest
 from areal.api.workflow_api import RolloutWorkflow
 from areal.utils import logging
 from areal.utils.batch import pad_sequences_to_tensors
+from areal.utils.seeding import request_seed
 
 if TYPE_CHECKING:
     from areal.api.cli_args import GenerationHyperparameters
@@ -152,14 +153,18 @@ class RLVRWorkflow(RolloutWorkflow):
             raise ValueError("RLVRWorkflow: the prompt tokenized to an empty sequence")
         n = self.gconfig.n_samples
         gconfig = self.gconfig.new(n_samples=1)
+        # Reproducible sampling when a base seed is set (set_random_seed): same prompt,
+        # sample index and policy version -> same seed in every run.
+        version = engine.get_version() if hasattr(engine, "get_version") else 0
         reqs = [
             ModelRequest(
                 rid=uuid.uuid4().hex,
                 input_ids=list(input_ids),
                 gconfig=gconfig,
                 tokenizer=self.tokenizer,
+                metadata={"seed": request_seed(tuple(input_ids), i, version)},
             )
-            for _ in range(n)
+            for i in range(n)
         ]
         resps = await asyncio.gather(*[engine.agenerate(r) for r in reqs])
 

@@ -52,6 +52,9 @@ class SamplingParams:
     greedy: bool = False
     stop_token_ids: list[int] = dataclasses.field(default_factory=list)
     ignore_eos: bool = False
+    # Per-request sampling seed: the same seed gives the same tokens whatever else is in
+    # the batch (a resumed run regenerates exactly what the crashed one would have).
+    seed: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
@@ -72,6 +75,7 @@ class SamplingParams:
             sp.greedy = bool(sp.greedy)
             sp.ignore_eos = bool(sp.ignore_eos)
             sp.stop_token_ids = [int(t) for t in (sp.stop_token_ids or [])]
+            sp.seed = None if sp.seed is None else int(sp.seed)
         except (TypeError, ValueError) as e:
             raise RequestError(f"bad sampling parameters: {e}") from e
         sp.validate()
@@ -107,6 +111,12 @@ class _Request:
     first_token_time: float | None = None
     abort_requested: bool = False
     done: bool = False
+    generator: torch.Generator | None = None
+
+    def __post_init__(self):
+        if self.params.seed is not None and not self.params.greedy:
+            self.generator = torch.Generator().manual_seed(self.params.seed % (2**63))
+
     finish: str = ""
 
 
@@ -321,7 +331,14 @@ def _sample(
             sorted_logits = sorted_logits.masked_fill(remove, -_INF)
             s_logits = torch.full_like(s_logits, -_INF).scatter(1, sorted_idx, sorted_logits)
         probs = torch.softmax(s_logits, dim=-1)
-        tokens[samp] = torch.multinomial(probs, 1).squeeze(1)
+        drawn = torch.empty(len(s_reqs), dtype=torch.long)
+        seeded = [i for i, r in enumerate(s_reqs) if r.generator is not None]
+        unseeded = [i for i, r in enumerate(s_reqs) if r.generator is None]
+        if unseeded:
+            drawn[unseeded] = torch.multinomial(probs[unseeded], 1).squeeze(1)
+        for i in seeded:  # one draw per seeded request from its own generator
+            drawn[i] = torch.multinomial(probs[i], 1, generator=s_reqs[i].generator)[0]
+        tokens[samp] = drawn
     token_logp = logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
     return tokens, token_logp
 
@@ -333,7 +350,7 @@ class GenerationCore:
         self,
         model: torch.nn.Module,
         max_batch_size: int = 128,
-        max_prefill_tokens: int = 8192,
+        max_prefill_tokens: int = 4096,
         eos_token_ids: list[int] | None = None,
         context_length: int | None = None,
         version: int = 0,

@@ -70,7 +70,7 @@ class LocalInferenceServer:
         model_path: str,
         dtype: str = "float32",
         max_batch_size: int = 128,
-        max_prefill_tokens: int = 8192,
+        max_prefill_tokens: int = 4096,
         context_length: int | None = None,
         seed: int | None = None,
         version: int = 0,
@@ -83,13 +83,17 @@ class LocalInferenceServer:
         if seed is not None:
             torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(model_path)
-        except Exception as e:  # token-id-only models are fine
-            logger.info(
-                "no tokenizer at %s (%s); text prompts are disabled", model_path, type(e).__name__
-            )
-            tokenizer = None
+        tokenizer = None
+        tok_files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+        if any(os.path.exists(os.path.join(model_path, f)) for f in tok_files):
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(model_path)
+            except Exception as e:  # token-id-only serving still works
+                logger.warning(
+                    "tokenizer at %s failed to load (%s); text prompts disabled", model_path, e
+                )
+        else:
+            logger.info("no tokenizer files in %s; text prompts are disabled", model_path)
         core = GenerationCore(
             model,
             max_batch_size=max_batch_size,
@@ -574,7 +578,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-batch-size", type=int, default=128, help="max running requests")
     p.add_argument(
-        "--max-prefill-tokens", type=int, default=8192, help="prompt tokens per prefill step"
+        "--max-prefill-tokens", type=int, default=4096, help="prompt tokens per prefill step"
     )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument(

@@ -39,6 +39,7 @@ from areal.utils.functional import (
     sapo_loss_fn,
     sequence_index,
 )
+from areal.utils.seeding import request_seed
 
 logger = logging.getLogger("PPOActor")
 
@@ -216,6 +217,12 @@ class PPOActor:
         return data
 
     # ------------------------------------------------------------------- update
+    def _dp_rank(self) -> int:
+        try:
+            return int(self.engine.data_parallel_rank)
+        except (NotImplementedError, AttributeError):
+            return 0
+
     def ppo_update(self, data: dict[str, Any]) -> list[dict[str, float]]:
         """``ppo_n_minibatches`` optimizer steps over a shuffled split of ``data``.
 
@@ -230,12 +237,18 @@ class PPOActor:
         self.engine.train()
         bs = data["attention_mask"].shape[0]
         n_mbs = min(cfg.ppo_n_minibatches, bs)
-        perm = torch.randperm(bs, device=data["attention_mask"].device)
-        train_data = {k: data[k] for k in _TRAIN_KEYS if k in data}
         try:
             current_version = self.engine.get_version()
         except (NotImplementedError, AttributeError):
             current_version = None
+        # Mini-batch shuffle from a generator seeded by (base seed, version, rank) when a
+        # base seed is set: reproducible across a crash and resume.
+        gen = None
+        step_seed = request_seed("ppo_minibatch_shuffle", current_version, self._dp_rank())
+        if step_seed is not None:
+            gen = torch.Generator().manual_seed(step_seed)
+        perm = torch.randperm(bs, generator=gen).to(data["attention_mask"].device)
+        train_data = {k: data[k] for k in _TRAIN_KEYS if k in data}
         loss_fn = functools.partial(
             grpo_loss_fn,
             eps_clip=cfg.eps_clip,
