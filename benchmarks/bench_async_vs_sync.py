@@ -5,7 +5,7 @@
 Runs the CPU demo configuration (examples/math/gsm8k_grpo_cpu.yaml: 1 built-in server +
 1 FSDP worker, tiny model) twice in this process, once with
 rollout.max_head_offpolicyness=0 and once with eta, each for the same training wall time,
-and prints JSON: trained tokens/s (tokens of consumed batches / training wall time),
+(at most --max-steps steps, which also sets the LR schedule), and prints JSON: trained tokens/s (tokens of consumed batches / training wall time),
 steps, held-out greedy accuracy at the end, and the ratios. Target: >= 1.5x throughput at
 no worse accuracy.
 """
@@ -27,7 +27,7 @@ from areal.dataset import get_custom_dataset  # noqa: E402
 from areal.utils.hf_utils import load_hf_tokenizer  # noqa: E402
 
 
-def run(eta: int, seconds: float, fileroot: str, extra: list[str]) -> dict:
+def run(eta: int, seconds: float, max_steps: int, fileroot: str, extra: list[str]) -> dict:
     cfg, _ = load_expr_config(
         [
             "--config", os.path.join(REPO, "examples/math/gsm8k_grpo_cpu.yaml"),
@@ -35,7 +35,7 @@ def run(eta: int, seconds: float, fileroot: str, extra: list[str]) -> dict:
             f"cluster.fileroot={fileroot}",
             f"trial_name=eta{eta}",
             f"rollout.max_head_offpolicyness={eta}",
-            "total_train_steps=100000",
+            f"total_train_steps={max_steps}",
             "evaluator.freq_steps=null",
             "recover.mode=disabled",
             *extra,
@@ -59,7 +59,7 @@ def run(eta: int, seconds: float, fileroot: str, extra: list[str]) -> dict:
             eval_workflow_kwargs=eval_kwargs,
             max_seconds=seconds,
         )
-        rows = list(trainer.stats_logger.history)
+        rows = [r for r in trainer.stats_logger.history if r["global_step"] >= 0]
     tokens = sum(r["batch/seq_len"] * r["batch/n_seqs"] for r in rows)
     gen_tokens = sum(r["batch/gen_len"] * r["batch/n_seqs"] for r in rows)
     return {
@@ -81,11 +81,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=150.0, help="training wall time per mode")
     ap.add_argument("--eta", type=int, default=4)
+    ap.add_argument(
+        "--max-steps",
+        type=int,
+        default=100,
+        help="total_train_steps of both runs (sets the LR schedule; a run may stop earlier on time)",
+    )
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for both runs")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as root:
-        sync = run(0, args.seconds, root, args.overrides)
-        asyn = run(args.eta, args.seconds, root, args.overrides)
+        sync = run(0, args.seconds, args.max_steps, root, args.overrides)
+        asyn = run(args.eta, args.seconds, args.max_steps, root, args.overrides)
     out = {
         "benchmark": "async_vs_sync",
         "setup": "demo config, 1 built-in server + 1 FSDP worker (gloo), tiny model, 2 CPU cores",

@@ -429,6 +429,70 @@ class RemoteInfEngine(InferenceEngine):
         if was:
             logger.warning("inference server %s marked unhealthy: %s", addr, why)
 
+    def exclude_server(self, addr: str, why: str = "excluded") -> None:
+        """Take ``addr`` out of rotation (as if it had stopped answering); its requests move."""
+        self._mark_unhealthy(addr, why)
+
+    def readmit_server(
+        self,
+        addr: str,
+        weights_path: str | None = None,
+        version: int | None = None,
+        replaces: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Bring a (restarted) server back into rotation with the current weights.
+
+        Waits until ``addr`` is healthy; when ``weights_path`` is given the server reloads
+        its weights from that Hugging Face directory; then it gets ``version`` (default:
+        the engine's current version), is paused if the engine is paused, and is marked
+        healthy. ``replaces``: the old address of a server that came back on a new port;
+        it is taken out of ``addresses`` and ``addr`` takes its place. Blocking (call it
+        from the controller thread, not from an event loop).
+
+        ``xccl`` weight updates: a readmitted server is not a member of the weight-update
+        process group formed at start-up; the caller must re-form the group.
+        """
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"bad server address {addr!r}; expected 'host:port'")
+        if not self._initialized:
+            raise RuntimeError("RemoteInfEngine.initialize() was not called")
+        timeout = self.config.setup_timeout if timeout is None else timeout
+        if addr in self.addresses:  # no requests to it until it has the current weights
+            self._mark_unhealthy(addr, "being readmitted")
+        self._wait_healthy([addr], timeout)
+        version = self._version if version is None else int(version)
+        t0 = time.monotonic()
+        if weights_path is not None:
+            self._post(
+                addr,
+                self.backend.update_disk_call(weights_path, version),
+                timeout=max(timeout, self.config.request_timeout),
+            )
+        call = self.backend.set_version_call(version)
+        if call is not None:
+            self._post(addr, call)
+        if self._paused.is_set():
+            self._post(addr, self.backend.pause_call())
+        with self._lock:
+            if replaces is not None and replaces != addr and replaces in self.addresses:
+                self.addresses[self.addresses.index(replaces)] = addr
+                self._healthy.pop(replaces, None)
+                for rid in [r for r, a in self._rid_server.items() if a == replaces]:
+                    del self._rid_server[rid]
+            elif addr not in self.addresses:
+                self.addresses.append(addr)
+            self._inflight.setdefault(addr, 0)
+            self._healthy[addr] = True
+        logger.info(
+            "inference server %s readmitted at version %d%s in %.2fs",
+            addr,
+            version,
+            f" with weights {weights_path}" if weights_path else "",
+            time.monotonic() - t0,
+        )
+
     # ------------------------------------------------------------------ generation
     async def _generate_chunk(self, rid: str, input_ids: list[int], p: GenParams) -> GenChunk:
         import aiohttp

@@ -90,7 +90,6 @@ class PPOTrainer:
 
         self.config = config
         self._closed = False
-        self._components: list[Any] = []
         seeding(config.seed)
         self.log_dir = get_log_path(config)
         os.makedirs(self.log_dir, exist_ok=True)
@@ -117,8 +116,7 @@ class PPOTrainer:
 
         try:
             self.scheduler = make_scheduler(config)
-            # Training workers first: their start-up (model load + process group) overlaps
-            # with the servers' start-up.
+            # Training workers first, then the inference servers and the rollout client.
             self.actor = TrainController(ACTOR_ENGINE, config.actor, self.scheduler)
             self.actor.initialize(
                 role="actor", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec, seed=config.seed
@@ -141,6 +139,7 @@ class PPOTrainer:
             self.rollout = self._start_rollout()
             self.weight_update_meta = self._make_weight_update_meta()
             self.actor.connect_engine(self.rollout, self.weight_update_meta)
+            self.server_watchdog = self._make_server_watchdog()
         except BaseException:
             self.close()
             raise
@@ -167,6 +166,17 @@ class PPOTrainer:
         # One executor in the controller produces the whole batch for all training ranks.
         engine.initialize(addr=addrs, train_data_parallel_size=1)
         return engine
+
+    def _make_server_watchdog(self):
+        from areal.infra.server_watchdog import ServerWatchdog
+
+        c = self.config
+        scratch = os.path.join(
+            c.cluster.fileroot, "checkpoints", c.experiment_name, c.trial_name, "server_restart"
+        )
+        return ServerWatchdog(
+            self.scheduler, self.rollout, self.actor, self.weight_update_meta, scratch_dir=scratch
+        )
 
     def _make_weight_update_meta(self) -> WeightUpdateMeta:
         if self.config.actor.weight_update_mode == "disk":
@@ -345,6 +355,7 @@ class PPOTrainer:
 
             return _T()
 
+        self.server_watchdog.check()  # dead inference servers come back with current weights
         with timed("rollout"):
             if config.async_training:
                 batch = self.rollout.prepare_batch(
@@ -393,11 +404,13 @@ class PPOTrainer:
             self.rollout.set_version(new_version)
             # Rollout stays paused until the recover checkpoint is written (train loop), so
             # the saved dataloader position matches what training consumed in sync mode.
+        self.server_watchdog.check()  # still paused: a restarted server gets the new weights
 
         stats.update(_flatten_stats(train_stats))
         stats.update(self.actor.export_stats())
         stats.update(stats_tracker.export_all())
         stats.update(timings)
+        stats.update(self.server_watchdog.step_stats())
         n_tokens = float(batch["attention_mask"].sum())
         train_time = (
             timings["time/compute_logp"]

@@ -22,6 +22,10 @@ get ``PR_SET_PDEATHSIG=SIGKILL`` on Linux, and RPC workers also poll their paren
 Dead workers: a monitor thread logs any worker that exits unexpectedly, and
 ``call_engine`` on a dead worker (or one that dies during the call) raises
 ``WorkerDiedError`` naming role, index, pid and exit code with the last lines of its log.
+``dead_workers(role)`` lists the workers of a role that exited on their own, and
+``restart_worker(worker_id)`` starts a dead *command* worker (e.g. an inference server)
+again in place: same command, environment and (appended) log file, the same port when
+it can be bound again, else a new one (the returned ``Worker`` has the new address).
 """
 
 from __future__ import annotations
@@ -85,6 +89,20 @@ def find_free_ports(
     return ports
 
 
+def _can_bind(ports: list[int], host: str = "127.0.0.1") -> bool:
+    """Whether every port in ``ports`` can be bound (as servers do, with SO_REUSEADDR)."""
+    for port in ports:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+        except OSError:
+            return False
+        finally:
+            s.close()
+    return True
+
+
 def read_log_tail(path: str, n: int = LOG_TAIL_LINES) -> str:
     try:
         with open(path, errors="replace") as f:
@@ -106,6 +124,11 @@ class _WorkerProc:
     stopping: bool = False
     reported: bool = False
     descendants: list[int] = field(default_factory=list)
+    # What ``restart_worker`` needs to start the same worker again.
+    spec: SchedulingSpec | None = None
+    env: dict[str, str] | None = None
+    health_path: str = "/health"
+    restarts: int = 0
 
     @property
     def pid(self) -> int:
@@ -327,30 +350,28 @@ class LocalScheduler(Scheduler):
                 cmd = self._command(spec, ports)
                 log_path = os.path.join(self.log_dir, f"{role}-{i}.log")
                 log_file = open(log_path, "ab")  # noqa: SIM115 - closed in delete_workers
-                log_file.write(
-                    f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} start: {shlex.join(cmd)}\n".encode()
-                )
-                log_file.flush()
-                proc = subprocess.Popen(
-                    cmd,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=env,
-                    cwd=os.getcwd(),
-                    start_new_session=True,
-                    preexec_fn=_set_pdeathsig
-                    if threading.current_thread() is threading.main_thread()
-                    and sys.platform == "linux"
-                    else None,
-                )
+                proc = self._popen(cmd, env, log_file, "start")
                 worker = Worker(
                     id=f"{role}/{i}", ip=self.host, worker_ports=[str(p) for p in ports]
                 )
                 client = (
                     RPCClient(worker.address, worker_id=worker.id) if spec.cmd is None else None
                 )
-                procs.append(_WorkerProc(worker, role, i, proc, log_path, log_file, cmd, client))
+                procs.append(
+                    _WorkerProc(
+                        worker,
+                        role,
+                        i,
+                        proc,
+                        log_path,
+                        log_file,
+                        cmd,
+                        client,
+                        spec=spec,
+                        env=env,
+                        health_path=job.health_path,
+                    )
+                )
                 logger.info(
                     f"Started {worker.id} pid {proc.pid} on port {ports[0]}; log {log_path}"
                 )
@@ -362,14 +383,36 @@ class LocalScheduler(Scheduler):
             raise
         return [p.worker.id for p in procs]
 
-    def _wait_healthy(self, job: Job, procs: list[_WorkerProc]) -> None:
-        deadline = time.monotonic() + self.startup_timeout
+    @staticmethod
+    def _popen(cmd: list[str], env: dict[str, str], log_file: IO, what: str) -> subprocess.Popen:
+        log_file.write(
+            f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {what}: {shlex.join(cmd)}\n".encode()
+        )
+        log_file.flush()
+        return subprocess.Popen(
+            cmd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=os.getcwd(),
+            start_new_session=True,
+            preexec_fn=_set_pdeathsig
+            if threading.current_thread() is threading.main_thread() and sys.platform == "linux"
+            else None,
+        )
+
+    def _wait_healthy(
+        self, job: Job | None, procs: list[_WorkerProc], timeout: float | None = None
+    ) -> None:
+        start = time.monotonic()
+        deadline = start + (self.startup_timeout if timeout is None else timeout)
         pending = list(procs)
         while pending:
             for p in list(pending):
                 if p.proc.poll() is not None:
                     raise p.dead_error(during="startup")
-                path = "/health" if p.client is not None else job.health_path
+                path = "/health" if p.client is not None else p.health_path
                 url = f"http://{p.worker.address}{path}"
                 try:
                     if requests.get(url, timeout=2).status_code == 200:
@@ -380,11 +423,12 @@ class LocalScheduler(Scheduler):
                 p = pending[0]
                 raise TimeoutError(
                     f"Worker {p.worker.id} (pid {p.pid}) not healthy at {p.worker.address} within "
-                    f"{self.startup_timeout} s\n--- last {LOG_TAIL_LINES} lines of {p.log_path} ---\n{read_log_tail(p.log_path)}"
+                    f"{deadline - start:.0f} s\n--- last {LOG_TAIL_LINES} lines of {p.log_path} ---\n{read_log_tail(p.log_path)}"
                 )
             if pending:
                 time.sleep(0.1)
-        logger.info(f"Workers of role {job.role!r} healthy: {[p.worker.id for p in procs]}")
+        role = procs[0].role if procs else "?"
+        logger.info(f"Workers of role {role!r} healthy: {[p.worker.id for p in procs]}")
 
     def _key(self, role: str, index: int) -> str:
         return f"{self.experiment_name}/{self.trial_name}/workers/{role}/{index}"
@@ -432,6 +476,85 @@ class LocalScheduler(Scheduler):
 
     def log_path(self, worker_id: str) -> str:
         return self._proc(worker_id).log_path
+
+    # ------------------------------------------------------------------ restarts
+    def dead_workers(self, role: str) -> list[str]:
+        """Ids of the workers of ``role`` that exited on their own (not being stopped).
+
+        An unknown role has no dead workers (``[]``).
+        """
+        try:
+            procs = self._procs(role)
+        except KeyError:
+            return []
+        return [p.worker.id for p in procs if not p.stopping and p.proc.poll() is not None]
+
+    def worker_exit_info(self, worker_id: str) -> str:
+        """One paragraph on a (dead) worker: pid, exit code, command and its log tail."""
+        return str(self._proc(worker_id).dead_error())
+
+    def restart_worker(self, worker_id: str, timeout: float | None = None) -> Worker:
+        """Start a dead *command* worker again in place and wait until it is healthy.
+
+        Same role/index, command, environment and log file (appended to, after a
+        ``===== ... restart`` line). The worker keeps its ports when they can be bound
+        again, else it gets new ones; the returned ``Worker`` (and ``name_resolve``) has
+        the address it serves on now. A restart that fails on the old ports (someone took
+        them meanwhile) is retried once on new ports. Raises ``ValueError`` for an RPC
+        worker (its engine state would be lost) or a worker that is still alive,
+        ``WorkerDiedError`` / ``TimeoutError`` when the new process does not come up
+        within ``timeout`` (default ``startup_timeout``) seconds.
+        """
+        p = self._proc(worker_id)
+        if p.client is not None or p.spec is None or p.env is None:
+            raise ValueError(
+                f"Worker {worker_id} is an RPC worker; only command workers can be restarted"
+            )
+        if p.proc.poll() is None:
+            raise ValueError(f"Worker {worker_id} (pid {p.pid}) is alive; nothing to restart")
+        exit_code = p.proc.returncode
+        self._signal_group(p, signal.SIGKILL)  # leftovers of the dead process group
+        old_ports = [int(x) for x in p.worker.worker_ports]
+        attempts = [old_ports] if _can_bind(old_ports, self.host) else []
+        attempts.append(None)  # new ports
+        last: BaseException | None = None
+        for ports in attempts:
+            if ports is None:
+                ports = self._allocate_ports(len(old_ports))
+            cmd = self._command(p.spec, ports)
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("LocalScheduler is closed")
+                p.proc = self._popen(cmd, p.env, p.log_file, "restart")
+                p.cmd = cmd
+                p.worker.worker_ports = [str(x) for x in ports]
+                p.reported = False
+                p.restarts += 1
+                if ports != old_ports:
+                    self._used_ports.difference_update(old_ports)
+            logger.warning(
+                f"Restarting {worker_id} (previous process exited with code {exit_code}) as pid "
+                f"{p.pid} on port {ports[0]}; log {p.log_path}"
+            )
+            try:
+                self._wait_healthy(None, [p], timeout=timeout)
+            except (WorkerDiedError, TimeoutError) as e:
+                last = e
+                if p.proc.poll() is None:  # unhealthy but alive: stop it before the retry
+                    self._signal_group(p, signal.SIGKILL)
+                    try:
+                        p.proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        pass
+                old_ports = ports
+                continue
+            self.name_resolve.add(self._key(p.role, p.index), p.worker.address, replace=True)
+            logger.info(
+                f"Worker {worker_id} restarted (restart #{p.restarts}) at {p.worker.address}"
+            )
+            return p.worker
+        assert last is not None
+        raise last
 
     def delete_workers(self, role: str | None = None) -> None:
         """SIGTERM each worker's process group, SIGKILL after ``kill_grace`` s; idempotent."""
