@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from areal.utils.batch import concat_padded_tensors  # noqa: F401  (re-exported)
 from areal.utils.seqpack import ffd_allocate
 
 __all__ = [
@@ -141,26 +142,6 @@ def select_sequences(
             out[k] = v[idx]
         else:
             out[k] = v
-    return out
-
-
-def concat_padded_tensors(
-    batches: Sequence[dict[str, Any]], pad_value: float = 0
-) -> dict[str, Any]:
-    """Concatenate padded dicts along the batch dim, right-padding per-token keys to the longest."""
-    if not batches:
-        return {}
-    t = max(b["attention_mask"].shape[1] for b in batches)
-    out: dict[str, Any] = {}
-    for k in batches[0]:
-        parts = []
-        for b in batches:
-            v = b[k]
-            if is_per_token(v, b["attention_mask"].shape) and v.shape[1] < t:
-                pad = v.new_full((v.shape[0], t - v.shape[1], *v.shape[2:]), pad_value)
-                v = torch.cat([v, pad], dim=1)
-            parts.append(v)
-        out[k] = torch.cat(parts, dim=0) if torch.is_tensor(parts[0]) else parts[0]
     return out
 
 

@@ -54,6 +54,7 @@ from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, Work
 from areal.infra.rpc.client import RPCClient, spawn_daemon
 from areal.utils import logging
 from areal.utils.name_resolve import FileNameRecordRepository
+from areal.utils.network import find_free_ports
 
 logger = logging.getLogger("LocalScheduler")
 
@@ -66,27 +67,6 @@ def _set_pdeathsig() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except Exception:  # noqa: BLE001 - best effort (non-glibc systems)
         pass
-
-
-def find_free_ports(
-    count: int, exclude: set[int] | None = None, host: str = "127.0.0.1"
-) -> list[int]:
-    """``count`` distinct ports that were free a moment ago (bind to port 0)."""
-    exclude = exclude or set()
-    ports: list[int] = []
-    socks = []
-    try:
-        while len(ports) < count:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-            port = s.getsockname()[1]
-            if port not in exclude and port not in ports:
-                ports.append(port)
-    finally:
-        for s in socks:
-            s.close()
-    return ports
 
 
 def _can_bind(ports: list[int], host: str = "127.0.0.1") -> bool:
