@@ -5,8 +5,18 @@ from __future__ import annotations
 import pytest
 
 
-def build_tiny_qwen2(path: str, vocab_size: int = 400, seed: int = 0, tie: bool = False) -> str:
-    """Save a random tiny Qwen2 causal LM (hidden 64, 2 layers) to ``path``; returns ``path``."""
+def build_tiny_qwen2(
+    path: str,
+    vocab_size: int = 400,
+    seed: int = 0,
+    tie: bool = False,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+) -> str:
+    """Save a random tiny Qwen2 causal LM (hidden 64, 2 layers) to ``path``; returns ``path``.
+
+    Head dim = 64 / ``num_attention_heads`` (16 by default; vLLM's CPU attention needs >= 32).
+    """
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -16,8 +26,8 @@ def build_tiny_qwen2(path: str, vocab_size: int = 400, seed: int = 0, tie: bool 
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
         max_position_embeddings=512,
         tie_word_embeddings=tie,
         bos_token_id=1,

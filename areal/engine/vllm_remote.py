@@ -15,6 +15,7 @@ the client stamps each chunk with its own version.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -26,6 +27,8 @@ from areal.infra.remote_inf_engine import (
     RemoteInfEngine,
     _stop_reason,
 )
+
+ENV_VLLM_PYTHON = "AREAL_VLLM_PYTHON"  # interpreter that starts the vLLM server
 
 
 def _token_id(tok: str) -> int:
@@ -85,15 +88,20 @@ class RemotevLLMEngine(RemoteInfEngine):
 
     def launch_server(self, server_args: dict[str, Any]) -> Any:
         """Start one vLLM server (dev mode, for pause/resume/reload): ``server_args`` =
-        ``model_path``, ``host``, ``port``, plus flags such as ``dtype``."""
+        ``model_path``, ``host``, ``port``, plus flags such as ``dtype``.
+
+        The server runs under the interpreter ``server_args["python"]``, else the env var
+        ``AREAL_VLLM_PYTHON``, else ``sys.executable``: vLLM can live in its own venv
+        (e.g. ``AREAL_VLLM_PYTHON=/tmp/vllm-venv/bin/python``)."""
         from areal.infra.launcher.local_server import launch_server_process
         from areal.utils.network import find_free_ports
 
         args = dict(server_args)
+        python = args.pop("python", None) or os.environ.get(ENV_VLLM_PYTHON) or sys.executable
         host = args.pop("host", "127.0.0.1")
         port = args.pop("port", None) or find_free_ports(1)[0]
         cmd = [
-            sys.executable,
+            python,
             "-m",
             "vllm.entrypoints.openai.api_server",
             "--model",
