@@ -529,6 +529,12 @@ class TrainEngineConfig:
         "on GPU, gloo on CPU) or 'disk' (safetensors + reload).",
         choices=["disk", "xccl"],
     )
+    weight_update_timeout: float = _field(
+        120.0,
+        "xccl only (this project's addition): seconds that the weight-update group join and "
+        "each broadcast may wait for the other side (trainer and inference servers) before "
+        "failing with an error; > 0.",
+    )
     num_threads: int = _field(
         1,
         "CPU only (this project's addition): torch intra-op threads per training worker; >= 1. "
@@ -573,6 +579,7 @@ class TrainEngineConfig:
                 "or a kernels repo id 'org/repo'"
             )
         _check_choice(owner, "weight_update_mode", self.weight_update_mode, ["disk", "xccl"])
+        _check_range(owner, "weight_update_timeout", self.weight_update_timeout, gt=0)
         _check_range(owner, "num_threads", self.num_threads, ge=1)
         _check_range(owner, "temperature", self.temperature, gt=0)
         if len(self.scheduling_spec) not in (1, 2):

@@ -129,6 +129,10 @@ class TrainEngine(abc.ABC):
         """Remember the inference engine that ``update_weights`` pushes to."""
         raise NotImplementedError
 
+    def init_weights_update_group(self, meta: WeightUpdateMeta) -> None:
+        """``xccl``: join the weight-update group (rank 0 only) while the servers join it."""
+        raise NotImplementedError
+
     def get_param_specs(self, weight_chunked_mem_mb: int = 1024) -> list[list[ParamSpec]]:
         """Parameter specs grouped into broadcast buckets."""
         raise NotImplementedError
@@ -211,7 +215,9 @@ class InferenceEngine(abc.ABC):
     def wait(self, count: int, timeout: float | None = None, **kwargs) -> dict[str, Any]:
         raise NotImplementedError
 
-    def rollout_batch(self, data: list[dict[str, Any]], workflow=None, workflow_kwargs=None, **kwargs):
+    def rollout_batch(
+        self, data: list[dict[str, Any]], workflow=None, workflow_kwargs=None, **kwargs
+    ):
         raise NotImplementedError
 
     def prepare_batch(self, dataloader, workflow=None, workflow_kwargs=None, **kwargs):

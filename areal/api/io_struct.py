@@ -11,11 +11,14 @@ safetensors + ``config.json``) to ``meta.path`` (``with_version(v)`` makes it
 ``xccl``: one extra ``torch.distributed`` process group (gloo on CPU, NCCL on GPU) made of
 training rank 0 (group rank 0, the broadcast root) and every inference server worker
 (group ranks 1..n). ``init_weights_update_group(meta)`` makes the servers join it
-(``master_address``/``master_port``/``group_name``/``world_size``). For each bucket of at
-most ``weight_chunked_mem_mb`` MiB, the trainer first announces the bucket's
-``ParamSpec`` list (name, shape, dtype) to every server over HTTP; the servers then post a
-``broadcast(tensor, src=0)`` per tensor in announcement order and the trainer sends them.
-After the last bucket the servers swap the weights in and take ``meta.version``.
+(``master_address``/``master_port``/``group_name``/``world_size``) *while* training rank 0
+joins it (the join is a rendezvous: neither side returns before the other has joined).
+For each bucket of at most ``weight_chunked_mem_mb`` MiB, the trainer first announces the
+bucket's ``ParamSpec`` list (name, shape, dtype) to every server over HTTP; the servers then
+post a ``broadcast(tensor, src=0)`` per tensor in announcement order and the trainer sends
+them. After the last bucket the servers swap the weights in and take ``meta.version``.
+``timeout_s`` bounds the join and every single broadcast on both sides, so a failure on
+one side surfaces on the other within that time instead of hanging.
 """
 
 from __future__ import annotations
@@ -123,7 +126,9 @@ class SaveLoadMeta:
 
     def __post_init__(self):
         if self.weight_format not in ("hf", "dcp"):
-            raise ValueError(f"SaveLoadMeta.weight_format={self.weight_format!r}; allowed: 'hf', 'dcp'")
+            raise ValueError(
+                f"SaveLoadMeta.weight_format={self.weight_format!r}; allowed: 'hf', 'dcp'"
+            )
 
 
 @dataclass
@@ -169,6 +174,7 @@ class WeightUpdateMeta:
     backend: str | None = None  # "gloo" | "nccl"; None = nccl when CUDA is available
     weight_chunked_mem_mb: int = 1024
     version: int | None = None
+    timeout_s: float = 120.0  # xccl: bound of the group join and of each broadcast (both sides)
 
     def __post_init__(self):
         if self.type not in ("disk", "xccl"):
@@ -179,6 +185,8 @@ class WeightUpdateMeta:
             raise ValueError(
                 f"WeightUpdateMeta.weight_chunked_mem_mb={self.weight_chunked_mem_mb}; must be > 0"
             )
+        if not self.timeout_s > 0:
+            raise ValueError(f"WeightUpdateMeta.timeout_s={self.timeout_s}; must be > 0")
 
     def with_version(self, version: int) -> WeightUpdateMeta:
         """Copy for one update; for ``disk`` the path gets a ``v{version}`` sub-directory."""
@@ -198,7 +206,9 @@ class WeightUpdateMeta:
         name: str = "default",
         alloc_mode: Any = None,
     ) -> WeightUpdateMeta:
-        path = os.path.join(file_root, "checkpoints", experiment_name, trial_name, "weight_update", name)
+        path = os.path.join(
+            file_root, "checkpoints", experiment_name, trial_name, "weight_update", name
+        )
         return cls(type="disk", path=path, alloc_mode=alloc_mode)
 
     @classmethod
@@ -210,6 +220,7 @@ class WeightUpdateMeta:
         group_name: str = "areal_weight_update",
         weight_chunked_mem_mb: int = 1024,
         backend: str | None = None,
+        timeout_s: float = 120.0,
     ) -> WeightUpdateMeta:
         return cls(
             type="xccl",
@@ -219,4 +230,5 @@ class WeightUpdateMeta:
             group_name=group_name,
             weight_chunked_mem_mb=weight_chunked_mem_mb,
             backend=backend,
+            timeout_s=timeout_s,
         )

@@ -881,6 +881,7 @@ class FSDPEngine(TrainEngine):
             meta.world_size,
             rank=0,
             group_name=meta.group_name,
+            timeout_s=meta.timeout_s,
         )
         self._weight_update_group_key = key
         _wait(fut, "inference_engine.init_weights_update_group")
@@ -892,6 +893,16 @@ class FSDPEngine(TrainEngine):
             meta.master_address,
             meta.master_port,
         )
+
+    def init_weights_update_group(self, meta: WeightUpdateMeta) -> None:
+        """``xccl``: training rank 0 joins the weight-update group (group rank 0, hosts the
+        ``TCPStore``); other ranks return at once. A rendezvous: the inference servers must
+        be joining at the same time (``InferenceEngine.init_weights_update_group``). Done
+        lazily by the first ``update_weights`` when not called before."""
+        if meta.type != "xccl":
+            raise ValueError(f"init_weights_update_group needs type='xccl', got {meta.type!r}")
+        if dist.get_rank() == 0:
+            self._ensure_weight_update_group(meta)
 
     def _update_weights_from_distributed(self, meta: WeightUpdateMeta) -> None:
         t0 = time.perf_counter()

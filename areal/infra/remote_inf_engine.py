@@ -165,6 +165,7 @@ class LocalBackend(BackendAdapter):
                 "world_size": world_size,
                 "group_name": meta.group_name,
                 "backend": meta.backend or "gloo",
+                "timeout_s": meta.timeout_s,
             },
         )
 
@@ -673,7 +674,18 @@ class RemoteInfEngine(InferenceEngine):
 
         return self._submit(_run)
 
+    def _weight_update_http_timeout(self, meta: WeightUpdateMeta) -> float:
+        # The server answers within ``meta.timeout_s`` (its join / broadcasts fail then):
+        # wait a little longer so its error, not a client timeout, is what gets raised.
+        return max(float(self.config.request_timeout), float(meta.timeout_s) + 15.0)
+
     def init_weights_update_group(self, meta: WeightUpdateMeta) -> Future:
+        """Make every server join the ``xccl`` group as ranks 1..n (sets ``meta.world_size``).
+
+        The join is a rendezvous: the returned Future completes only once training rank 0
+        joins too (within ``meta.timeout_s``), so start it *before* rank 0 joins and wait
+        for both.
+        """
         addrs = self.healthy_addresses
         world_size = 1 + len(addrs)
         if meta.world_size and meta.world_size != world_size:
@@ -681,12 +693,16 @@ class RemoteInfEngine(InferenceEngine):
                 f"meta.world_size={meta.world_size}, but 1 trainer + {len(addrs)} servers = {world_size}"
             )
         meta.world_size = world_size
+        timeout = self._weight_update_http_timeout(meta)
 
         def _run():
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(addrs)) as pool:
                 futs = [
                     pool.submit(
-                        self._post, a, self.backend.init_group_call(meta, 1 + i, world_size)
+                        self._post,
+                        a,
+                        self.backend.init_group_call(meta, 1 + i, world_size),
+                        timeout,
                     )
                     for i, a in enumerate(addrs)
                 ]
@@ -697,12 +713,15 @@ class RemoteInfEngine(InferenceEngine):
     def update_weights_from_distributed(
         self, meta: WeightUpdateMeta, param_specs: list[ParamSpec]
     ) -> Future:
+        """Announce one bucket; the Future completes when every server has received it."""
         specs = list(param_specs)
+        timeout = self._weight_update_http_timeout(meta)
 
         def _run():
             return self._paused_update(
                 lambda: self._call_all(
-                    lambda i, a: self.backend.update_distributed_call(meta, specs, meta.version)
+                    lambda i, a: self.backend.update_distributed_call(meta, specs, meta.version),
+                    timeout,
                 ),
                 meta.version,
             )

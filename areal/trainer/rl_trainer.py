@@ -192,6 +192,7 @@ class PPOTrainer:
             allocation_mode=self.alloc_mode,
             master_port=find_free_ports(1)[0],
             backend=None,
+            timeout_s=self.config.actor.weight_update_timeout,
         )
 
     # ------------------------------------------------------------------ context

@@ -33,13 +33,14 @@ def init_custom_process_group(
     world_size: int,
     rank: int,
     group_name: str = "areal_weight_update",
-    timeout_s: float = 300.0,
+    timeout_s: float = 120.0,
 ) -> dist.ProcessGroup:
     """Join (rank 0: create) a standalone process group over ``TCPStore(host, port)``.
 
     ``backend``: ``"gloo"`` (CPU tensors) or ``"nccl"`` (CUDA tensors; the caller sets
     the CUDA device first). Blocks until all ``world_size`` ranks have joined or
-    ``timeout_s`` passes. Returns the ``ProcessGroup``; send with
+    ``timeout_s`` passes; ``timeout_s`` also bounds every later collective on the group.
+    Returns the ``ProcessGroup``; send with
     :func:`broadcast_tensor` or ``pg.broadcast(tensor, root=0).wait()``.
     """
     if backend not in ("gloo", "nccl"):

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from areal.api.io_struct import FinetuneSpec, SaveLoadMeta, WeightUpdateMeta
+from areal.api.io_struct import FinetuneSpec, ParamSpec, SaveLoadMeta, WeightUpdateMeta
 from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, WorkerDiedError
 from areal.infra.rpc.client import spawn_daemon
 from areal.utils import logging
@@ -178,6 +178,14 @@ def _resolve(value: Any, timeout: float | None) -> Any:
     return value
 
 
+def _resolve_or_raise(value: Any, what: str, timeout: float | None = None) -> Any:
+    """``_resolve`` with errors re-raised as ``RuntimeError`` naming ``what``."""
+    try:
+        return _resolve(value, timeout)
+    except Exception as e:
+        raise RuntimeError(f"{what} failed: {e}") from e
+
+
 # ---------------------------------------------------------------------------- controller
 class TrainController:
     """Runs one train engine class on ``world_size`` RPC workers made by ``scheduler``.
@@ -214,7 +222,6 @@ class TrainController:
         self.rollout: Any = None
         self.weight_update_meta: WeightUpdateMeta | None = None
         self.weight_update_group_initialized = False
-        self._pending_group_init: Any = None
 
     # ------------------------------------------------------------------ lifecycle
     def initialize(
@@ -295,8 +302,14 @@ class TrainController:
         create: bool = False,
         timeout: float | None = None,
         workers: list[Worker] | None = None,
+        companions: list[Future] | None = None,
     ) -> list[Any]:
-        """Call ``method`` on every worker concurrently; fail fast on the first error."""
+        """Call ``method`` on every worker concurrently; fail fast on the first error.
+
+        ``companions``: futures of work the workers' call depends on (e.g. the inference
+        servers' side of a weight update); waited for as well, and their first error is
+        raised as soon as it happens instead of after the workers' call gives up.
+        """
         workers = self.workers if workers is None else workers
         timeout = self.call_timeout if timeout is None else timeout
         futs = []
@@ -310,18 +323,20 @@ class TrainController:
                     self.scheduler.call_engine, w.id, method, *args, timeout=timeout, **kwargs
                 )
             futs.append(fut)
-        done, _ = wait_futures(futs, return_when=FIRST_EXCEPTION)
-        errors = [f.exception() for f in futs if f.done() and f.exception() is not None]
+        watched = futs + list(companions or [])
+        wait_futures(watched, return_when=FIRST_EXCEPTION)
+        errors = [f.exception() for f in watched if f.done() and f.exception() is not None]
         if errors:
+            first = errors[0]  # among the earliest failures (e.g. a companion's own error)
             # A peer's death makes the others fail in collectives; name the dead worker.
             end = time.monotonic() + 1.0
             while (
                 not any(isinstance(e, WorkerDiedError) for e in errors) and time.monotonic() < end
             ):
                 time.sleep(0.1)
-                errors = [f.exception() for f in futs if f.done() and f.exception() is not None]
+                errors = [f.exception() for f in watched if f.done() and f.exception() is not None]
             died = [e for e in errors if isinstance(e, WorkerDiedError)]
-            raise (died or errors)[0]
+            raise died[0] if died else first
         return [f.result() for f in futs]
 
     def custom_function_call(self, method: str, *args, **kwargs) -> Any:
@@ -424,28 +439,71 @@ class TrainController:
 
         The inference engine lives in the controller, not in the workers: the workers get
         ``connect_engine(None, meta)`` and their rank 0 only takes part in the transfer.
-        ``xccl``: ``engine.init_weights_update_group(meta)`` starts here; the training
-        rank 0 joins that group during the first ``update_weights`` (the join is a
-        rendezvous, so both sides are waited for there).
+        ``xccl``: the weight-update group is formed here, once: the servers join it
+        (``engine.init_weights_update_group(meta)``, which also sets ``meta.world_size``)
+        while the workers' ``init_weights_update_group(meta)`` makes training rank 0 join
+        it. The join is a rendezvous, so both sides run concurrently and are waited for;
+        either side failing raises here (the other gives up within ``meta.timeout_s``).
         """
         self.rollout = engine
         self.weight_update_meta = meta
+        if meta.type != "xccl" or self.weight_update_group_initialized:
+            self._call_all("connect_engine", [((None, meta), {})] * len(self.workers))
+            return
+        t0 = time.monotonic()
+        servers_join = spawn_daemon(
+            _resolve_or_raise,
+            engine.init_weights_update_group(meta),  # sets meta.world_size before it ships
+            f"inference servers joining weight-update group {meta.group_name!r} "
+            f"at {meta.master_address}:{meta.master_port}",
+            name="xccl-join",
+        )
         self._call_all("connect_engine", [((None, meta), {})] * len(self.workers))
-        if meta.type == "xccl" and not self.weight_update_group_initialized:
-            self._pending_group_init = engine.init_weights_update_group(meta)
-            self.weight_update_group_initialized = True
+        self._call_all(
+            "init_weights_update_group",
+            [((meta,), {})] * len(self.workers),
+            companions=[servers_join],
+        )
+        self.weight_update_group_initialized = True
+        logger.info(
+            "weight-update group %r formed (world_size=%d) in %.2fs",
+            meta.group_name,
+            meta.world_size,
+            time.monotonic() - t0,
+        )
+
+    def _announce_buckets(self, meta: WeightUpdateMeta, buckets: list[list[ParamSpec]]) -> None:
+        """Announce each bucket to the servers and wait until they received it (they post
+        the receives of a bucket only after its announcement), with generation paused
+        around all buckets so no token is produced from half-updated weights."""
+        engine = self.rollout
+        is_paused = getattr(engine, "is_paused", None)
+        own_pause = not (callable(is_paused) and is_paused())
+        if own_pause:
+            engine.pause_generation()
+        try:
+            for i, bucket in enumerate(buckets):
+                _resolve_or_raise(
+                    engine.update_weights_from_distributed(meta, bucket),
+                    f"inference servers receiving bucket {i + 1}/{len(buckets)} "
+                    f"({len(bucket)} tensors) of weight version {meta.version}",
+                )
+        finally:
+            if own_pause:
+                engine.continue_generation()
 
     def update_weights(self, meta: WeightUpdateMeta) -> None:
         """Push the current weights to the connected inference engine.
 
-        ``disk`` (tested): every rank calls ``save(SaveLoadMeta(meta.path, "hf"))`` (rank 0
-        writes the Hugging Face directory), then the controller-side
+        ``disk``: every rank calls ``save(SaveLoadMeta(meta.path, "hf"))`` (rank 0 writes
+        the Hugging Face directory), then the controller-side
         ``engine.update_weights_from_disk(meta)`` makes the servers reload it.
-        ``xccl`` (not yet tested end to end): rank 0's ``get_param_specs`` are announced,
-        all buckets at once in broadcast order, through
-        ``engine.update_weights_from_distributed(meta, specs)`` while all ranks run
-        ``update_weights(meta)`` (rank 0 joins the group the first time and broadcasts).
-        Pausing/resuming generation and setting versions stay with the caller.
+        ``xccl`` (group formed by ``connect_engine``): rank 0's ``get_param_specs`` buckets
+        are announced one by one through ``engine.update_weights_from_distributed(meta,
+        bucket)`` (each waits until the servers received that bucket) while all ranks run
+        ``update_weights(meta)`` (rank 0 broadcasts the same buckets in the same order).
+        A failure on either side is raised at once. Resuming the rollout and setting
+        versions stay with the caller.
         """
         if self.rollout is None:
             raise RuntimeError(
@@ -463,13 +521,9 @@ class TrainController:
                 meta.weight_chunked_mem_mb,
                 timeout=self.call_timeout,
             )
-            specs = [s for bucket in buckets for s in bucket]
-            fut = self.rollout.update_weights_from_distributed(meta, specs)
-            if asyncio.iscoroutine(fut):
-                fut = spawn_daemon(asyncio.run, fut)
-            self._call_all("update_weights", [((meta,), {})] * len(self.workers))
-            pending, self._pending_group_init = self._pending_group_init, None
-            _resolve(pending, self.call_timeout)
-            _resolve(fut, self.call_timeout)
+            announce = spawn_daemon(self._announce_buckets, meta, buckets, name="xccl-announce")
+            self._call_all(
+                "update_weights", [((meta,), {})] * len(self.workers), companions=[announce]
+            )
         else:
             raise ValueError(f"Unknown WeightUpdateMeta.type {meta.type!r}")

@@ -303,7 +303,7 @@ class LocalInferenceServer:
             rank = int(body.get("rank", body.get("rank_offset", 1)))
             group_name = str(body.get("group_name", "areal_weight_update"))
             backend = str(body.get("backend", "gloo"))
-            timeout_s = float(body.get("timeout_s", 300.0))
+            timeout_s = float(body.get("timeout_s", 120.0))
         except (KeyError, TypeError, ValueError) as e:
             return _error(400, f"bad init_weights_update_group request: {e!r}")
         if not 0 < rank < world_size:
