@@ -36,7 +36,33 @@ def _is_python_mp_helper(proc) -> bool:
         cmd = " ".join(proc.cmdline())
     except psutil.Error:
         return True
-    return "multiprocessing.resource_tracker" in cmd or "multiprocessing.forkserver" in cmd
+    return any(
+        m in cmd
+        for m in (
+            "multiprocessing.resource_tracker",
+            "multiprocessing.forkserver",
+            "multiprocessing.spawn",
+        )
+    )
+
+
+_TEST_START = [0.0]
+
+
+@pytest.fixture(autouse=True)
+def _record_test_start():
+    """Children that existed before the test (other modules' fixtures, e.g. Slurm daemons) are not its leftovers."""
+    import time
+
+    _TEST_START[0] = time.time() - 0.5
+    yield
+
+
+def _started_before_test(proc) -> bool:
+    try:
+        return proc.create_time() < _TEST_START[0]
+    except psutil.Error:
+        return True
 
 
 def _assert_no_children():
@@ -46,6 +72,7 @@ def _assert_no_children():
         if c.pid not in _FIXTURE_PIDS
         and c.status() != psutil.STATUS_ZOMBIE
         and not _is_python_mp_helper(c)
+        and not _started_before_test(c)
     ]
     assert not kids, f"leftover child processes: {[(c.pid, c.cmdline()) for c in kids]}"
 
