@@ -86,4 +86,5 @@ def test_preset_runs_two_training_steps_on_tiny_model(name, tiny_lm_dir, tmp_pat
         assert r["update_successful"] == 1.0
         assert r["grad_norm"] == r["grad_norm"]  # finite, not NaN
     if cfg.critic is not None:
-        assert any(k.startswith("ppo_critic") for k in rows[-1]), sorted(rows[-1])[:20]
+        assert any(k.startswith("ppo_critic/") for k in rows[-1]), sorted(rows[-1])[:20]
+        assert "critic/grad_norm" in rows[-1] and rows[-1]["critic/update_successful"] == 1.0

@@ -394,7 +394,8 @@ class PPOTrainer:
             if self.critic is not None:
                 critic_stats = self.critic.ppo_update(batch)
                 self.critic.step_lr_scheduler()
-                train_stats = _merge_stats(train_stats, critic_stats)
+                train_stats = _flatten_stats(train_stats)
+                train_stats.update({f"critic/{k}": v for k, v in _flatten_stats(critic_stats).items()})
         with timed("update_weights"):
             self.rollout.pause()
             new_version = version + 1
@@ -409,6 +410,8 @@ class PPOTrainer:
 
         stats.update(_flatten_stats(train_stats))
         stats.update(self.actor.export_stats())
+        if self.critic is not None:
+            stats.update(self.critic.export_stats())
         stats.update(stats_tracker.export_all())
         stats.update(timings)
         stats.update(self.server_watchdog.step_stats())
@@ -564,12 +567,6 @@ def _flatten_stats(stats: Any) -> dict[str, float]:
             if _is_number(v):
                 acc.setdefault(k, []).append(float(v))
     return {k: sum(v) / len(v) for k, v in acc.items()}
-
-
-def _merge_stats(a: Any, b: Any) -> dict[str, float]:
-    out = _flatten_stats(a)
-    out.update(_flatten_stats(b))
-    return out
 
 
 def _is_number(v: Any) -> bool:
