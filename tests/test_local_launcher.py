@@ -33,7 +33,10 @@ def _yaml(tmp_path, mode: str, retries: int) -> str:
 def test_read_recover_settings_overrides_beat_yaml(tmp_path):
     y = _yaml(tmp_path, "disabled", 3)
     assert read_recover_settings(["--config", y]) == ("disabled", 3)
-    assert read_recover_settings(["--config", y, "recover.mode=auto", "recover.retries=5"]) == ("auto", 5)
+    assert read_recover_settings(["--config", y, "recover.mode=auto", "recover.retries=5"]) == (
+        "auto",
+        5,
+    )
 
 
 def test_launcher_crash_twice_with_auto_recover_relaunches_until_success(tmp_path, monkeypatch):

@@ -75,7 +75,9 @@ def test_preset_runs_two_training_steps_on_tiny_model(name, tiny_lm_dir, tmp_pat
         res = trainer.train(
             workflow="areal.workflow.rlvr.RLVRWorkflow",
             workflow_kwargs=dict(
-                reward_fn="areal.reward.gsm8k.gsm8k_reward_fn", gconfig=cfg.gconfig, tokenizer=cfg.tokenizer_path
+                reward_fn="areal.reward.gsm8k.gsm8k_reward_fn",
+                gconfig=cfg.gconfig,
+                tokenizer=cfg.tokenizer_path,
             ),
         )
         rows = trainer.stats_logger.history

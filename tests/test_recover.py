@@ -86,14 +86,24 @@ class FakeDataloader:
 
 
 def _cfg(root, mode="auto"):
-    return RecoverConfig(experiment_name="e", trial_name="t", fileroot=str(root), mode=mode, freq_steps=1)
+    return RecoverConfig(
+        experiment_name="e", trial_name="t", fileroot=str(root), mode=mode, freq_steps=1
+    )
 
 
 FT = FinetuneSpec(total_train_epochs=1, dataset_size=100, train_batch_size=10)
 
 
 def _dump(handler, engine, step, inf=None, dl=None):
-    return handler.dump(engine, StepInfo(0, step, step, FT.steps_per_epoch), None, None, None, dl, inference_engine=inf)
+    return handler.dump(
+        engine,
+        StepInfo(0, step, step, FT.steps_per_epoch),
+        None,
+        None,
+        None,
+        dl,
+        inference_engine=inf,
+    )
 
 
 def test_recover_dump_then_load_restores_step_weights_dataloader_and_pending(tmp_path):
@@ -108,7 +118,9 @@ def test_recover_dump_then_load_restores_step_weights_dataloader_and_pending(tmp
     from areal.api.io_struct import WeightUpdateMeta
 
     meta = WeightUpdateMeta.from_disk("e", "t", str(tmp_path))
-    info = RecoverHandler(_cfg(tmp_path), FT).load(eng2, None, None, None, dl2, inference_engine=inf2, weight_update_meta=meta)
+    info = RecoverHandler(_cfg(tmp_path), FT).load(
+        eng2, None, None, None, dl2, inference_engine=inf2, weight_update_meta=meta
+    )
     assert info.last_step_info.global_step == 3
     assert torch.equal(eng2.w, torch.tensor([1.0, 2.0, 3.0]))
     assert dl2.pos == 7

@@ -62,7 +62,9 @@ def _run(cmd: list[str], log: str, timeout: float = 600) -> subprocess.Completed
 def _run_and_kill_after_step(cmd: list[str], fileroot: str, k: int, log: str) -> None:
     """Start the controller, SIGKILL it once step ``k`` is logged, wait for its workers to exit."""
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + 600
         while not any(r.get("global_step") == k for r in _rows(fileroot, "stats.jsonl")):
@@ -105,7 +107,11 @@ def test_resume_sync_after_kill9_matches_uninterrupted_run(tmp_path):
     # The steps after the resume reproduce the uninterrupted run's losses.
     for a, b in zip(ref_stats[k + 1 :], got_stats[k + 1 :], strict=True):
         assert b["batch/reward"] == pytest.approx(a["batch/reward"], abs=1e-6)
-        assert b["loss"] == pytest.approx(a["loss"], abs=1e-4), (a["global_step"], a["loss"], b["loss"])
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-4), (
+            a["global_step"],
+            a["loss"],
+            b["loss"],
+        )
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], abs=1e-4)
 
 

@@ -63,7 +63,9 @@ def test_ppo_trainer_async_two_workers_bounded_staleness_and_synced_weights(tiny
     tok = load_hf_tokenizer(cfg.tokenizer_path)
     train = get_custom_dataset("train", cfg.train_dataset, tok)
     with PPOTrainer(cfg, train_dataset=train) as trainer:
-        result = trainer.train(workflow="areal.workflow.rlvr.RLVRWorkflow", workflow_kwargs=_workflow_kwargs(cfg))
+        result = trainer.train(
+            workflow="areal.workflow.rlvr.RLVRWorkflow", workflow_kwargs=_workflow_kwargs(cfg)
+        )
         assert trainer.rollout.get_version() == 3
         assert trainer.actor.get_version() == 3
         log_dir = result["log_dir"]
@@ -88,7 +90,13 @@ def test_sft_trainer_twenty_steps_lowers_loss(tiny_lm_dir, tmp_path):
     from areal.utils.hf_utils import load_hf_tokenizer
 
     cfg, _ = load_expr_config(
-        ["--config", SFT_YAML, f"model.path={tiny_lm_dir}", f"cluster.fileroot={tmp_path}", "total_train_steps=20"],
+        [
+            "--config",
+            SFT_YAML,
+            f"model.path={tiny_lm_dir}",
+            f"cluster.fileroot={tmp_path}",
+            "total_train_steps=20",
+        ],
         SFTConfig,
     )
     tok = load_hf_tokenizer(cfg.tokenizer_path)

@@ -395,7 +395,9 @@ class PPOTrainer:
                 critic_stats = self.critic.ppo_update(batch)
                 self.critic.step_lr_scheduler()
                 train_stats = _flatten_stats(train_stats)
-                train_stats.update({f"critic/{k}": v for k, v in _flatten_stats(critic_stats).items()})
+                train_stats.update(
+                    {f"critic/{k}": v for k, v in _flatten_stats(critic_stats).items()}
+                )
         with timed("update_weights"):
             self.rollout.pause()
             new_version = version + 1

@@ -17,7 +17,9 @@ class Evaluator:
             freq_epoch=config.freq_epochs, freq_step=config.freq_steps, freq_sec=config.freq_secs
         )
 
-    def evaluate(self, evaluate_fn: Callable[[], Any], epoch: int, step: int, global_step: int) -> Any:
+    def evaluate(
+        self, evaluate_fn: Callable[[], Any], epoch: int, step: int, global_step: int
+    ) -> Any:
         """Call ``evaluate_fn()`` when due; returns its result or ``None``."""
         epoch_done = int(step + 1 == self.ft_spec.steps_per_epoch)
         if not self.freq_ctl.check(epochs=epoch_done, steps=1):

@@ -28,7 +28,9 @@ class _ComponentFormatter(logging.Formatter):
         self.color = color
 
     def format(self, record: logging.LogRecord) -> str:
-        component = record.name.split(".", 1)[1] if record.name.startswith(_ROOT + ".") else record.name
+        component = (
+            record.name.split(".", 1)[1] if record.name.startswith(_ROOT + ".") else record.name
+        )
         rank = os.environ.get("RANK")
         tag = f"[{component} Rank {rank}]" if rank is not None else f"[{component}]"
         level = record.levelname

@@ -49,12 +49,20 @@ class RecoverInfo:
 
 def recover_root(config: Any) -> str:
     return os.path.join(
-        str(config.fileroot), "checkpoints", str(config.experiment_name), str(config.trial_name), "recover"
+        str(config.fileroot),
+        "checkpoints",
+        str(config.experiment_name),
+        str(config.trial_name),
+        "recover",
     )
 
 
 def get_rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
 
 
 def set_rng_state(state: dict) -> None:
@@ -67,7 +75,11 @@ def set_rng_state(state: dict) -> None:
 
 def list_complete_checkpoints(root: str) -> list[str]:
     """Complete checkpoint directories, oldest first."""
-    dirs = [d for d in glob.glob(os.path.join(root, "step*")) if os.path.exists(os.path.join(d, _MARKER))]
+    dirs = [
+        d
+        for d in glob.glob(os.path.join(root, "step*"))
+        if os.path.exists(os.path.join(d, _MARKER))
+    ]
     return sorted(dirs)
 
 
@@ -123,7 +135,11 @@ class RecoverHandler:
                 tokenizer=tokenizer,
             )
         )
-        version = inference_engine.get_version() if inference_engine is not None else step_info.global_step + 1
+        version = (
+            inference_engine.get_version()
+            if inference_engine is not None
+            else step_info.global_step + 1
+        )
         executor = getattr(inference_engine, "workflow_executor", None)
         # Rows drawn from the dataloader but not yet trained on: re-run after a resume.
         pending = executor.pending_data() if executor is not None else []
@@ -145,7 +161,9 @@ class RecoverHandler:
             shutil.rmtree(final)
         os.replace(tmp, final)
         self._prune()
-        logger.info(f"Recover checkpoint for step {step_info.global_step} written in {time.monotonic() - t0:.2f}s")
+        logger.info(
+            f"Recover checkpoint for step {step_info.global_step} written in {time.monotonic() - t0:.2f}s"
+        )
         return final
 
     def _prune(self) -> None:
@@ -194,7 +212,10 @@ class RecoverHandler:
             evaluator.load_state_dict(info.evaluator_info)
         if stats_logger is not None:
             stats_logger.truncate_after(info.last_step_info.global_step)
-            _truncate_jsonl(os.path.join(stats_logger.log_path, "consumed.jsonl"), info.last_step_info.global_step)
+            _truncate_jsonl(
+                os.path.join(stats_logger.log_path, "consumed.jsonl"),
+                info.last_step_info.global_step,
+            )
         if dataloader is not None and info.dataloader_info:
             dataloader.load_state_dict(info.dataloader_info)
         set_rng_state(info.rng_state)
@@ -214,7 +235,9 @@ class RecoverHandler:
             pending = info.extra.get("pending_data", [])
             if executor is not None and pending:
                 executor.requeue_data(pending)
-                logger.info(f"Re-queued {len(pending)} rows that were in flight when the checkpoint was taken")
+                logger.info(
+                    f"Re-queued {len(pending)} rows that were in flight when the checkpoint was taken"
+                )
         return info
 
 

@@ -13,7 +13,13 @@ logger = logging.getLogger("Saver")
 
 
 def get_save_root(config: Any, name: str = "default") -> str:
-    return os.path.join(str(config.fileroot), "checkpoints", str(config.experiment_name), str(config.trial_name), name)
+    return os.path.join(
+        str(config.fileroot),
+        "checkpoints",
+        str(config.experiment_name),
+        str(config.trial_name),
+        name,
+    )
 
 
 class Saver:
@@ -27,8 +33,12 @@ class Saver:
         )
 
     @staticmethod
-    def get_save_checkpoint_path(config: Any, epoch: int, step: int, global_step: int, name: str = "default") -> str:
-        return os.path.join(get_save_root(config, name), f"epoch{epoch}epochstep{step}globalstep{global_step}")
+    def get_save_checkpoint_path(
+        config: Any, epoch: int, step: int, global_step: int, name: str = "default"
+    ) -> str:
+        return os.path.join(
+            get_save_root(config, name), f"epoch{epoch}epochstep{step}globalstep{global_step}"
+        )
 
     def save(
         self,
@@ -46,7 +56,11 @@ class Saver:
         if not (self.freq_ctl.check(epochs=epoch_done, steps=1) or force):
             return None
         path = self.get_save_checkpoint_path(self.config, epoch, step, global_step, name)
-        engine.save(SaveLoadMeta(path=path, weight_format="hf", tokenizer=tokenizer, base_model_path=base_model_path))
+        engine.save(
+            SaveLoadMeta(
+                path=path, weight_format="hf", tokenizer=tokenizer, base_model_path=base_model_path
+            )
+        )
         logger.info(f"Saved HF checkpoint to {path}")
         return path
 

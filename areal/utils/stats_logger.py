@@ -26,7 +26,9 @@ _CURVE_PANELS = (
 
 def get_log_path(config: Any) -> str:
     """``{fileroot}/logs/{experiment_name}/{trial_name}``: the run's log directory."""
-    return os.path.join(str(config.fileroot), "logs", str(config.experiment_name), str(config.trial_name))
+    return os.path.join(
+        str(config.fileroot), "logs", str(config.experiment_name), str(config.trial_name)
+    )
 
 
 class StatsLogger:
@@ -55,7 +57,9 @@ class StatsLogger:
             try:
                 import wandb
             except ImportError as e:
-                raise ImportError("stats_logger.wandb.mode != 'disabled' needs `pip install areal[wandb]`") from e
+                raise ImportError(
+                    "stats_logger.wandb.mode != 'disabled' needs `pip install areal[wandb]`"
+                ) from e
             self._wandb = wandb.init(
                 mode=mode,
                 project=getattr(wandb_cfg, "project", None) or str(config.experiment_name),
@@ -68,7 +72,13 @@ class StatsLogger:
     def get_log_path(config: Any) -> str:
         return get_log_path(config)
 
-    def commit(self, epoch: int, step: int, global_step: int, data: dict[str, float] | list[dict[str, float]]):
+    def commit(
+        self,
+        epoch: int,
+        step: int,
+        global_step: int,
+        data: dict[str, float] | list[dict[str, float]],
+    ):
         """Record the stats of one training step (a list is merged, later keys win)."""
         if isinstance(data, list):
             merged: dict[str, float] = {}

@@ -12,8 +12,17 @@ class EpochStepTimeFreqCtl:
     training step with the number of epochs/steps just completed (usually 0/1 and 1).
     """
 
-    def __init__(self, freq_epoch: int | None = None, freq_step: int | None = None, freq_sec: float | None = None):
-        for name, v in (("freq_epochs", freq_epoch), ("freq_steps", freq_step), ("freq_secs", freq_sec)):
+    def __init__(
+        self,
+        freq_epoch: int | None = None,
+        freq_step: int | None = None,
+        freq_sec: float | None = None,
+    ):
+        for name, v in (
+            ("freq_epochs", freq_epoch),
+            ("freq_steps", freq_step),
+            ("freq_secs", freq_sec),
+        ):
             if v is not None and v < 0:
                 raise ValueError(f"{name}={v}; must be >= 0 or null")
         self.freq_epoch = freq_epoch or None
@@ -41,7 +50,11 @@ class EpochStepTimeFreqCtl:
         return fire
 
     def state_dict(self) -> dict:
-        return {"epochs": self._epochs, "steps": self._steps, "elapsed": time.monotonic() - self._last_time}
+        return {
+            "epochs": self._epochs,
+            "steps": self._steps,
+            "elapsed": time.monotonic() - self._last_time,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self._epochs = state["epochs"]

@@ -22,7 +22,9 @@ def main(args):
 
     train_dataset = get_custom_dataset("train", config.train_dataset, tokenizer)
     valid_dataset = (
-        get_custom_dataset("test", config.valid_dataset, tokenizer) if config.valid_dataset is not None else None
+        get_custom_dataset("test", config.valid_dataset, tokenizer)
+        if config.valid_dataset is not None
+        else None
     )
 
     log_path = StatsLogger.get_log_path(config.stats_logger)

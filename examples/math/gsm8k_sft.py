@@ -1,6 +1,6 @@
 """SFT on GSM8K-format data (chat prompt -> full solution).
 
-    python examples/math/gsm8k_sft.py --config examples/math/gsm8k_sft_cpu.yaml
+python examples/math/gsm8k_sft.py --config examples/math/gsm8k_sft_cpu.yaml
 """
 
 import sys
@@ -16,7 +16,9 @@ def main(args):
     tokenizer = load_hf_tokenizer(config.tokenizer_path)
     train_dataset = get_custom_dataset("train", config.train_dataset, tokenizer)
     valid_dataset = (
-        get_custom_dataset("test", config.valid_dataset, tokenizer) if config.valid_dataset is not None else None
+        get_custom_dataset("test", config.valid_dataset, tokenizer)
+        if config.valid_dataset is not None
+        else None
     )
     with SFTTrainer(config, train_dataset=train_dataset, valid_dataset=valid_dataset) as trainer:
         result = trainer.train()

@@ -66,7 +66,9 @@ def run_with_retries(cmd: list[str], mode: str, retries: int, backoff_s: float =
                 return rc
             if attempt >= allowed:
                 if allowed:
-                    logger.error(f"Run failed with exit code {rc}; no retries left ({allowed} used)")
+                    logger.error(
+                        f"Run failed with exit code {rc}; no retries left ({allowed} used)"
+                    )
                 return rc
             attempt += 1
             logger.warning(
@@ -85,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Run an areal controller script locally; relaunch after crashes (recover.retries).",
     )
     parser.add_argument("script", help="controller script, e.g. examples/math/gsm8k_rl.py")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="--config FILE and key=value overrides")
+    parser.add_argument(
+        "script_args", nargs=argparse.REMAINDER, help="--config FILE and key=value overrides"
+    )
     args = parser.parse_args(argv)
     mode, retries = read_recover_settings(args.script_args)
     return run_with_retries([sys.executable, args.script, *args.script_args], mode, retries)

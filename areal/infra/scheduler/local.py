@@ -52,6 +52,7 @@ import requests
 
 from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, WorkerDiedError
 from areal.infra.rpc.client import RPCClient, spawn_daemon
+from areal.infra.scheduler.base import RPCEngineMixin
 from areal.utils import logging
 from areal.utils.name_resolve import FileNameRecordRepository
 from areal.utils.network import find_free_ports
@@ -124,7 +125,7 @@ class _WorkerProc:
         )
 
 
-class LocalScheduler(Scheduler):
+class LocalScheduler(RPCEngineMixin, Scheduler):
     """Subprocess scheduler (see module docstring).
 
     ``exp_config`` (a ``BaseExperimentConfig``-like object) supplies defaults for
@@ -633,49 +634,3 @@ class LocalScheduler(Scheduler):
                 raise p.dead_error(during=what)
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"Worker {worker_id}: {what} did not finish within {timeout} s")
-
-    def create_engine(
-        self,
-        worker_id: str,
-        engine: str,
-        *args,
-        engine_name: str = "default",
-        timeout: float | None = None,
-        **kwargs,
-    ) -> None:
-        """Instantiate ``engine`` (import path, e.g. ``areal.trainer.ppo.actor.FSDPPPOActor``) in the worker."""
-        self._rpc(
-            worker_id,
-            f"create_engine({engine})",
-            "create_engine",
-            engine,
-            *args,
-            engine_name=engine_name,
-            timeout=timeout,
-            **kwargs,
-        )
-
-    def call_engine(
-        self,
-        worker_id: str,
-        method: str,
-        *args,
-        engine_name: str = "default",
-        timeout: float | None = None,
-        **kwargs,
-    ) -> Any:
-        """``engine.method(*args, **kwargs)`` in the worker; remote errors raise ``RemoteCallError``."""
-        return self._rpc(
-            worker_id,
-            method,
-            "call",
-            method,
-            *args,
-            engine_name=engine_name,
-            timeout=timeout,
-            **kwargs,
-        )
-
-    def set_worker_env(self, worker_id: str, env: dict[str, str]) -> None:
-        """Update ``os.environ`` inside an RPC worker (before ``create_engine``)."""
-        self._rpc(worker_id, "set_env", "set_env", env)

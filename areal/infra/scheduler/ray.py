@@ -59,6 +59,7 @@ import requests
 
 from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, WorkerDiedError
 from areal.infra.rpc.client import RPCClient, spawn_daemon
+from areal.infra.scheduler.base import RPCEngineMixin
 from areal.utils import logging
 from areal.utils.network import find_free_ports
 
@@ -326,7 +327,7 @@ class _RayWorker:
     stopping: bool = False
 
 
-class RayScheduler(Scheduler):
+class RayScheduler(RPCEngineMixin, Scheduler):
     """Ray actor scheduler (see module docstring).
 
     ``exp_config`` supplies ``cluster.fileroot``, ``experiment_name``, ``trial_name`` and
@@ -806,49 +807,3 @@ class RayScheduler(Scheduler):
             timeout=self.call_timeout if timeout is None else timeout,
             **kwargs,
         )
-
-    def create_engine(
-        self,
-        worker_id: str,
-        engine: str,
-        *args,
-        engine_name: str = "default",
-        timeout: float | None = None,
-        **kwargs,
-    ) -> None:
-        """Instantiate ``engine`` (import path) in the worker's actor."""
-        self._rpc(
-            worker_id,
-            f"create_engine({engine})",
-            "create_engine",
-            engine,
-            *args,
-            engine_name=engine_name,
-            timeout=timeout,
-            **kwargs,
-        )
-
-    def call_engine(
-        self,
-        worker_id: str,
-        method: str,
-        *args,
-        engine_name: str = "default",
-        timeout: float | None = None,
-        **kwargs,
-    ) -> Any:
-        """``engine.method(*args, **kwargs)`` in the worker; remote errors raise ``RemoteCallError``."""
-        return self._rpc(
-            worker_id,
-            method,
-            "call",
-            method,
-            *args,
-            engine_name=engine_name,
-            timeout=timeout,
-            **kwargs,
-        )
-
-    def set_worker_env(self, worker_id: str, env: dict[str, str]) -> None:
-        """Update ``os.environ`` inside an RPC worker (before ``create_engine``)."""
-        self._rpc(worker_id, "set_env", "set_env", env)

@@ -20,7 +20,9 @@ logger = logging.getLogger("ServerLauncher")
 ROLE = "rollout"
 
 
-def server_command(backend: str, model_path: str, config: Any, tp_size: int = 1, index: int = 0) -> tuple[str, dict[str, str]]:
+def server_command(
+    backend: str, model_path: str, config: Any, tp_size: int = 1, index: int = 0
+) -> tuple[str, dict[str, str]]:
     """Command line (with ``{host}``/``{port}`` placeholders) and env of one server."""
     seed = int(getattr(config, "seed", 1)) + index
     dtype = getattr(config.actor, "dtype", "float32")
@@ -51,18 +53,24 @@ def server_command(backend: str, model_path: str, config: Any, tp_size: int = 1,
     raise ValueError(f"inference backend {backend!r}; allowed: 'local', 'vllm', 'sglang'")
 
 
-def launch_inference_servers(scheduler: Any, alloc_mode: AllocationMode, model_path: str, config: Any) -> list[str]:
+def launch_inference_servers(
+    scheduler: Any, alloc_mode: AllocationMode, model_path: str, config: Any
+) -> list[str]:
     """Start the servers named by ``alloc_mode`` and return their ``host:port`` addresses."""
     backend = alloc_mode.gen_backend
     gen = alloc_mode.gen
     if backend is None or gen is None:
-        raise ValueError(f"allocation_mode {str(alloc_mode)!r} names no inference servers (e.g. 'local:d1+fsdp:d1')")
+        raise ValueError(
+            f"allocation_mode {str(alloc_mode)!r} names no inference servers (e.g. 'local:d1+fsdp:d1')"
+        )
     n = gen.dp_size
     tp = alloc_mode.gen_instance_size
     n_gpus = int(getattr(config.cluster, "n_gpus_per_node", 0) or 0)
     cmd, env = server_command(backend, model_path, config, tp_size=tp)
     timeout = float(getattr(config.rollout, "setup_timeout", 300.0))
-    spec = SchedulingSpec(cpu=1, gpu=tp if n_gpus > 0 else 0, mem=4, port_count=1, cmd=cmd, env_vars=env)
+    spec = SchedulingSpec(
+        cpu=1, gpu=tp if n_gpus > 0 else 0, mem=4, port_count=1, cmd=cmd, env_vars=env
+    )
     job = Job(replicas=n, tasks=[spec], role=ROLE, health_path="/health", distributed_env=False)
     logger.info(f"Starting {n} {backend} inference server(s) for {model_path}")
     scheduler.create_workers(job, timeout=timeout)

@@ -50,6 +50,7 @@ import requests
 
 from areal.api.scheduler_api import Job, Scheduler, Worker, WorkerDiedError
 from areal.infra.rpc.client import RPCClient
+from areal.infra.scheduler.base import RPCEngineMixin
 from areal.infra.scheduler.ray import call_with_liveness, format_command, read_log_tail
 from areal.utils import logging
 from areal.utils.name_resolve import FileNameRecordRepository, NameEntryNotFoundError
@@ -83,7 +84,7 @@ class _SlurmJob:
     checked_at: float = 0.0
 
 
-class SlurmScheduler(Scheduler):
+class SlurmScheduler(RPCEngineMixin, Scheduler):
     """Slurm scheduler (see module docstring).
 
     ``exp_config`` supplies ``cluster.fileroot`` (must be shared by all nodes),
@@ -512,52 +513,6 @@ class SlurmScheduler(Scheduler):
             connection_grace=15.0,
             **kwargs,
         )
-
-    def create_engine(
-        self,
-        worker_id: str,
-        engine: str,
-        *args,
-        engine_name: str = "default",
-        timeout: float | None = None,
-        **kwargs,
-    ) -> None:
-        """Instantiate ``engine`` (import path) in the worker."""
-        self._rpc(
-            worker_id,
-            f"create_engine({engine})",
-            "create_engine",
-            engine,
-            *args,
-            engine_name=engine_name,
-            timeout=timeout,
-            **kwargs,
-        )
-
-    def call_engine(
-        self,
-        worker_id: str,
-        method: str,
-        *args,
-        engine_name: str = "default",
-        timeout: float | None = None,
-        **kwargs,
-    ) -> Any:
-        """``engine.method(*args, **kwargs)`` in the worker; remote errors raise ``RemoteCallError``."""
-        return self._rpc(
-            worker_id,
-            method,
-            "call",
-            method,
-            *args,
-            engine_name=engine_name,
-            timeout=timeout,
-            **kwargs,
-        )
-
-    def set_worker_env(self, worker_id: str, env: dict[str, str]) -> None:
-        """Update ``os.environ`` inside an RPC worker (before ``create_engine``)."""
-        self._rpc(worker_id, "set_env", "set_env", env)
 
 
 # ---------------------------------------------------------------------------- task entry
