@@ -12,6 +12,7 @@ import time
 import psutil
 import pytest
 import torch
+from _proc_helpers import leftover_children, now_minus
 
 from areal.api.scheduler_api import Job, RemoteCallError, SchedulingSpec, WorkerDiedError
 from areal.infra.rpc.client import RPCClient
@@ -30,50 +31,18 @@ def _alive(pid: int) -> bool:
 _FIXTURE_PIDS: set[int] = set()  # workers of the module fixture, alive during other tests
 
 
-def _is_python_mp_helper(proc) -> bool:
-    """multiprocessing's resource tracker / forkserver, started by other tests' process pools."""
-    try:
-        cmd = " ".join(proc.cmdline())
-    except psutil.Error:
-        return True
-    return any(
-        m in cmd
-        for m in (
-            "multiprocessing.resource_tracker",
-            "multiprocessing.forkserver",
-            "multiprocessing.spawn",
-        )
-    )
-
-
 _TEST_START = [0.0]
 
 
 @pytest.fixture(autouse=True)
 def _record_test_start():
     """Children that existed before the test (other modules' fixtures, e.g. Slurm daemons) are not its leftovers."""
-    import time
-
-    _TEST_START[0] = time.time() - 0.5
+    _TEST_START[0] = now_minus(0.5)
     yield
 
 
-def _started_before_test(proc) -> bool:
-    try:
-        return proc.create_time() < _TEST_START[0]
-    except psutil.Error:
-        return True
-
-
 def _assert_no_children():
-    kids = [
-        c
-        for c in psutil.Process().children(recursive=True)
-        if c.pid not in _FIXTURE_PIDS
-        and c.status() != psutil.STATUS_ZOMBIE
-        and not _is_python_mp_helper(c)
-        and not _started_before_test(c)
-    ]
+    kids = leftover_children(since=_TEST_START[0], exclude_pids=_FIXTURE_PIDS)
     assert not kids, f"leftover child processes: {[(c.pid, c.cmdline()) for c in kids]}"
 
 
