@@ -24,24 +24,20 @@ from typing import Any
 import torch
 
 from areal.api.alloc_mode import AllocationMode
-from areal.api.cli_args import PPOConfig, get_log_path, save_config
-from areal.api.io_struct import FinetuneSpec, StepInfo, WeightUpdateMeta
+from areal.api.cli_args import PPOConfig
+from areal.api.io_struct import StepInfo, WeightUpdateMeta
 from areal.api.workflow_api import RolloutWorkflow
+from areal.trainer.common import make_scheduler, setup_run
 from areal.utils import logging, stats_tracker
 from areal.utils.evaluator import Evaluator
 from areal.utils.recover import RecoverHandler, RecoverInfo
 from areal.utils.saver import Saver
-from areal.utils.seeding import set_random_seed
 from areal.utils.stats_logger import StatsLogger
 
 logger = logging.getLogger("PPOTrainer")
 
 ACTOR_ENGINE = "areal.trainer.ppo.actor.FSDPPPOActor"
 CRITIC_ENGINE = "areal.trainer.ppo.critic.FSDPPPOCritic"
-
-
-def seeding(seed: int) -> None:
-    set_random_seed(seed)
 
 
 def resolve_allocation(config: PPOConfig) -> AllocationMode:
@@ -58,61 +54,20 @@ def resolve_allocation(config: PPOConfig) -> AllocationMode:
     )
 
 
-def make_scheduler(config: Any):
-    """Scheduler chosen by ``scheduler.type`` (None = local)."""
-    stype = config.scheduler.type or "local"
-    if stype == "local":
-        from areal.infra.scheduler.local import LocalScheduler
-
-        return LocalScheduler(
-            fileroot=config.cluster.fileroot,
-            experiment_name=config.experiment_name,
-            trial_name=config.trial_name,
-        )
-    if stype == "ray":
-        from areal.infra.scheduler.ray import RayScheduler
-
-        return RayScheduler(config)
-    if stype == "slurm":
-        from areal.infra.scheduler.slurm import SlurmScheduler
-
-        return SlurmScheduler(config)
-    raise ValueError(f"scheduler.type={stype!r}; allowed: 'local', 'ray', 'slurm'")
-
-
 class PPOTrainer:
     """Asynchronous PPO/GRPO trainer (see module docstring)."""
 
     def __init__(self, config: PPOConfig, train_dataset: Any, valid_dataset: Any = None):
         from areal.infra.controller.train_controller import TrainController
-        from areal.utils.dataloader import create_dataloader
-        from areal.utils.hf_utils import load_hf_tokenizer
 
         self.config = config
         self._closed = False
-        seeding(config.seed)
-        self.log_dir = get_log_path(config)
-        os.makedirs(self.log_dir, exist_ok=True)
-        save_config(config, self.log_dir)
         self.alloc_mode = resolve_allocation(config)
-        self.tokenizer = load_hf_tokenizer(config.tokenizer_path or config.actor.path)
-
-        if len(train_dataset) < config.train_dataset.batch_size:
-            raise ValueError(
-                f"train_dataset has {len(train_dataset)} rows, fewer than "
-                f"train_dataset.batch_size={config.train_dataset.batch_size}"
-            )
+        run = setup_run(config, train_dataset, model_path=config.actor.path)
+        self.log_dir, self.tokenizer = run.log_dir, run.tokenizer
+        self.train_dataloader, self.ft_spec = run.train_dataloader, run.ft_spec
         self.train_dataset = train_dataset
         self.valid_dataset = valid_dataset
-        self.train_dataloader = create_dataloader(
-            train_dataset, config.train_dataset, seed=config.seed
-        )
-        self.ft_spec = FinetuneSpec(
-            total_train_epochs=config.total_train_epochs,
-            dataset_size=len(self.train_dataloader) * config.train_dataset.batch_size,
-            train_batch_size=config.train_dataset.batch_size,
-            total_train_steps_override=config.total_train_steps,
-        )
 
         try:
             self.scheduler = make_scheduler(config)

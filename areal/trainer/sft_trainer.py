@@ -7,16 +7,16 @@ target tokens; the prompt is masked out.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 import torch
 
 from areal.api.alloc_mode import AllocationMode
-from areal.api.cli_args import SFTConfig, get_log_path, save_config
-from areal.api.io_struct import FinetuneSpec, SaveLoadMeta, StepInfo
+from areal.api.cli_args import SFTConfig
+from areal.api.io_struct import SaveLoadMeta, StepInfo
 from areal.engine.fsdp_engine import FSDPEngine
+from areal.trainer.common import make_scheduler, setup_run
 from areal.utils import logging
 from areal.utils.evaluator import Evaluator
 from areal.utils.recover import RecoverHandler
@@ -96,34 +96,21 @@ class SFTTrainer:
 
     def __init__(self, config: SFTConfig, train_dataset: Any, valid_dataset: Any = None):
         from areal.infra.controller.train_controller import TrainController
-        from areal.trainer.rl_trainer import make_scheduler, seeding
         from areal.utils.dataloader import create_dataloader
-        from areal.utils.hf_utils import load_hf_tokenizer
 
         self.config = config
         self._closed = False
-        seeding(config.seed)
-        self.log_dir = get_log_path(config)
-        os.makedirs(self.log_dir, exist_ok=True)
-        save_config(config, self.log_dir)
-        self.tokenizer = load_hf_tokenizer(config.tokenizer_path or config.model.path)
+        run = setup_run(config, train_dataset, model_path=config.model.path)
+        self.log_dir, self.tokenizer = run.log_dir, run.tokenizer
+        self.train_dataloader, self.ft_spec = run.train_dataloader, run.ft_spec
         alloc = config.allocation_mode or (config.model.backend or "fsdp:d1")
         self.alloc_mode = AllocationMode.from_str(alloc)
         self.train_dataset = train_dataset
         self.valid_dataset = valid_dataset
-        self.train_dataloader = create_dataloader(
-            train_dataset, config.train_dataset, seed=config.seed
-        )
         self.valid_dataloader = (
             create_dataloader(valid_dataset, config.valid_dataset, seed=config.seed)
             if valid_dataset is not None and config.valid_dataset is not None
             else None
-        )
-        self.ft_spec = FinetuneSpec(
-            total_train_epochs=config.total_train_epochs,
-            dataset_size=len(self.train_dataloader) * config.train_dataset.batch_size,
-            train_batch_size=config.train_dataset.batch_size,
-            total_train_steps_override=config.total_train_steps,
         )
         try:
             self.scheduler = make_scheduler(config)

@@ -1,0 +1,66 @@
+"""Set-up shared by the trainers: seeding, log directory, tokenizer, dataloader, scheduler."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from areal.api.cli_args import get_log_path, save_config
+from areal.api.io_struct import FinetuneSpec
+from areal.utils.seeding import set_random_seed
+
+
+@dataclass
+class RunSetup:
+    log_dir: str
+    tokenizer: Any
+    train_dataloader: Any
+    ft_spec: FinetuneSpec
+
+
+def setup_run(config: Any, train_dataset: Any, model_path: str) -> RunSetup:
+    """Seed everything, create the log dir (with ``config.yaml``), tokenizer, dataloader, FinetuneSpec."""
+    from areal.utils.dataloader import create_dataloader
+    from areal.utils.hf_utils import load_hf_tokenizer
+
+    set_random_seed(config.seed)
+    log_dir = get_log_path(config)
+    os.makedirs(log_dir, exist_ok=True)
+    save_config(config, log_dir)
+    tokenizer = load_hf_tokenizer(config.tokenizer_path or model_path)
+    bs = config.train_dataset.batch_size
+    if len(train_dataset) < bs:
+        raise ValueError(
+            f"train_dataset has {len(train_dataset)} rows, fewer than train_dataset.batch_size={bs}"
+        )
+    dataloader = create_dataloader(train_dataset, config.train_dataset, seed=config.seed)
+    ft_spec = FinetuneSpec(
+        total_train_epochs=config.total_train_epochs,
+        dataset_size=len(dataloader) * bs,
+        train_batch_size=bs,
+        total_train_steps_override=config.total_train_steps,
+    )
+    return RunSetup(log_dir, tokenizer, dataloader, ft_spec)
+
+
+def make_scheduler(config: Any):
+    """Scheduler chosen by ``scheduler.type`` (None = local)."""
+    stype = config.scheduler.type or "local"
+    if stype == "local":
+        from areal.infra.scheduler.local import LocalScheduler
+
+        return LocalScheduler(
+            fileroot=config.cluster.fileroot,
+            experiment_name=config.experiment_name,
+            trial_name=config.trial_name,
+        )
+    if stype == "ray":
+        from areal.infra.scheduler.ray import RayScheduler
+
+        return RayScheduler(config)
+    if stype == "slurm":
+        from areal.infra.scheduler.slurm import SlurmScheduler
+
+        return SlurmScheduler(config)
+    raise ValueError(f"scheduler.type={stype!r}; allowed: 'local', 'ray', 'slurm'")
