@@ -9,22 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_presets import PRESETS  # the one list of presets
 
 from areal.api import cli_args
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = [
-    "gsm8k_grpo",
-    "gsm8k_ppo",
-    "gsm8k_dapo",
-    "gsm8k_drgrpo",
-    "gsm8k_liteppo",
-    "gsm8k_rloo",
-    "gsm8k_reinforce_pp",
-    "gsm8k_gspo",
-    "gsm8k_sapo",
-    "gsm8k_m2po",
-]
 IN_CI = {"gsm8k_ppo", "gsm8k_dapo"}  # critic + GAE; dynamic sampling + overlong penalty
 
 

@@ -663,34 +663,9 @@ class RayScheduler(RPCEngineMixin, Scheduler):
                 time.sleep(0.2)
         logger.info(f"Workers of role {job.role!r} healthy: {[w.worker.id for w in workers]}")
 
-    def _workers(self, role: str) -> list[_RayWorker]:
-        with self._lock:
-            role = self._aliases.get(role, role)
-            if role not in self._roles:
-                raise KeyError(
-                    f"No workers with role {role!r}; have {sorted(self._roles) + sorted(self._aliases)}"
-                )
-            return list(self._roles[role])
-
-    def _worker(self, worker_id: str) -> _RayWorker:
-        role, _, index = worker_id.rpartition("/")
-        ws = self._workers(role)
-        try:
-            return ws[int(index)]
-        except (ValueError, IndexError):
-            raise KeyError(f"No worker {worker_id!r}") from None
-
     def get_workers(self, role: str, timeout: float | None = None) -> list[Worker]:
         """Workers of ``role``; raises ``WorkerDiedError`` if one of them is dead."""
-        deadline = time.monotonic() + (timeout or 0)
-        while True:
-            try:
-                ws = self._workers(role)
-                break
-            except KeyError:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.1)
+        ws = self._wait_for_role(role, timeout)
         for w in ws:
             err = self._dead_error(w)
             if err is not None:
