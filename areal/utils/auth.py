@@ -1,0 +1,246 @@
+"""Shared-secret authentication for every HTTP surface areal starts.
+
+One module for all of them: the control plane (RPC workers, inference-server control
+endpoints such as weight updates, pause/continue, abort) and the agent proxy (admin key,
+per-session API keys). Keys travel in a header, never in a URL or a command line:
+
+- ``Authorization: Bearer <key>`` (OpenAI SDK style), or
+- ``x-api-key: <key>`` (Anthropic SDK style).
+
+The controller creates one secret per run (:func:`ensure_run_secret`) and hands it to
+the processes it starts through the environment (:data:`RUN_SECRET_ENV`); a process
+reads it with :func:`get_run_secret`. Comparisons are constant-time. A rejected request
+is logged (method, path, peer, reason: never the key) and answered 401 before its body
+is read, so nothing is unpickled or executed for it.
+
+Framework adapters: :func:`aiohttp_middleware` (aiohttp apps) and
+:func:`fastapi_dependency` (FastAPI routes).
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from areal.utils import logging
+
+logger = logging.getLogger("Auth")
+
+#: Environment variable carrying the per-run control-plane secret.
+RUN_SECRET_ENV = "AREAL_RUN_SECRET"
+
+#: Scopes a key can grant: ``admin`` (management/control endpoints) or ``session``.
+ADMIN = "admin"
+SESSION = "session"
+
+
+def new_key(prefix: str = "") -> str:
+    """A fresh random key (256 bits, URL-safe), optionally prefixed (e.g. ``"sk-sess-"``)."""
+    return prefix + secrets.token_urlsafe(32)
+
+
+def get_run_secret(env: Mapping[str, str] | None = None) -> str | None:
+    """The run secret from the environment, or ``None`` when this run has none."""
+    value = (env if env is not None else os.environ).get(RUN_SECRET_ENV, "")
+    return value or None
+
+
+def ensure_run_secret() -> str:
+    """Return this run's secret, creating it (and exporting it to children) if absent."""
+    secret = get_run_secret()
+    if secret is None:
+        secret = new_key()
+        os.environ[RUN_SECRET_ENV] = secret
+    return secret
+
+
+def auth_headers(key: str | None) -> dict[str, str]:
+    """Headers that authenticate a request with ``key`` (empty when ``key`` is None)."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def extract_key(headers: Mapping[str, str]) -> str | None:
+    """The key a request presents (``Authorization: Bearer`` or ``x-api-key``), if any."""
+    auth = _get_header(headers, "authorization")
+    if auth:
+        scheme, _, value = auth.strip().partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    key = _get_header(headers, "x-api-key")
+    return key.strip() if key and key.strip() else None
+
+
+def keys_equal(a: str | None, b: str | None) -> bool:
+    """Constant-time comparison; ``None`` or empty never matches."""
+    if not a or not b:
+        return False
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def _get_header(headers: Mapping[str, str], name: str) -> str | None:
+    value = headers.get(name)
+    if value is None:
+        value = headers.get(name.title())
+    if value is None:
+        for k, v in headers.items():
+            if k.lower() == name:
+                return v
+    return value
+
+
+@dataclass(frozen=True)
+class AuthResult:
+    """Outcome of checking one request: ``ok``, the granted ``scope``, the session id."""
+
+    ok: bool
+    scope: str | None = None
+    session_id: str | None = None
+    reason: str = ""
+
+
+class KeyRing:
+    """An admin key plus per-session keys; thread-safe.
+
+    ``check(headers, need=ADMIN)`` accepts only the admin key; ``need=SESSION`` accepts
+    a live session key (and the admin key, which may act on any session).
+    """
+
+    def __init__(self, admin_key: str | None = None):
+        self.admin_key = admin_key or new_key("sk-admin-")
+        self._sessions: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def issue(self, session_id: str, key: str | None = None) -> str:
+        """Create (or register a given) key for ``session_id`` and return it."""
+        key = key or new_key("sk-sess-")
+        with self._lock:
+            self._sessions[key] = session_id
+        return key
+
+    def revoke(self, key: str) -> None:
+        with self._lock:
+            self._sessions.pop(key, None)
+
+    def revoke_session(self, session_id: str) -> None:
+        with self._lock:
+            for k in [k for k, s in self._sessions.items() if s == session_id]:
+                del self._sessions[k]
+
+    def session_of(self, key: str | None) -> str | None:
+        if not key:
+            return None
+        with self._lock:
+            for k, sid in self._sessions.items():
+                if keys_equal(k, key):
+                    return sid
+        return None
+
+    def check(self, headers: Mapping[str, str], need: str = SESSION) -> AuthResult:
+        key = extract_key(headers)
+        if key is None:
+            return AuthResult(False, reason="no API key (Authorization: Bearer ... or x-api-key)")
+        if keys_equal(key, self.admin_key):
+            return AuthResult(True, scope=ADMIN)
+        if need == ADMIN:
+            return AuthResult(False, reason="admin key required")
+        sid = self.session_of(key)
+        if sid is None:
+            return AuthResult(False, reason="unknown or revoked API key")
+        return AuthResult(True, scope=SESSION, session_id=sid)
+
+
+def check_secret(headers: Mapping[str, str], secret: str | None) -> AuthResult:
+    """Check a request against a single shared secret (control plane).
+
+    With ``secret=None`` (authentication disabled) every request passes.
+    """
+    if secret is None:
+        return AuthResult(True, scope=ADMIN)
+    key = extract_key(headers)
+    if key is None:
+        return AuthResult(False, reason="missing run secret")
+    if not keys_equal(key, secret):
+        return AuthResult(False, reason="wrong run secret")
+    return AuthResult(True, scope=ADMIN)
+
+
+def log_rejection(method: str, path: str, peer: Any, reason: str, surface: str = "") -> None:
+    where = f"{surface} " if surface else ""
+    logger.warning(f"{where}401 {method} {path} from {peer}: {reason}")
+
+
+def aiohttp_middleware(
+    check: Callable[[Mapping[str, str]], AuthResult],
+    protected: Callable[[str], bool] | Iterable[str] | None = None,
+    surface: str = "",
+):
+    """aiohttp middleware answering 401 (JSON body) before the handler reads anything.
+
+    ``protected``: a predicate on the request path, or an iterable of paths; ``None``
+    protects every path.
+    """
+    from aiohttp import web
+
+    is_protected = _path_predicate(protected)
+
+    @web.middleware
+    async def middleware(request, handler):
+        if is_protected(request.path):
+            result = check(request.headers)
+            if not result.ok:
+                log_rejection(request.method, request.path, request.remote, result.reason, surface)
+                return web.json_response(
+                    {"error": {"message": f"unauthorized: {result.reason}", "code": 401}},
+                    status=401,
+                )
+            request[_auth_key()] = result
+        return await handler(request)
+
+    return middleware
+
+
+_AUTH_KEY = None
+
+
+def _auth_key():
+    """The aiohttp ``RequestKey`` under which the middleware stores the AuthResult."""
+    global _AUTH_KEY
+    if _AUTH_KEY is None:
+        from aiohttp import web
+
+        _AUTH_KEY = web.RequestKey("areal_auth", AuthResult)
+    return _AUTH_KEY
+
+
+def request_auth(request) -> AuthResult | None:
+    """The AuthResult the aiohttp middleware attached to ``request`` (None if unprotected)."""
+    return request.get(_auth_key())
+
+
+def fastapi_dependency(check: Callable[[Mapping[str, str]], AuthResult], surface: str = ""):
+    """A FastAPI dependency raising 401 unless ``check`` accepts; returns the AuthResult."""
+    from fastapi import HTTPException, Request
+
+    async def dependency(request: Request) -> AuthResult:
+        result = check(request.headers)
+        if not result.ok:
+            peer = request.client.host if request.client else None
+            log_rejection(request.method, request.url.path, peer, result.reason, surface)
+            raise HTTPException(status_code=401, detail=f"unauthorized: {result.reason}")
+        return result
+
+    return dependency
+
+
+def _path_predicate(protected: Callable[[str], bool] | Iterable[str] | None) -> Callable:
+    if protected is None:
+        return lambda path: True
+    if callable(protected):
+        return protected
+    paths = frozenset(protected)
+    return lambda path: path in paths
