@@ -29,6 +29,7 @@ ROOTS = [
     cli_args.PPOConfig,
     cli_args.SFTConfig,
     cli_args.RWConfig,
+    cli_args.DPOConfig,
     cli_args.BaseExperimentConfig,
 ]
 

@@ -288,9 +288,10 @@ def test_choice_error_lists_allowed_values():
     assert "'step'" in msg and "constant" in msg and "linear" in msg and "cosine" in msg
 
 
-def test_decoupled_loss_without_recompute_raises():
-    with pytest.raises(ValueError, match="recompute_logprob"):
-        PPOActorConfig(use_decoupled_loss=True, recompute_logprob=False)
+def test_decoupled_loss_without_recompute_implies_recompute():
+    # As AReaL: use_decoupled_loss implicitly enables recompute_logprob.
+    cfg = PPOActorConfig(use_decoupled_loss=True, recompute_logprob=False)
+    assert cfg.recompute_logprob is True
 
 
 def test_sapo_with_decoupled_loss_raises():

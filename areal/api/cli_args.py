@@ -19,6 +19,7 @@ writes the resolved configuration to ``get_log_path(config)/config.yaml``.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import types
 import typing
@@ -50,6 +51,17 @@ def _field(
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    """Log ``message`` as a warning the first time ``key`` is seen in this process."""
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    logger.warning(message)
 
 
 def _is_missing(value: Any) -> bool:
@@ -103,6 +115,7 @@ def _check_range(
 # =====================================================================================
 
 _NORM_LEVELS = ["batch", "group", None]
+PACKING_ALGORITHMS = ["ffd", "kk"]
 
 
 @dataclass
@@ -147,8 +160,8 @@ class MicroBatchSpec:
     """How one (mini-)batch is split into micro-batches for forward/backward passes.
 
     With ``max_tokens_per_mb`` set, sequences are packed into micro-batches of at most
-    that many tokens by first-fit-decreasing (FFD) bin packing, and ``n_mbs`` is the
-    minimum number of micro-batches.
+    that many tokens (``packing_algorithm``: first-fit decreasing or Karmarkar-Karp),
+    and ``n_mbs`` is the minimum number of micro-batches.
     """
 
     n_mbs: int | None = _field(
@@ -162,16 +175,24 @@ class MicroBatchSpec:
     )
     max_tokens_per_mb: int | None = _field(
         None,
-        "Token budget of one micro-batch (FFD packing). None: split by n_mbs only.",
+        "Token budget of one micro-batch. None: split by n_mbs only.",
     )
     n_mbs_divisor: int = _field(
         1,
         "The number of micro-batches is rounded up to a multiple of this value "
         "(e.g. the pipeline-parallel size); >= 1.",
     )
+    packing_algorithm: str = _field(
+        "ffd",
+        "How sequences are assigned to micro-batches (and to data-parallel ranks): 'ffd' "
+        "(first-fit decreasing) or 'kk' (Karmarkar-Karp balanced partitioning: more even "
+        "token counts, slightly slower).",
+        choices=PACKING_ALGORITHMS,
+    )
 
     def __post_init__(self):
         owner = "MicroBatchSpec"
+        _check_choice(owner, "packing_algorithm", self.packing_algorithm, PACKING_ALGORITHMS)
         _check_range(owner, "n_mbs", self.n_mbs, ge=1, optional=True)
         _check_range(owner, "granularity", self.granularity, ge=1)
         _check_range(owner, "max_tokens_per_mb", self.max_tokens_per_mb, ge=1, optional=True)
@@ -202,7 +223,7 @@ class GenerationHyperparameters:
     n_samples: int = _field(1, "Number of sequences sampled per prompt (the GRPO group size).")
     max_new_tokens: int = _field(16384, "Maximum number of generated tokens.")
     min_new_tokens: int = _field(0, "Minimum number of generated tokens before a stop is allowed.")
-    max_tokens: int = _field(65536, "Maximum prompt + generated tokens.")
+    max_tokens: int = _field(32768, "Maximum prompt + generated tokens.")
     greedy: bool = _field(False, "Greedy decoding (argmax) instead of sampling.")
     top_p: float = _field(1.0, "Nucleus sampling probability mass, in (0, 1].")
     top_k: int = _field(int(1e8), "Keep only the k most likely tokens when sampling.")
@@ -245,6 +266,94 @@ class GenerationHyperparameters:
             raise ValueError(f"GenerationHyperparameters has no field(s) {sorted(unknown)}")
         d.update(kwargs)
         return GenerationHyperparameters(**d)
+
+    def new_with_stop_and_pad_token_ids(self, tokenizer: Any) -> GenerationHyperparameters:
+        """Copy whose ``stop_token_ids`` also hold the tokenizer's pad and EOS ids.
+
+        Ids already present are not repeated; a tokenizer without a pad (or EOS) token
+        (id ``None``) adds nothing for it.
+        """
+        stop_ids = list(self.stop_token_ids)
+        for token_id in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+            if token_id is not None and token_id not in stop_ids:
+                stop_ids.append(token_id)
+        return self.new(stop_token_ids=stop_ids)
+
+    def to_openai_args_dict(
+        self, exclude_args: list[str] | None = None, api_format: str = "completions"
+    ) -> dict[str, Any]:
+        """Keyword arguments for an OpenAI-style client call.
+
+        ``api_format``: 'completions' (``max_new_tokens`` -> ``max_completion_tokens``),
+        'responses' (-> ``max_output_tokens``) or 'openai-agents' (-> ``max_tokens``);
+        ``n_samples`` becomes ``n``. Fields OpenAI has no argument for
+        (``OPENAI_UNSUPPORTED_GCONFIG_ARGS``) and those in ``exclude_args`` are left out,
+        with a warning when they differ from their default.
+        """
+        renamed = {"n_samples": "n"}
+        max_new_key = _OPENAI_MAX_NEW_TOKENS_KEY.get(api_format)
+        if max_new_key is None:
+            raise ValueError(
+                f"api_format={api_format!r} is not allowed; choose one of "
+                f"{list(_OPENAI_MAX_NEW_TOKENS_KEY)}"
+            )
+        renamed["max_new_tokens"] = max_new_key
+        excluded = set(exclude_args or ()) | OPENAI_UNSUPPORTED_GCONFIG_ARGS
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in excluded:
+                default = f.default if f.default is not _DC_MISSING else f.default_factory()
+                if value != default:
+                    logger.warning(
+                        f"gconfig.{f.name}={value!r} has no OpenAI {api_format} argument; "
+                        "it is not sent"
+                    )
+                continue
+            key = renamed.get(f.name, f.name)
+            if key in out:
+                logger.warning(f"OpenAI argument {key!r} from gconfig.{f.name} overrides another")
+            out[key] = list(value) if isinstance(value, list) else value
+        return out
+
+    def to_openai_completions_args_dict(
+        self, exclude_args: list[str] | None = None
+    ) -> dict[str, Any]:
+        """``to_openai_args_dict(exclude_args, api_format='completions')``."""
+        return self.to_openai_args_dict(exclude_args=exclude_args, api_format="completions")
+
+    def to_openai_responses_args_dict(
+        self, exclude_args: list[str] | None = None
+    ) -> dict[str, Any]:
+        """``to_openai_args_dict(exclude_args, api_format='responses')``."""
+        return self.to_openai_args_dict(exclude_args=exclude_args, api_format="responses")
+
+    def to_openai_agents_model_settings_dict(
+        self, exclude_args: list[str] | None = None
+    ) -> dict[str, Any]:
+        """``to_openai_args_dict(exclude_args, api_format='openai-agents')``."""
+        return self.to_openai_args_dict(exclude_args=exclude_args, api_format="openai-agents")
+
+
+# Generation fields with no OpenAI-API argument (left out by to_openai_args_dict).
+OPENAI_UNSUPPORTED_GCONFIG_ARGS = frozenset(
+    {
+        "min_new_tokens",
+        "greedy",
+        "top_k",
+        "stop_token_ids",
+        "ignore_eos",
+        "skip_special_tokens",
+        "lora_name",
+        "use_beam_search",
+        "max_tokens",
+    }
+)
+_OPENAI_MAX_NEW_TOKENS_KEY = {
+    "completions": "max_completion_tokens",
+    "responses": "max_output_tokens",
+    "openai-agents": "max_tokens",
+}
 
 
 # =====================================================================================
@@ -600,6 +709,117 @@ _BEHAVE_IMP_WEIGHT_MODES = [
     "sequence_mask",
     "disabled",
 ]
+_RS_LEVELS = ["token", "sequence"]
+_RS_ACTIONS = ["mask", "clamp"]
+_RS_METRICS = ["ratio", "kl_k1", "kl_k2", "kl_k3"]
+_RS_AGGS = ["sum", "mean", "max"]
+
+
+@dataclass
+class RejectionSamplingConfig:
+    """Filtering of stale samples in the decoupled loss, by how far the proximal policy
+    has moved from the behaviour policy that generated them.
+
+    With r = pi_prox / pi_behave per token, the metric is r itself ('ratio') or a KL
+    estimate: k1 = log r, k2 = (log r)^2 / 2, k3 = r - log r - 1. At 'sequence' level the
+    per-token values of a sequence are aggregated ('sum' / 'mean' of log r for 'ratio',
+    i.e. a product / geometric mean; arithmetic for KL; or 'max') and the whole sequence
+    shares one decision. 'mask' removes tokens (sequences) outside [lower, upper] from
+    the loss; 'clamp' (ratio only) clamps the importance weight into [lower, upper].
+    Replaces the legacy ``behave_imp_weight_cap`` / ``behave_imp_weight_mode``.
+    """
+
+    level: str = _field(
+        "token",
+        "'token': each token judged on its own; 'sequence': one decision per sequence "
+        "(with metric 'ratio' the correction weight is the sequence's aggregated ratio too).",
+        choices=_RS_LEVELS,
+    )
+    action: str = _field(
+        "mask",
+        "'mask': drop tokens/sequences outside the bounds from the loss; 'clamp': clamp "
+        "the importance weight into [lower, upper] (metric 'ratio' only).",
+        choices=_RS_ACTIONS,
+    )
+    metric: str = _field(
+        "ratio",
+        "'ratio' (pi_prox / pi_behave), 'kl_k1' (log r, may be negative), 'kl_k2' "
+        "((log r)^2 / 2), 'kl_k3' (r - log r - 1).",
+        choices=_RS_METRICS,
+    )
+    agg: str = _field(
+        "mean",
+        "Sequence-level aggregation: 'sum', 'mean' (in log space for 'ratio': product / "
+        "geometric mean) or 'max'. Ignored at level 'token'.",
+        choices=_RS_AGGS,
+    )
+    upper: float = _field(
+        5.0,
+        "Upper bound: values above it are filtered (or clamped). > 1 for 'ratio', > 0 for "
+        "'kl_k2' / 'kl_k3'.",
+    )
+    lower: float | None = _field(
+        None,
+        "Lower bound; None: none ('clamp' sets it to 0.0). > 0 for 'ratio'; <= upper.",
+    )
+
+    def __post_init__(self):
+        owner = "RejectionSamplingConfig"
+        _check_choice(owner, "level", self.level, _RS_LEVELS)
+        _check_choice(owner, "action", self.action, _RS_ACTIONS)
+        _check_choice(owner, "metric", self.metric, _RS_METRICS)
+        _check_choice(owner, "agg", self.agg, _RS_AGGS)
+        if self.lower is not None and self.lower > self.upper:
+            raise ValueError(
+                f"{owner}.lower={self.lower!r} is not allowed; must be <= upper={self.upper!r}"
+            )
+        if self.metric == "ratio":
+            if self.upper <= 1.0:
+                raise ValueError(
+                    f"{owner}.upper={self.upper!r} is not allowed with metric='ratio'; must be "
+                    "> 1 (otherwise every token whose policy changed at all is filtered)"
+                )
+            if self.lower is not None and self.lower <= 0:
+                raise ValueError(
+                    f"{owner}.lower={self.lower!r} is not allowed with metric='ratio'; must be > 0"
+                )
+        if self.metric in ("kl_k2", "kl_k3") and self.upper <= 0:
+            raise ValueError(
+                f"{owner}.upper={self.upper!r} is not allowed with metric={self.metric!r}; "
+                "must be > 0"
+            )
+        if self.action == "clamp" and self.metric != "ratio":
+            raise ValueError(
+                f"{owner}.action='clamp' is not allowed with metric={self.metric!r}; clamping "
+                "applies to the importance ratio only (metric='ratio'); use action='mask'"
+            )
+        if self.action == "clamp" and self.lower is None:
+            self.lower = 0.0
+        if self.level == "token" and self.agg != "mean":
+            _warn_once(
+                f"rs-agg-{self.agg}",
+                f"{owner}.agg={self.agg!r} is ignored with level='token' (aggregation "
+                "applies to level='sequence' only)",
+            )
+
+
+def legacy_rejection_sampling(
+    cap: float | None, mode: str | None
+) -> RejectionSamplingConfig | None:
+    """The ``rejection_sampling`` equivalent of legacy ``behave_imp_weight_cap`` / ``_mode``.
+
+    'token_mask' / 'token_truncate' / 'sequence_mask' / 'sequence_truncate' with cap X ->
+    ``{level: token|sequence, action: mask|clamp, metric: ratio, upper: X}``; 'disabled'
+    or no cap -> None (no filtering). ``mode=None`` means 'token_mask'.
+    """
+    mode = mode or "token_mask"
+    _check_choice("PPOActorConfig", "behave_imp_weight_mode", mode, _BEHAVE_IMP_WEIGHT_MODES)
+    if mode == "disabled" or cap is None:
+        return None
+    level, how = mode.split("_", 1)
+    return RejectionSamplingConfig(
+        level=level, action="mask" if how == "mask" else "clamp", metric="ratio", upper=cap
+    )
 
 
 @dataclass
@@ -666,21 +886,29 @@ class PPOActorConfig(TrainEngineConfig):
     )
     use_decoupled_loss: bool = _field(
         False,
-        "Decoupled PPO objective (AReaL): clip against the recomputed proximal policy and "
-        "weight by the behaviour importance ratio. Requires recompute_logprob=True.",
+        "Decoupled PPO objective (AReaL): clip against the proximal policy and weight by "
+        "the behaviour importance ratio. Implies recompute_logprob=True.",
+    )
+    rejection_sampling: RejectionSamplingConfig | None = _field(
+        None,
+        "Filtering of stale samples by the proximal/behaviour divergence (decoupled loss "
+        "only); None: no filtering.",
     )
     behav_imp_weight_cap: float | None = _field(
         None,
-        "Tokens whose behaviour importance weight exceeds this cap are dropped from the "
-        "decoupled loss; > 1. None: no cap.",
+        "DEPRECATED (use rejection_sampling): cap of the behaviour importance weight; > 1. "
+        "Migrated into rejection_sampling with a warning.",
     )
     behave_imp_weight_cap: float | None = _field(
-        None, "Newer AReaL spelling of behav_imp_weight_cap; when set it overrides it; > 1."
+        None,
+        "DEPRECATED (use rejection_sampling): later spelling of behav_imp_weight_cap; takes "
+        "precedence over it.",
     )
     behave_imp_weight_mode: str = _field(
         "token_mask",
-        "How the behaviour-weight cap is applied: 'token_mask' (drop token), 'token_truncate' "
-        "(clamp token weight), 'sequence_mask', 'sequence_truncate', or 'disabled'.",
+        "DEPRECATED (use rejection_sampling): 'token_mask', 'token_truncate', "
+        "'sequence_mask', 'sequence_truncate' or 'disabled'; with a cap X migrated to "
+        "rejection_sampling {level, action: mask|clamp, metric: ratio, upper: X}.",
         choices=_BEHAVE_IMP_WEIGHT_MODES,
     )
     importance_sampling_level: str = _field(
@@ -760,6 +988,7 @@ class PPOActorConfig(TrainEngineConfig):
         if self.behave_imp_weight_cap is not None:
             self.behav_imp_weight_cap = self.behave_imp_weight_cap
         _check_range(owner, "behav_imp_weight_cap", self.behav_imp_weight_cap, gt=1, optional=True)
+        self._migrate_legacy_rejection_sampling()
         _check_range(owner, "m2_threshold", self.m2_threshold, gt=0, optional=True)
         _check_range(owner, "max_new_tokens", self.max_new_tokens, ge=1)
         _check_choice(
@@ -769,10 +998,20 @@ class PPOActorConfig(TrainEngineConfig):
             ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"],
         )
         _check_range(owner, "loss_norm_constant", self.loss_norm_constant, gt=0, optional=True)
-        if self.use_decoupled_loss and not self.recompute_logprob:
-            raise ValueError(
-                f"{owner}.use_decoupled_loss=True requires {owner}.recompute_logprob=True "
-                "(the decoupled loss needs the recomputed proximal logprobs)"
+        if self.use_decoupled_loss:
+            # As AReaL: the decoupled loss implies recompute_logprob.
+            self.recompute_logprob = True
+            if self.rejection_sampling is None:
+                _warn_once(
+                    "decoupled-no-rs",
+                    f"{owner}.use_decoupled_loss=True with rejection_sampling=None: stale "
+                    "samples are not filtered. The former default (cap 5.0, token_mask) is "
+                    "rejection_sampling: {level: token, action: mask, metric: ratio, upper: 5.0}",
+                )
+        elif self.rejection_sampling is not None:
+            _warn_once(
+                "rs-without-decoupled",
+                f"{owner}.rejection_sampling is set but use_decoupled_loss=False; it is ignored",
             )
         if self.use_sapo_loss:
             _check_range(owner, "sapo_tau_pos", self.sapo_tau_pos, gt=0)
@@ -790,6 +1029,35 @@ class PPOActorConfig(TrainEngineConfig):
                 )
             _check_range(owner, "overlong_tokens", self.overlong_tokens, ge=1)
             _check_range(owner, "overlong_penalty_factor", self.overlong_penalty_factor, ge=0)
+
+    def _migrate_legacy_rejection_sampling(self) -> None:
+        legacy_set = (
+            self.behav_imp_weight_cap is not None or self.behave_imp_weight_mode != "token_mask"
+        )
+        if not legacy_set:
+            return
+        migrated = legacy_rejection_sampling(self.behav_imp_weight_cap, self.behave_imp_weight_mode)
+        if self.rejection_sampling is not None and self.rejection_sampling != migrated:
+            raise ValueError(
+                f"{type(self).__name__}: both the deprecated behave_imp_weight_cap="
+                f"{self.behav_imp_weight_cap!r} / behave_imp_weight_mode="
+                f"{self.behave_imp_weight_mode!r} and rejection_sampling={self.rejection_sampling!r} "
+                "are set and disagree; keep only rejection_sampling"
+            )
+        self.rejection_sampling = migrated
+        shown = (
+            "null"
+            if migrated is None
+            else (
+                f"{{level: {migrated.level}, action: {migrated.action}, metric: ratio, "
+                f"upper: {migrated.upper}}}"
+            )
+        )
+        _warn_once(
+            f"legacy-rs-{self.behav_imp_weight_cap}-{self.behave_imp_weight_mode}",
+            "behave_imp_weight_cap / behave_imp_weight_mode (and behav_imp_weight_cap) are "
+            f"deprecated; migrated to rejection_sampling: {shown}. Write that instead.",
+        )
 
     def should_compute_prox_logp(self) -> bool:
         """Whether the training engine must recompute logprobs before the PPO update."""
@@ -828,6 +1096,45 @@ class TeacherConfig(PPOActorConfig):
 # =====================================================================================
 
 
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+SGLANG_SERVER_MODULE = "sglang.launch_server"
+
+
+def get_py_cmd(module: str, args: dict[str, Any], python: str = "python3") -> list[str]:
+    """``[python, -m, module]`` plus one ``--flag-name`` per argument.
+
+    ``None``, ``False``, ``""`` and ``[]`` are left out; ``True`` gives a bare flag; a
+    list gives the flag followed by its items; anything else the flag and ``str(value)``.
+    Underscores in names become dashes.
+    """
+    cmd = [python, "-m", module]
+    for name, value in args.items():
+        if (
+            value is None
+            or value is False
+            or value == ""
+            or (isinstance(value, (list, tuple)) and not value)
+        ):
+            continue
+        flag = "--" + name.replace("_", "-")
+        cmd.append(flag)
+        if value is True:
+            continue
+        if isinstance(value, (list, tuple)):
+            cmd.extend(str(v) for v in value)
+        else:
+            cmd.append(str(value))
+    return cmd
+
+
+def split_host_port(addr: str) -> tuple[str, int]:
+    """``'host:port'`` (or ``'[v6::addr]:port'``) -> ``(host, port)``; ValueError otherwise."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"address {addr!r} is not 'host:port'")
+    return host.strip("[]"), int(port)
+
+
 @dataclass
 class vLLMConfig:
     """Arguments of vLLM servers (backend 'vllm'), passed on as `--flag value`."""
@@ -859,6 +1166,76 @@ class vLLMConfig:
     max_lora_rank: int = _field(16, "Maximum LoRA rank. " + _NOT_ACTED)
     max_loras: int = _field(8, "Maximum LoRA adapters at once. " + _NOT_ACTED)
     lora_modules: list[str] | None = _field(None, "LoRA modules to serve. " + _NOT_ACTED)
+
+    @staticmethod
+    def build_args(
+        vllm_config: vLLMConfig,
+        tp_size: int,
+        pp_size: int,
+        host: str | None = None,
+        port: int | None = None,
+        dist_init_addr: str | None = None,
+        n_nodes: int = 1,
+        node_rank: int = 0,
+    ) -> dict[str, Any]:
+        """Server arguments (``{name: value}``) of one vLLM server for this config.
+
+        Every field of the config, plus the tokenizer (= ``model``), ``load_format='auto'``,
+        ``trust_remote_code``, the tensor/pipeline-parallel sizes, host and port; with
+        ``n_nodes > 1`` also ``nnodes``, ``node_rank``, ``master_addr`` / ``master_port``
+        (from ``dist_init_addr`` 'host:port') and ``headless`` on non-zero ranks.
+        """
+        args: dict[str, Any] = {
+            "tokenizer": vllm_config.model,
+            "load_format": "auto",
+            "trust_remote_code": True,
+            "tensor_parallel_size": tp_size,
+            "pipeline_parallel_size": pp_size,
+        }
+        args.update(conf_as_dict(vllm_config))
+        if port is not None:
+            args["port"] = port
+        if host is not None:
+            args["host"] = host
+        if n_nodes > 1:
+            args["nnodes"] = n_nodes
+            args["node_rank"] = node_rank
+            if dist_init_addr is not None:
+                master_host, master_port = split_host_port(dist_init_addr)
+                args["master_addr"] = master_host
+                args["master_port"] = str(master_port)
+            if node_rank > 0:
+                args["headless"] = True
+        return args
+
+    @staticmethod
+    def build_cmd_from_args(args: dict[str, Any], python: str = "python3") -> list[str]:
+        """``[python, -m, vllm.entrypoints.openai.api_server, --flag, value, ...]``."""
+        return get_py_cmd(VLLM_SERVER_MODULE, args, python=python)
+
+    @staticmethod
+    def build_cmd(
+        vllm_config: vLLMConfig,
+        tp_size: int,
+        pp_size: int,
+        host: str | None = None,
+        port: int | None = None,
+        dist_init_addr: str | None = None,
+        n_nodes: int = 1,
+        node_rank: int = 0,
+    ) -> list[str]:
+        """Command line of one vLLM server: ``build_cmd_from_args(build_args(...))``."""
+        args = vLLMConfig.build_args(
+            vllm_config=vllm_config,
+            tp_size=tp_size,
+            pp_size=pp_size,
+            host=host,
+            port=port,
+            dist_init_addr=dist_init_addr,
+            n_nodes=n_nodes,
+            node_rank=node_rank,
+        )
+        return vLLMConfig.build_cmd_from_args(args)
 
 
 @dataclass
@@ -924,27 +1301,160 @@ class SGLangConfig:
     enable_multithread_load: bool = _field(False, "Multi-threaded weight loading.")
     enable_return_routed_experts: bool = _field(False, "Return MoE routing (internal).")
 
+    @staticmethod
+    def build_args(
+        sglang_config: SGLangConfig,
+        tp_size: int,
+        base_gpu_id: int,
+        host: str | None = None,
+        port: int | None = None,
+        dist_init_addr: str | None = None,
+        n_nodes: int = 1,
+        node_rank: int = 0,
+        pp_size: int = 1,
+    ) -> dict[str, Any]:
+        """Server arguments (``{name: value}``) of one SGLang server for this config.
+
+        Every field of the config (``enable_multithread_load`` becomes the JSON
+        ``model_loader_extra_config``), plus ``tokenizer_path`` (= ``model_path``),
+        ``tokenizer_mode`` / ``load_format`` 'auto', ``trust_remote_code``,
+        ``is_embedding=False``, ``tp_size``, ``base_gpu_id``, ``nnodes``, ``node_rank``,
+        ``dist_init_addr``, and ``pp_size`` (when > 1), host and port when given.
+        """
+        fields_ = conf_as_dict(sglang_config)
+        multithread = fields_.pop("enable_multithread_load", False)
+        if multithread:
+            fields_["model_loader_extra_config"] = json.dumps(
+                {"enable_multithread_load": True}, separators=(",", ":")
+            )
+        args: dict[str, Any] = {
+            "tokenizer_path": sglang_config.model_path,
+            "tokenizer_mode": "auto",
+            "load_format": "auto",
+            "trust_remote_code": True,
+            "is_embedding": False,
+            "tp_size": tp_size,
+            "base_gpu_id": base_gpu_id,
+            "nnodes": n_nodes,
+            "node_rank": node_rank,
+            "dist_init_addr": dist_init_addr,
+        }
+        args.update(fields_)
+        if pp_size > 1:
+            args["pp_size"] = pp_size
+        if host is not None:
+            args["host"] = host
+        if port is not None:
+            args["port"] = port
+        return args
+
+    @staticmethod
+    def build_cmd_from_args(args: dict[str, Any], python: str = "python3") -> list[str]:
+        """``[python, -m, sglang.launch_server, --flag, value, ...]``."""
+        return get_py_cmd(SGLANG_SERVER_MODULE, args, python=python)
+
+    @staticmethod
+    def build_cmd(
+        sglang_config: SGLangConfig,
+        tp_size: int,
+        base_gpu_id: int,
+        host: str | None = None,
+        port: int | None = None,
+        dist_init_addr: str | None = None,
+        n_nodes: int = 1,
+        node_rank: int = 0,
+        pp_size: int = 1,
+    ) -> list[str]:
+        """Command line of one SGLang server: ``build_cmd_from_args(build_args(...))``."""
+        args = SGLangConfig.build_args(
+            sglang_config=sglang_config,
+            tp_size=tp_size,
+            base_gpu_id=base_gpu_id,
+            host=host,
+            port=port,
+            dist_init_addr=dist_init_addr,
+            n_nodes=n_nodes,
+            node_rank=node_rank,
+            pp_size=pp_size,
+        )
+        return SGLangConfig.build_cmd_from_args(args)
+
+
+def _default_agent_scheduling_spec() -> list[SchedulingSpec]:
+    return [SchedulingSpec(cpu=1, gpu=0, mem=4)]
+
+
+_AGENT_MODES = ["inline", "subproc", "online"]
+
 
 @dataclass
-class OpenAIProxyConfig:
-    """OpenAI-compatible proxy for agent workflows. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
+class AgentConfig:
+    """Agent workflows: the OpenAI-compatible proxy they talk to and the agent service.
 
+    Holds what AReaL's earlier ``rollout.openai`` (OpenAIProxyConfig) section held, plus
+    the agent class and the agent-service workers.
+    """
+
+    agent_cls_path: str = _field(
+        "", "Import path ('pkg.module.Class') of the agent implementation; empty: none."
+    )
+    admin_api_key: str = _field(
+        "areal-admin-key",
+        "Admin key of the proxy and agent service (management calls only; each session "
+        "gets its own key). Change it for anything beyond localhost.",
+    )
+    scheduling_spec: list[SchedulingSpec] = _field(
+        help="Resources of the agent-service worker; exactly one spec.",
+        factory=_default_agent_scheduling_spec,
+    )
     mode: str = _field(
-        "inline", "'inline', 'subproc' or 'online'.", choices=["inline", "subproc", "online"]
+        "inline",
+        "'inline' (agent runs in the rollout process), 'subproc' (in a worker process "
+        "pool) or 'online' (external users drive sessions through the proxy).",
+        choices=_AGENT_MODES,
     )
     tool_call_parser: str = _field("qwen", "Parser of tool calls in model output.")
-    reasoning_parser: str = _field("qwen3", "Parser of reasoning content.")
-    chat_template_type: str = _field("hf", "'hf' or 'concat'.", choices=["hf", "concat"])
-    engine_max_tokens: int | None = _field(None, "Maximum prompt + completion tokens.")
-    turn_discount: float = _field(1.0, "Reward discount per turn.")
+    reasoning_parser: str = _field("qwen3", "Parser of reasoning content (<think> tags).")
+    chat_template_type: str = _field(
+        "hf",
+        "'hf' (the tokenizer's chat template) or 'concat' (multi-turn concatenation).",
+        choices=["hf", "concat"],
+    )
+    engine_max_tokens: int | None = _field(
+        None, "Maximum prompt + completion tokens of one call; None: no limit."
+    )
+    turn_discount: float = _field(1.0, "Reward discount per turn of a multi-turn episode.")
     export_style: str = _field(
-        "individual", "'individual' or 'concat'.", choices=["individual", "concat"]
+        "individual",
+        "'individual': every interaction is a training sample; 'concat': only the final "
+        "concatenated conversation (linear histories only).",
+        choices=["individual", "concat"],
     )
-    subproc_max_workers: int = _field(4, "Worker processes in 'subproc' mode.")
-    session_timeout_seconds: int = _field(3600, "Idle session timeout in seconds.")
-    admin_api_key: str = _field(
-        "areal-admin-key", "Admin key of the proxy; change it outside localhost."
+    subproc_max_workers: int = _field(4, "Worker processes in 'subproc' mode; >= 1.")
+    session_timeout_seconds: int = _field(3600, "Sessions idle longer than this are dropped; > 0.")
+    set_reward_finish_timeout: float = _field(
+        0.0, "Seconds to wait for further reward updates before a session is final; >= 0."
     )
+
+    def __post_init__(self):
+        owner = "AgentConfig"
+        _check_choice(owner, "mode", self.mode, _AGENT_MODES)
+        _check_choice(owner, "chat_template_type", self.chat_template_type, ["hf", "concat"])
+        _check_choice(owner, "export_style", self.export_style, ["individual", "concat"])
+        if len(self.scheduling_spec) != 1:
+            raise ValueError(
+                f"{owner}.scheduling_spec has {len(self.scheduling_spec)} entries; must have exactly 1"
+            )
+        if not self.admin_api_key or not self.admin_api_key.strip():
+            raise ValueError(f"{owner}.admin_api_key is empty; it must be a non-blank string")
+        _check_range(owner, "subproc_max_workers", self.subproc_max_workers, ge=1)
+        _check_range(owner, "session_timeout_seconds", self.session_timeout_seconds, gt=0)
+        _check_range(owner, "set_reward_finish_timeout", self.set_reward_finish_timeout, ge=0)
+        _check_range(owner, "engine_max_tokens", self.engine_max_tokens, ge=1, optional=True)
+
+
+# Earlier AReaL name of the proxy section (rollout.openai); its fields are AgentConfig's.
+OpenAIProxyConfig = AgentConfig
 
 
 @dataclass
@@ -1003,13 +1513,29 @@ class InferenceEngineConfig:
         factory=SchedulingStrategy,
     )
     use_lora: bool = _field(False, "Serve LoRA adapters. " + _NOT_ACTED)
-    openai: OpenAIProxyConfig | None = _field(
-        None, "OpenAI proxy for agent workflows. " + _NOT_ACTED
+    agent: AgentConfig = _field(
+        help="Agent workflows: OpenAI-compatible proxy and agent service.", factory=AgentConfig
+    )
+    openai: AgentConfig | None = _field(
+        None,
+        "DEPRECATED (AReaL's earlier name of `agent`): moved into rollout.agent with a warning.",
     )
     return_routed_experts: bool = _field(False, "Return MoE routing (SGLang). " + _NOT_ACTED)
 
     def __post_init__(self):
         owner = "InferenceEngineConfig"
+        if self.openai is not None:
+            if self.agent != AgentConfig() and self.agent != self.openai:
+                raise ValueError(
+                    f"{owner}: both the deprecated `openai` section and `agent` are set and "
+                    "disagree; keep only `agent`"
+                )
+            self.agent = self.openai
+            _warn_once(
+                "rollout-openai",
+                "rollout.openai is deprecated; its settings were moved to rollout.agent. "
+                "Rename the section to `agent`.",
+            )
         _check_range(
             owner, "max_concurrent_rollouts", self.max_concurrent_rollouts, ge=1, optional=True
         )
@@ -1044,6 +1570,10 @@ class DatasetConfig:
         MISSING, "Dataset location: a local file/directory (nothing is downloaded at run time)."
     )
     type: str = _field(MISSING, "What the samples are used for: 'sft' or 'rl'.")
+    split: str = _field("train", "Dataset split to load, e.g. 'train' or 'test'.")
+    dataset_kwargs: dict[str, Any] = _field(
+        help="Extra keyword arguments passed to the dataset loader.", factory=dict
+    )
     batch_size: int = _field(1, "Prompts per batch (per training step); >= 1.")
     shuffle: bool = _field(True, "Shuffle every epoch.")
     max_length: int | None = _field(
@@ -1067,8 +1597,9 @@ class TrainDatasetConfig(DatasetConfig):
 
 @dataclass
 class ValidDatasetConfig(DatasetConfig):
-    """The validation dataset; not shuffled and keeps its last batch by default."""
+    """The validation dataset; split 'test', not shuffled, keeps its last batch by default."""
 
+    split: str = _field("test", "Dataset split to load, e.g. 'train' or 'test'.")
     shuffle: bool = _field(False, "Shuffle every epoch.")
     drop_last: bool = _field(False, "Drop the last incomplete batch.")
 
@@ -1119,6 +1650,10 @@ class SaverConfig(_Timer):
 @dataclass
 class EvaluatorConfig(_Timer):
     """When the model is evaluated on the validation set."""
+
+    eval_before_train: bool = _field(
+        False, "Evaluate once before the first training step, then on the usual schedule."
+    )
 
 
 _RECOVER_MODES = ["on", "off", "auto", "disabled"]
@@ -1412,16 +1947,77 @@ class BaseExperimentConfig:
 
 @dataclass
 class SFTConfig(BaseExperimentConfig):
-    """Supervised fine-tuning."""
+    """Supervised fine-tuning. (A YAML section `model`, this project's earlier name, is
+    read as `actor` with a warning.)"""
 
-    model: TrainEngineConfig = _field(help="The trained model.", factory=TrainEngineConfig)
+    actor: TrainEngineConfig = _field(help="The trained model.", factory=TrainEngineConfig)
+
+    @property
+    def model(self) -> TrainEngineConfig:
+        """Read-only alias of ``actor`` (this project's earlier section name)."""
+        return self.actor
 
 
 @dataclass
 class RWConfig(BaseExperimentConfig):
-    """Reward-model training. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
+    """Reward-model training (a critic-style model with a scalar head, `actor.is_critic`).
+    This project accepts it so AReaL YAMLs load, but does not act on it yet."""
 
-    model: TrainEngineConfig = _field(help="The trained reward model.", factory=TrainEngineConfig)
+    actor: TrainEngineConfig = _field(
+        help="The trained reward model; needs is_critic=True.", factory=TrainEngineConfig
+    )
+
+    @property
+    def model(self) -> TrainEngineConfig:
+        """Read-only alias of ``actor`` (this project's earlier section name)."""
+        return self.actor
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.actor.is_critic:
+            raise ValueError(
+                "RWConfig.actor.is_critic=False is not allowed; a reward model needs a value "
+                "head: set actor.is_critic: true"
+            )
+
+
+_DPO_LOSS_TYPES = ["sigmoid", "ipo"]
+
+
+@dataclass
+class DPOEngineConfig(TrainEngineConfig):
+    """A model of DPO training (policy or reference) and the DPO loss settings."""
+
+    beta: float = _field(0.1, "Strength of the implicit KL penalty of the DPO loss; > 0.")
+    loss_type: str = _field(
+        "sigmoid",
+        "'sigmoid' (the original DPO loss) or 'ipo' (Identity Preference Optimization, "
+        "length-normalised).",
+        choices=_DPO_LOSS_TYPES,
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        owner = type(self).__name__
+        _check_choice(owner, "loss_type", self.loss_type, _DPO_LOSS_TYPES)
+        _check_range(owner, "beta", self.beta, gt=0)
+
+
+@dataclass
+class DPOConfig(BaseExperimentConfig):
+    """Direct Preference Optimization. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
+
+    actor: DPOEngineConfig = _field(help="The trained policy.", factory=DPOEngineConfig)
+    ref: DPOEngineConfig = _field(
+        help="The frozen reference policy (no optimizer).", factory=DPOEngineConfig
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.actor.is_critic:
+            raise ValueError(
+                "DPOConfig.actor.is_critic=True is not allowed; DPO trains a language model"
+            )
 
 
 @dataclass
@@ -1682,8 +2278,50 @@ def build_config(yaml_dict: dict, overrides: list[str], config_cls: type[ConfigT
             f"Cannot apply overrides {overrides} to the YAML (a value replaces a section, "
             f"or an index into a list?): {_short(e)}"
         ) from None
-    structured = to_structured_cfg(merged, config_cls)
+    plain = OmegaConf.to_container(merged, resolve=False)
+    plain = _migrate_legacy_sections(plain, config_cls)
+    structured = to_structured_cfg(plain, config_cls)
     return _to_object(structured, config_cls)
+
+
+def _rewrite_interpolations(node: Any, old: str, new: str) -> Any:
+    if isinstance(node, dict):
+        return {k: _rewrite_interpolations(v, old, new) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_rewrite_interpolations(v, old, new) for v in node]
+    if isinstance(node, str) and "${" in node:
+        return node.replace("${" + old + ".", "${" + new + ".").replace(
+            "${" + old + "}", "${" + new + "}"
+        )
+    return node
+
+
+def _migrate_legacy_sections(plain: dict, config_cls: type) -> dict:
+    """Earlier section names -> current ones, with a warning.
+
+    SFT / reward-model configs: ``model`` -> ``actor`` (interpolations ``${model.x}``
+    follow). Keys under both names are merged, ``model``'s winning.
+    """
+    if not isinstance(plain, dict) or "model" not in plain:
+        return plain
+    names = {f.name for f in fields(config_cls)}
+    if "actor" not in names or "model" in names:
+        return plain
+    plain = dict(plain)
+    legacy = plain.pop("model")
+    if "actor" in plain and isinstance(plain["actor"], dict) and isinstance(legacy, dict):
+        legacy = OmegaConf.to_container(
+            OmegaConf.merge(OmegaConf.create(plain["actor"]), OmegaConf.create(legacy)),
+            resolve=False,
+        )
+    plain["actor"] = legacy
+    plain = _rewrite_interpolations(plain, "model", "actor")
+    _warn_once(
+        f"model-section-{config_cls.__name__}",
+        f"{config_cls.__name__}: the `model` section is deprecated; it was read as `actor` "
+        "(as in AReaL). Rename it in the YAML.",
+    )
+    return plain
 
 
 def get_log_path(config: Any) -> str:
