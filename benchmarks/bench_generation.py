@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig  # noqa: E402
 from areal.api.io_struct import ModelRequest, ParamSpec, WeightUpdateMeta  # noqa: E402
 from areal.engine.local_remote import RemoteLocalEngine  # noqa: E402
-from areal.infra.launcher.local_server import launch_local_server  # noqa: E402
+from areal.engine.local_server.launch import launch_local_server  # noqa: E402
 
 
 def _random_qwen2(

@@ -11,7 +11,8 @@ import requests
 import torch
 
 from areal.engine.local_server.core import GenerationCore, RequestError, SamplingParams
-from areal.infra.launcher.local_server import launch_local_server, launch_server_process
+from areal.engine.local_server.launch import launch_local_server
+from areal.infra.launcher.server_process import launch_server_process
 
 EOS = 2
 
@@ -316,7 +317,7 @@ async def test_chat_and_text_completions_with_tokenizer_in_process():
     """OpenAI endpoints on the shipped tiny base (tokenizer + chat template), in process."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from areal.infra.launcher.local_server import LocalInferenceServer
+    from areal.engine.local_server.app import LocalInferenceServer
 
     try:
         from areal.models.tiny import get_tiny_base_path

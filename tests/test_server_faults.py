@@ -126,7 +126,7 @@ def test_watchdog_killed_server_restarted_with_current_disk_weights(tmp_path):
     v0 = build_tiny_qwen2(str(tmp_path / "model"), seed=0)
     meta = WeightUpdateMeta.from_disk("exp", "trial", str(tmp_path))
     build_tiny_qwen2(meta.with_version(3).path, seed=1)  # "the trainer's" version 3
-    cmd = f"python -m areal.infra.launcher.local_server --model-path {v0} --host {{host}} --port {{port}}"
+    cmd = f"python -m areal.engine.local_server --model-path {v0} --host {{host}} --port {{port}}"
     spec = SchedulingSpec(cmd=cmd, port_count=1, env_vars={"OMP_NUM_THREADS": "1"})
     job = Job(
         replicas=2, role="rollout", tasks=[spec], health_path="/health", distributed_env=False
@@ -221,7 +221,7 @@ def _servers(pid: int) -> list[psutil.Process]:
     out = []
     for c in psutil.Process(pid).children(recursive=True):
         try:
-            if "areal.infra.launcher.local_server" in " ".join(c.cmdline()):
+            if "areal.engine.local_server" in " ".join(c.cmdline()):
                 out.append(c)
         except psutil.Error:
             pass

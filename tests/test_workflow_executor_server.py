@@ -1,7 +1,7 @@
 """WorkflowExecutor + RLVRWorkflow against the REAL built-in inference server (tiny model).
 
 Needs ``areal.infra.remote_inf_engine.RemoteInfEngine`` and
-``areal.infra.launcher.local_server.launch_local_server``; skipped only when those modules
+``areal.engine.local_server.launch.launch_local_server``; skipped only when those modules
 are missing.
 """
 
@@ -15,7 +15,7 @@ from areal.infra.workflow_executor import WorkflowExecutor
 from areal.workflow.rlvr import RLVRWorkflow
 
 pytest.importorskip("areal.infra.remote_inf_engine", reason="RemoteInfEngine not written yet")
-pytest.importorskip("areal.infra.launcher.local_server", reason="built-in server not written yet")
+pytest.importorskip("areal.engine.local_server.launch", reason="built-in server not written yet")
 
 pytestmark = [pytest.mark.slow, pytest.mark.ci_slow, pytest.mark.timeout(300)]
 
@@ -68,9 +68,9 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    from areal.infra.remote_inf_engine import RemoteInfEngine
+    from areal.engine.local_remote import RemoteLocalEngine
 
-    eng = RemoteInfEngine(InferenceEngineConfig(setup_timeout=120))
+    eng = RemoteLocalEngine(InferenceEngineConfig(setup_timeout=120))
     eng.launch_server({"model_path": model_dir, "num_servers": 1})
     eng.initialize()
     try:

@@ -1,13 +1,140 @@
-"""``RemoteLocalEngine``: ``RemoteInfEngine`` for the built-in server (``areal.infra.launcher.local_server``)."""
+"""``RemoteLocalEngine``: ``RemoteInfEngine`` for the built-in server (``areal.engine.local_server``).
+
+``LocalBackend`` is its protocol adapter: native ``/generate`` with per-token weight
+versions, ``/pause`` / ``/continue``, ``/update_weights_from_disk`` (with the version),
+the gloo/nccl broadcast group (``/init_weights_update_group``,
+``/update_weights_from_distributed``) and ``/set_version``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import shlex
+from typing import Any
+
 from areal.api.cli_args import InferenceEngineConfig
-from areal.infra.remote_inf_engine import LocalBackend, RemoteInfEngine
+from areal.infra.remote_inf_engine import (
+    BackendAdapter,
+    GenChunk,
+    HttpCall,
+    RemoteInfEngine,
+    _stop_reason,
+)
+
+SERVER_MODULE = "areal.engine.local_server"
+
+
+class LocalBackend(BackendAdapter):
+    """The built-in server's protocol."""
+
+    name = "local"
+    reports_versions = True
+
+    def generate_call(self, rid, input_ids, p):
+        return HttpCall(
+            "/generate",
+            {"rid": rid, "input_ids": input_ids, "sampling_params": dataclasses.asdict(p)},
+        )
+
+    def parse_generate(self, data):
+        return GenChunk(
+            list(data["output_ids"]),
+            list(data["output_logprobs"]),
+            list(data["output_versions"]),
+            _stop_reason(data["finish_reason"]),
+        )
+
+    def pause_call(self):
+        return HttpCall("/pause")
+
+    def resume_call(self):
+        return HttpCall("/continue")
+
+    def update_disk_call(self, path, version):
+        return HttpCall("/update_weights_from_disk", {"model_path": path, "version": version})
+
+    def init_group_call(self, meta, rank, world_size):
+        return HttpCall(
+            "/init_weights_update_group",
+            {
+                "master_address": meta.master_address,
+                "master_port": meta.master_port,
+                "rank": rank,
+                "world_size": world_size,
+                "group_name": meta.group_name,
+                "backend": meta.backend or "gloo",
+                "timeout_s": meta.timeout_s,
+            },
+        )
+
+    def update_distributed_call(self, meta, specs, version):
+        return HttpCall(
+            "/update_weights_from_distributed",
+            {
+                "group_name": meta.group_name,
+                "param_specs": [s.to_dict() for s in specs],
+                "version": version,
+            },
+        )
+
+    def set_version_call(self, version):
+        return HttpCall("/set_version", {"version": version})
 
 
 class RemoteLocalEngine(RemoteInfEngine):
-    """Client of built-in servers: native ``/generate`` with per-token weight versions."""
+    """Client of built-in servers (``python -m areal.engine.local_server``)."""
 
     def __init__(self, config: InferenceEngineConfig | None = None):
         super().__init__(config, backend=LocalBackend())
+
+    @classmethod
+    def build_server_args(
+        cls, config: Any, model_path: str | None = None, tp_size: int = 1, pp_size: int = 1
+    ) -> dict[str, Any]:
+        """Flags of a built-in server from an experiment config: the actor's model and
+        dtype, the top-level seed. ``tp_size``/``pp_size`` must be 1 (one CPU process)."""
+        if tp_size != 1 or pp_size != 1:
+            raise ValueError(
+                f"the built-in 'local' server runs one process per replica: tp_size={tp_size}, "
+                f"pp_size={pp_size}; allowed: 1 (use 'local:dN')"
+            )
+        actor = getattr(config, "actor", None)
+        return {
+            "model_path": model_path or getattr(actor, "path", ""),
+            "dtype": getattr(actor, "dtype", "float32"),
+            "seed": int(getattr(config, "seed", 1)),
+        }
+
+    @classmethod
+    def build_server_command(cls, server_args: dict[str, Any]) -> tuple[str, dict[str, str]]:
+        from areal.api.cli_args import get_py_cmd
+        from areal.engine.inference_backends import escape_braces
+
+        args = dict(server_args)
+        if not args.get("model_path"):
+            raise ValueError("server_args['model_path'] is required for a built-in server")
+        for k in ("host", "port"):
+            args.pop(k, None)
+        cmd = get_py_cmd(
+            SERVER_MODULE, {"host": "{host}", "port": "{port}", **escape_braces(args)}, "python"
+        )
+        return shlex.join(cmd), {"OMP_NUM_THREADS": "1"}
+
+    def launch_server(self, server_args: dict[str, Any]) -> list[str]:
+        """Start built-in servers: ``server_args`` = ``model_path``, optional ``num_servers``,
+        ``host``, ``ports``, ``log_dir`` and server flags (e.g. ``max_batch_size``).
+        Returns the list of addresses."""
+        from areal.engine.local_server.launch import launch_local_server
+
+        args = dict(server_args)
+        group = launch_local_server(
+            args.pop("model_path"),
+            num_servers=args.pop("num_servers", 1),
+            host=args.pop("host", "127.0.0.1"),
+            ports=args.pop("ports", None),
+            log_dir=args.pop("log_dir", None),
+            timeout=self.config.setup_timeout,
+            server_args=args,
+        )
+        self._launched.append(group)
+        return group.addresses

@@ -10,7 +10,7 @@ the client stamps each chunk with its own version.
 
 from __future__ import annotations
 
-import sys
+import shlex
 from typing import Any
 
 from areal.api.cli_args import InferenceEngineConfig
@@ -92,29 +92,44 @@ class SGLangBackend(BackendAdapter):
 
 
 class RemoteSGLangEngine(RemoteInfEngine):
+    """Client of SGLang servers (native API; see module docstring)."""
+
     def __init__(self, config: InferenceEngineConfig | None = None):
         super().__init__(config, backend=SGLangBackend())
 
-    def launch_server(self, server_args: dict[str, Any]) -> Any:
-        """Start one SGLang server: ``server_args`` = ``model_path``, ``host``, ``port`` + flags."""
-        from areal.infra.launcher.local_server import launch_server_process
-        from areal.utils.network import find_free_ports
+    @classmethod
+    def build_server_args(
+        cls, config: Any, model_path: str | None = None, tp_size: int = 1, pp_size: int = 1
+    ) -> dict[str, Any]:
+        """Flags of an SGLang server from an experiment config: every ``config.sglang``
+        field (``SGLangConfig.build_args``) and the model (``sglang.model_path`` or the
+        actor's path)."""
+        from areal.api.cli_args import SGLangConfig
+
+        if pp_size != 1:
+            raise ValueError(f"SGLang servers take no pipeline parallelism: pp_size={pp_size}")
+        scfg = getattr(config, "sglang", None) or SGLangConfig()
+        args = SGLangConfig.build_args(sglang_config=scfg, tp_size=tp_size, base_gpu_id=0)
+        model = (
+            model_path
+            or args.get("model_path")
+            or getattr(getattr(config, "actor", None), "path", "")
+        )
+        if not model:
+            raise ValueError("no model for the SGLang server: set sglang.model_path or actor.path")
+        args["model_path"] = model
+        return args
+
+    @classmethod
+    def build_server_command(cls, server_args: dict[str, Any]) -> tuple[str, dict[str, str]]:
+        """``python -m sglang.launch_server --host {host} --port {port} --flags...``."""
+        from areal.api.cli_args import SGLangConfig
+        from areal.engine.inference_backends import escape_braces
 
         args = dict(server_args)
-        host = args.pop("host", "127.0.0.1")
-        port = args.pop("port", None) or find_free_ports(1)[0]
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.pop("model_path")]
-        cmd += ["--host", host, "--port", str(port)]
-        for k, v in args.items():
-            if v is None or v is False:
-                continue
-            cmd.append("--" + k.replace("_", "-"))
-            if v is not True:
-                cmd.append(str(v))
-        sp = launch_server_process(cmd, f"{host}:{port}", timeout=self.config.setup_timeout)
-        self._launched.append(sp)
-        return [sp.address]
-
-    def teardown_server(self) -> None:
-        while self._launched:
-            self._launched.pop().stop()
+        for k in ("host", "port"):
+            args.pop(k, None)
+        cmd = SGLangConfig.build_cmd_from_args(
+            {"host": "{host}", "port": "{port}", **escape_braces(args)}, python="python"
+        )
+        return shlex.join(cmd), {}

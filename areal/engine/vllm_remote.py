@@ -8,15 +8,16 @@ started with ``VLLM_SERVER_DEV_MODE=1``: ``POST /pause?mode=abort``, ``POST /res
 
 Logprobs: vLLM returns logprobs of the raw logits by default; start it with
 ``--logprobs-mode processed_logprobs`` to get them after temperature scaling (the
-convention of the rest of areal). Distributed (xccl) weight updates need a vLLM worker
-extension and are not supported by this adapter. vLLM does not track weight versions;
+convention of the rest of areal). Reloads go through areal's worker extension
+(``areal.engine.vllm_ext``), which also refreshes pre-packed output layers on CPU.
+Distributed (xccl) weight updates are not supported by this adapter. vLLM does not track weight versions;
 the client stamps each chunk with its own version.
 """
 
 from __future__ import annotations
 
 import os
-import sys
+import shlex
 from typing import Any
 
 from areal.api.cli_args import InferenceEngineConfig
@@ -27,8 +28,13 @@ from areal.infra.remote_inf_engine import (
     RemoteInfEngine,
     _stop_reason,
 )
+from areal.utils import logging
+
+logger = logging.getLogger("RemotevLLMEngine")
 
 ENV_VLLM_PYTHON = "AREAL_VLLM_PYTHON"  # interpreter that starts the vLLM server
+# vLLMConfig fields (AReaL's schema) that vLLM's V1 server refuses as flags.
+_REMOVED_VLLM_FLAGS = ("swap_space",)
 
 
 def _token_id(tok: str) -> int:
@@ -39,6 +45,13 @@ def _token_id(tok: str) -> int:
 
 class VLLMBackend(BackendAdapter):
     name = "vllm"
+    # Method of areal's worker extension (reload + refresh of pre-packed layers); servers
+    # started without the extension can use vLLM's own "reload_weights".
+    reload_method = "areal_reload_weights"
+
+    def __init__(self, reload_method: str | None = None):
+        if reload_method is not None:
+            self.reload_method = reload_method
 
     def generate_call(self, rid, input_ids, p):
         return HttpCall(
@@ -78,49 +91,98 @@ class VLLMBackend(BackendAdapter):
 
     def update_disk_call(self, path, version):
         return HttpCall(
-            "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}
+            "/collective_rpc",
+            {"method": self.reload_method, "kwargs": {"weights_path": path}},
         )
 
 
 class RemotevLLMEngine(RemoteInfEngine):
+    """Client of vLLM OpenAI-compatible servers (dev mode; see module docstring)."""
+
     def __init__(self, config: InferenceEngineConfig | None = None):
         super().__init__(config, backend=VLLMBackend())
 
-    def launch_server(self, server_args: dict[str, Any]) -> Any:
-        """Start one vLLM server (dev mode, for pause/resume/reload): ``server_args`` =
-        ``model_path``, ``host``, ``port``, plus flags such as ``dtype``.
+    @classmethod
+    def build_server_args(
+        cls, config: Any, model_path: str | None = None, tp_size: int = 1, pp_size: int = 1
+    ) -> dict[str, Any]:
+        """Flags of a vLLM server from an experiment config: every ``config.vllm`` field
+        (``vLLMConfig.build_args``), the model (``vllm.model`` or the actor's path), and
+        ``max_model_len`` clamped to the model's ``max_position_embeddings`` (vLLM refuses
+        a longer one)."""
+        from areal.api.cli_args import vLLMConfig
 
-        The server runs under the interpreter ``server_args["python"]``, else the env var
-        ``AREAL_VLLM_PYTHON``, else ``sys.executable``: vLLM can live in its own venv
-        (e.g. ``AREAL_VLLM_PYTHON=/tmp/vllm-venv/bin/python``)."""
-        from areal.infra.launcher.local_server import launch_server_process
-        from areal.utils.network import find_free_ports
+        vcfg = getattr(config, "vllm", None) or vLLMConfig()
+        args = vLLMConfig.build_args(vllm_config=vcfg, tp_size=tp_size, pp_size=pp_size)
+        model = (
+            model_path or args.get("model") or getattr(getattr(config, "actor", None), "path", "")
+        )
+        if not model:
+            raise ValueError("no model for the vLLM server: set vllm.model or actor.path")
+        args["model"] = model
+        for gone in _REMOVED_VLLM_FLAGS:  # AReaL config fields current vLLM no longer accepts
+            args.pop(gone, None)
+        if args.get("tokenizer") in (None, "") or args.get("tokenizer") == vcfg.model:
+            args["tokenizer"] = model
+        limit = _max_position_embeddings(model)
+        if limit is not None and (args.get("max_model_len") or 0) > limit:
+            logger.info(
+                "vllm.max_model_len=%s exceeds the model's max_position_embeddings=%d; using %d",
+                args["max_model_len"],
+                limit,
+                limit,
+            )
+            args["max_model_len"] = limit
+        return args
+
+    @classmethod
+    def build_server_command(cls, server_args: dict[str, Any]) -> tuple[str, dict[str, str]]:
+        """``<python> -m vllm.entrypoints.openai.api_server --host {host} --port {port}
+        --flags...`` with ``VLLM_SERVER_DEV_MODE=1`` (pause/resume/reload endpoints).
+
+        The interpreter is ``server_args["python"]``, else the env var ``AREAL_VLLM_PYTHON``,
+        else ``python`` (vLLM can live in its own venv). Unless the caller names one, the
+        server gets areal's worker extension (``--worker-extension-cls``; it reloads weights
+        and refreshes tied/pre-packed output layers, see ``areal.engine.vllm_ext``) and
+        ``--logprobs-mode processed_logprobs`` (logprobs after temperature, the convention
+        of the rest of areal)."""
+        from areal.api.cli_args import vLLMConfig
+        from areal.engine import vllm_ext
+        from areal.engine.inference_backends import escape_braces
 
         args = dict(server_args)
-        python = args.pop("python", None) or os.environ.get(ENV_VLLM_PYTHON) or sys.executable
-        host = args.pop("host", "127.0.0.1")
-        port = args.pop("port", None) or find_free_ports(1)[0]
-        cmd = [
-            python,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            args.pop("model_path"),
-        ]
-        cmd += ["--host", host, "--port", str(port)]
-        for k, v in args.items():
-            if v is None or v is False:
-                continue
-            cmd.append("--" + k.replace("_", "-"))
-            if v is not True:
-                cmd.append(str(v))
-        env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-        sp = launch_server_process(
-            cmd, f"{host}:{port}", timeout=self.config.setup_timeout, env=env
+        python = args.pop("python", None) or os.environ.get(ENV_VLLM_PYTHON) or "python"
+        if "model_path" in args:  # the name the other backends use
+            args["model"] = args.pop("model_path")
+        if not args.get("model"):
+            raise ValueError("server_args['model'] is required for a vLLM server")
+        for k in ("host", "port"):
+            args.pop(k, None)
+        if not args.get("worker_extension_cls"):
+            args["worker_extension_cls"] = vllm_ext.WORKER_EXTENSION_CLS
+        args.setdefault("logprobs_mode", "processed_logprobs")
+        cmd = vLLMConfig.build_cmd_from_args(
+            {"host": "{host}", "port": "{port}", **escape_braces(args)}, python=python
         )
-        self._launched.append(sp)
-        return [sp.address]
+        env = {
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (vllm_ext.EXTENSION_DIR, os.environ.get("PYTHONPATH", "")) if p
+            ),
+        }
+        return shlex.join(cmd), env
 
-    def teardown_server(self) -> None:
-        while self._launched:
-            self._launched.pop().stop()
+
+def _max_position_embeddings(model: str) -> int | None:
+    path = os.path.join(model, "config.json")
+    if not os.path.isfile(path):
+        return None
+    import json
+
+    try:
+        with open(path) as f:
+            v = json.load(f).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    return int(v) if isinstance(v, int) else None

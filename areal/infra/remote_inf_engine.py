@@ -1,8 +1,10 @@
 """``RemoteInfEngine``: the protocol-agnostic client of one or more inference servers.
 
 Backend differences (endpoint names, payloads, response shapes) live in small adapter
-objects (``BackendAdapter``); ``areal.engine.local_remote``, ``vllm_remote`` and
-``sglang_remote`` pair this engine with their adapter.
+objects (``BackendAdapter``) that the caller passes in: this module knows no server.
+The adapters and the engines bound to them (``RemoteLocalEngine``, ``RemotevLLMEngine``,
+``RemoteSGLangEngine``) live in ``areal.engine``; ``areal.engine.inference_backends``
+maps a backend name to them and to its server command.
 
 What the engine does on top of the adapters:
 
@@ -32,6 +34,8 @@ import concurrent.futures
 import dataclasses
 import os
 import random
+import shlex
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -126,63 +130,6 @@ def _stop_reason(x: Any) -> str:
     return "abort" if x in (None, "cancelled", "interrupt") else "stop"
 
 
-class LocalBackend(BackendAdapter):
-    """The built-in server (``areal.infra.launcher.local_server``)."""
-
-    name = "local"
-    reports_versions = True
-
-    def generate_call(self, rid, input_ids, p):
-        return HttpCall(
-            "/generate",
-            {"rid": rid, "input_ids": input_ids, "sampling_params": dataclasses.asdict(p)},
-        )
-
-    def parse_generate(self, data):
-        return GenChunk(
-            list(data["output_ids"]),
-            list(data["output_logprobs"]),
-            list(data["output_versions"]),
-            _stop_reason(data["finish_reason"]),
-        )
-
-    def pause_call(self):
-        return HttpCall("/pause")
-
-    def resume_call(self):
-        return HttpCall("/continue")
-
-    def update_disk_call(self, path, version):
-        return HttpCall("/update_weights_from_disk", {"model_path": path, "version": version})
-
-    def init_group_call(self, meta, rank, world_size):
-        return HttpCall(
-            "/init_weights_update_group",
-            {
-                "master_address": meta.master_address,
-                "master_port": meta.master_port,
-                "rank": rank,
-                "world_size": world_size,
-                "group_name": meta.group_name,
-                "backend": meta.backend or "gloo",
-                "timeout_s": meta.timeout_s,
-            },
-        )
-
-    def update_distributed_call(self, meta, specs, version):
-        return HttpCall(
-            "/update_weights_from_distributed",
-            {
-                "group_name": meta.group_name,
-                "param_specs": [s.to_dict() for s in specs],
-                "version": version,
-            },
-        )
-
-    def set_version_call(self, version):
-        return HttpCall("/set_version", {"version": version})
-
-
 class HttpError(RuntimeError):
     def __init__(self, status: int, message: str, address: str):
         super().__init__(f"HTTP {status} from {address}: {message}")
@@ -205,7 +152,15 @@ class RemoteInfEngine(InferenceEngine):
         self, config: InferenceEngineConfig | None = None, backend: BackendAdapter | None = None
     ):
         self.config = config if config is not None else InferenceEngineConfig()
-        self.backend = backend if backend is not None else LocalBackend()
+        if backend is None:
+            backend = self.default_backend()
+        if not isinstance(backend, BackendAdapter):
+            raise TypeError(
+                f"RemoteInfEngine needs a BackendAdapter (got {backend!r}); use RemoteLocalEngine, "
+                "RemotevLLMEngine or RemoteSGLangEngine from areal.engine, or "
+                "areal.engine.inference_backends.make_inference_engine(name, config)"
+            )
+        self.backend = backend
         self.addresses: list[str] = []
         self.workflow_executor = None
         self._healthy: dict[str, bool] = {}
@@ -303,29 +258,61 @@ class RemoteInfEngine(InferenceEngine):
                     raise TimeoutError(f"inference server {a} not healthy after {timeout:.0f} s")
                 time.sleep(0.5)
 
-    # ------------------------------------------------------------------ launching
-    def launch_server(self, server_args: dict[str, Any]) -> Any:
-        """Start built-in servers: ``server_args`` = ``model_path``, optional ``num_servers``,
-        ``host``, ``ports``, ``log_dir`` and server flags (e.g. ``max_batch_size``).
-        Returns the list of addresses."""
-        from areal.infra.launcher.local_server import launch_local_server
+    # ------------------------------------------------------------------ backend hooks
+    def default_backend(self) -> BackendAdapter | None:
+        """The adapter used when none is passed; subclasses bound to a server return theirs."""
+        return None
+
+    @classmethod
+    def as_controller(cls, config: InferenceEngineConfig, scheduler: Any) -> Any:
+        """A ``RolloutController`` that starts this engine's servers through ``scheduler``
+        and drives them from the calling process (``submit``/``wait``/``export_stats``)."""
+        from areal.infra.controller.rollout_controller import RolloutController
+
+        return RolloutController(cls, config=config, scheduler=scheduler)
+
+    @classmethod
+    def build_server_command(cls, server_args: dict[str, Any]) -> tuple[str, dict[str, str]]:
+        """Command line of one server of this engine's backend, as a shell-quoted string
+        with ``{host}``/``{port}`` placeholders (literal braces doubled, as schedulers
+        ``str.format`` each argument), and the extra environment it needs.
+        ``server_args`` maps flag names to values."""
+        raise NotImplementedError(f"{cls.__name__} cannot start servers")
+
+    def launch_server(self, server_args: dict[str, Any]) -> list[str]:
+        """Start one server process on this machine (``server_args``: flags, plus optional
+        ``host``/``port``); returns its addresses. Stopped by ``teardown_server``."""
+        from areal.infra.launcher.server_process import launch_server_process
+        from areal.utils.network import find_free_ports
 
         args = dict(server_args)
-        group = launch_local_server(
-            args.pop("model_path"),
-            num_servers=args.pop("num_servers", 1),
-            host=args.pop("host", "127.0.0.1"),
-            ports=args.pop("ports", None),
-            log_dir=args.pop("log_dir", None),
+        host = args.pop("host", "127.0.0.1")
+        port = args.pop("port", None) or find_free_ports(1)[0]
+        cmd_str, env = self.build_server_command(args)
+        cmd = [c.format(host=host, port=port) for c in shlex.split(cmd_str)]
+        if cmd and cmd[0] in ("python", "python3"):
+            cmd[0] = sys.executable
+        sp = launch_server_process(
+            cmd,
+            f"{host}:{port}",
+            health_path=self.backend.health_path,
             timeout=self.config.setup_timeout,
-            server_args=args,
+            env=env,
         )
-        self._launched.append(group)
-        return group.addresses
+        self._launched.append(sp)
+        return [sp.address]
 
     def teardown_server(self) -> None:
         while self._launched:
-            self._launched.pop().shutdown()
+            launched = self._launched.pop()
+            stop = getattr(launched, "shutdown", None) or launched.stop
+            stop()
+
+    def export_stats(self) -> dict[str, float]:
+        """Rollout statistics recorded since the last export (``stats_tracker``)."""
+        from areal.utils import stats_tracker
+
+        return stats_tracker.export_all()
 
     # ------------------------------------------------------------------ HTTP plumbing
     def _session(self):

@@ -108,16 +108,28 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ set-up
     def _start_rollout(self):
-        from areal.infra.remote_inf_engine import RemoteInfEngine
+        """Start the servers of the allocation's inference backend and connect its client.
+
+        The backend name (``local``/``vllm``/``sglang``) picks, from the registry
+        ``areal.engine.inference_backends``, both the server command (flags from
+        ``config.vllm`` / ``config.sglang``) and the client engine speaking its protocol.
+        """
+        from areal.engine import inference_backends
         from areal.infra.scheduler.servers import launch_inference_servers
 
-        addrs = launch_inference_servers(
-            self.scheduler,
-            alloc_mode=self.alloc_mode,
+        backend = self.alloc_mode.gen_backend
+        gen = self.alloc_mode.gen
+        command, env = inference_backends.server_command(
+            backend,
+            self.config,
             model_path=self.config.actor.path,
-            config=self.config,
+            tp_size=getattr(gen, "tp_size", 1) if gen is not None else 1,
+            pp_size=getattr(gen, "pp_size", 1) if gen is not None else 1,
         )
-        engine = RemoteInfEngine(self.config.rollout)
+        addrs = launch_inference_servers(
+            self.scheduler, self.alloc_mode, command, env, config=self.config
+        )
+        engine = inference_backends.make_inference_engine(backend, self.config.rollout)
         # One executor in the controller produces the whole batch for all training ranks.
         engine.initialize(addr=addrs, train_data_parallel_size=1)
         return engine

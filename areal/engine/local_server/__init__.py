@@ -1,2 +1,3 @@
-"""Generation core of the built-in inference server (``core.GenerationCore``) and its
-weight loaders (``weights``). The HTTP app lives in ``areal.infra.launcher.local_server``."""
+"""The built-in inference server: generation core (``core``), weight loaders (``weights``),
+HTTP app (``app`` + ``openai_api``), command line (``python -m areal.engine.local_server``)
+and local process launching (``launch``)."""

