@@ -112,15 +112,229 @@ def test_ppo_actor_loss_decoupled_weight_and_cap_masking():
     old = prox - torch.log(torch.tensor([0.5, 2.0, 8.0]))
     adv = torch.tensor([1.0, 1.0, 1.0])
     mask = torch.ones(3, dtype=torch.bool)
-    loss, st = F.ppo_actor_loss_fn(
-        prox.clone(), prox, old, adv, 0.2, mask, behav_imp_weight_cap=5.0
-    )
+    rs = dict(level="token", action="mask", metric="ratio", upper=5.0)
+    loss, st = F.ppo_actor_loss_fn(prox.clone(), prox, old, adv, 0.2, mask, rejection_sampling=rs)
     assert torch.allclose(st["behave_imp_weight"], torch.tensor([0.5, 2.0, 0.0]))
     assert st["behave_mask"].tolist() == [True, True, False]
-    # denominator keeps the capped token: (-0.5 - 2 + 0) / 3
+    assert st["filtered_fraction"].item() == pytest.approx(1 / 3)
+    # denominator keeps the rejected token: (-0.5 - 2 + 0) / 3
     assert loss.item() == pytest.approx(-2.5 / 3, rel=1e-5)
-    loss_nocap, st2 = F.ppo_actor_loss_fn(prox.clone(), prox, old, adv, 0.2, mask)
+    # no upper bound to reach: weighted, nothing dropped
+    inf = dict(rs, upper=float("inf"))
+    loss_nocap, _ = F.ppo_actor_loss_fn(
+        prox.clone(), prox, old, adv, 0.2, mask, rejection_sampling=inf
+    )
     assert loss_nocap.item() == pytest.approx(-10.5 / 3, rel=1e-5)
+    # clamp: the weight 8 becomes 5 and the token stays
+    clamp = dict(rs, action="clamp")
+    loss_clamp, st3 = F.ppo_actor_loss_fn(
+        prox.clone(), prox, old, adv, 0.2, mask, rejection_sampling=clamp
+    )
+    assert loss_clamp.item() == pytest.approx(-7.5 / 3, rel=1e-5)
+    assert st3["rs_affected"].tolist() == [False, False, True]
+    # None (AReaL): no behaviour weight at all, nothing filtered
+    loss_none, st4 = F.ppo_actor_loss_fn(prox.clone(), prox, old, adv, 0.2, mask)
+    assert loss_none.item() == pytest.approx(-1.0, rel=1e-5)
+    assert "behave_imp_weight" not in st4
+
+
+# ----------------------------------------------------------------- rejection sampling
+# Two sequences, padded [2, 3]: r = pi_prox / pi_behave = [0.5, 2, 8] and [1, 1.5, pad].
+_R = torch.tensor([[0.5, 2.0, 8.0], [1.0, 1.5, 1.0]])
+_MASK = torch.tensor([[True, True, True], [True, True, False]])
+_LN2 = math.log(2.0)
+_K2 = [[0.5 * _LN2**2, 0.5 * _LN2**2, 0.5 * (3 * _LN2) ** 2], [0.0, 0.5 * math.log(1.5) ** 2]]
+_K3 = [[2 - 1 - _LN2, 0.5 - 1 + _LN2, 0.125 - 1 + 3 * _LN2], [0.0, 1 / 1.5 - 1 + math.log(1.5)]]
+
+
+def _rs_inputs():
+    old = torch.log(torch.full((2, 3), 0.3))
+    prox = old + torch.log(_R)
+    return prox, old, _MASK.clone()
+
+
+def test_rejection_sampling_kl_metrics_match_hand_values():
+    # hand values of the metrics used below (k3 = 1/r - 1 + log r, as AReaL's estimator)
+    assert _K3[0] == pytest.approx([0.3069, 0.1931, 1.2044], abs=1e-4)
+    assert _K3[1][1] == pytest.approx(0.0721, abs=1e-4)
+    assert _K2[0][2] == pytest.approx(2.1620, abs=1e-4)
+    prox, old, _ = _rs_inputs()
+    k3 = F.kl_estimator(prox, old, "k3")
+    assert k3[0].tolist() == pytest.approx(_K3[0], abs=1e-5)
+
+
+_SQRT15 = math.sqrt(1.5)
+# (config, keep_mask, weights, affected) for every metric x action x level
+_RS_CASES = {
+    "token-ratio-mask": (
+        dict(level="token", action="mask", metric="ratio", upper=5.0),
+        [[1, 1, 0], [1, 1, 0]],
+        [[0.5, 2.0, 0.0], [1.0, 1.5, 0.0]],
+        [[0, 0, 1], [0, 0, 0]],
+    ),
+    "token-ratio-mask-lower": (
+        dict(level="token", action="mask", metric="ratio", upper=5.0, lower=0.6),
+        [[0, 1, 0], [1, 1, 0]],
+        [[0.0, 2.0, 0.0], [1.0, 1.5, 0.0]],
+        [[1, 0, 1], [0, 0, 0]],
+    ),
+    "token-ratio-clamp": (
+        dict(level="token", action="clamp", metric="ratio", upper=5.0, lower=0.6),
+        [[1, 1, 1], [1, 1, 0]],
+        [[0.6, 2.0, 5.0], [1.0, 1.5, 0.0]],
+        [[1, 0, 1], [0, 0, 0]],
+    ),
+    "token-k1-mask": (  # log r = [-0.69, 0.69, 2.08], [0, 0.41]
+        dict(level="token", action="mask", metric="kl_k1", upper=1.0, lower=-0.5),
+        [[0, 1, 0], [1, 1, 0]],
+        [[0.0, 2.0, 0.0], [1.0, 1.5, 0.0]],
+        [[1, 0, 1], [0, 0, 0]],
+    ),
+    "token-k2-mask": (  # k2 = [0.24, 0.24, 2.16], [0, 0.08]
+        dict(level="token", action="mask", metric="kl_k2", upper=0.2),
+        [[0, 0, 0], [1, 1, 0]],
+        [[0.0, 0.0, 0.0], [1.0, 1.5, 0.0]],
+        [[1, 1, 1], [0, 0, 0]],
+    ),
+    "token-k3-mask": (  # k3 = [0.31, 0.19, 1.20], [0, 0.07]
+        dict(level="token", action="mask", metric="kl_k3", upper=0.25),
+        [[0, 1, 0], [1, 1, 0]],
+        [[0.0, 2.0, 0.0], [1.0, 1.5, 0.0]],
+        [[1, 0, 1], [0, 0, 0]],
+    ),
+    # sequence level, ratio: geometric means 2 and sqrt(1.5) are the weights
+    "seq-ratio-mean-mask": (
+        dict(level="sequence", action="mask", metric="ratio", agg="mean", upper=1.5),
+        [[0, 0, 0], [1, 1, 0]],
+        [[0.0, 0.0, 0.0], [_SQRT15, _SQRT15, 0.0]],
+        [[1, 1, 1], [0, 0, 0]],
+    ),
+    "seq-ratio-sum-mask": (  # products 8 and 1.5
+        dict(level="sequence", action="mask", metric="ratio", agg="sum", upper=5.0),
+        [[0, 0, 0], [1, 1, 0]],
+        [[0.0, 0.0, 0.0], [_SQRT15, _SQRT15, 0.0]],
+        [[1, 1, 1], [0, 0, 0]],
+    ),
+    "seq-ratio-sum-mask-both": (
+        dict(level="sequence", action="mask", metric="ratio", agg="sum", upper=1.4),
+        [[0, 0, 0], [0, 0, 0]],
+        [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+        [[1, 1, 1], [1, 1, 0]],
+    ),
+    "seq-ratio-max-mask": (  # largest ratios 8 and 1.5
+        dict(level="sequence", action="mask", metric="ratio", agg="max", upper=5.0),
+        [[0, 0, 0], [1, 1, 0]],
+        [[0.0, 0.0, 0.0], [_SQRT15, _SQRT15, 0.0]],
+        [[1, 1, 1], [0, 0, 0]],
+    ),
+    "seq-ratio-mean-clamp": (  # geometric mean 2 clamped to 1.5 on every token
+        dict(level="sequence", action="clamp", metric="ratio", agg="mean", upper=1.5),
+        [[1, 1, 1], [1, 1, 0]],
+        [[1.5, 1.5, 1.5], [_SQRT15, _SQRT15, 0.0]],
+        [[1, 1, 1], [0, 0, 0]],
+    ),
+    "seq-ratio-max-clamp": (  # out of bounds by its max (8), but its weight 2 is in [0, 5]
+        dict(level="sequence", action="clamp", metric="ratio", agg="max", upper=5.0),
+        [[1, 1, 1], [1, 1, 0]],
+        [[2.0, 2.0, 2.0], [_SQRT15, _SQRT15, 0.0]],
+        [[0, 0, 0], [0, 0, 0]],
+    ),
+    "seq-k1-max-mask": (  # max log r: 2.08 and 0.41; KL metrics keep per-token weights
+        dict(level="sequence", action="mask", metric="kl_k1", agg="max", upper=0.5),
+        [[0, 0, 0], [1, 1, 0]],
+        [[0.0, 0.0, 0.0], [1.0, 1.5, 0.0]],
+        [[1, 1, 1], [0, 0, 0]],
+    ),
+    "seq-k2-sum-mask": (  # sums 2.64 and 0.08
+        dict(level="sequence", action="mask", metric="kl_k2", agg="sum", upper=1.0),
+        [[0, 0, 0], [1, 1, 0]],
+        [[0.0, 0.0, 0.0], [1.0, 1.5, 0.0]],
+        [[1, 1, 1], [0, 0, 0]],
+    ),
+    "seq-k3-mean-mask": (  # means 0.568 and 0.036
+        dict(level="sequence", action="mask", metric="kl_k3", agg="mean", upper=0.5),
+        [[0, 0, 0], [1, 1, 0]],
+        [[0.0, 0.0, 0.0], [1.0, 1.5, 0.0]],
+        [[1, 1, 1], [0, 0, 0]],
+    ),
+    "seq-k3-mean-mask-lower": (  # lower bound 0.05 rejects the second (0.036)
+        dict(level="sequence", action="mask", metric="kl_k3", agg="mean", upper=0.6, lower=0.05),
+        [[1, 1, 1], [0, 0, 0]],
+        [[0.5, 2.0, 8.0], [0.0, 0.0, 0.0]],
+        [[0, 0, 0], [1, 1, 0]],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_RS_CASES))
+def test_rejection_sampling_each_metric_action_level_matches_hand_values(case):
+    cfg, keep, weight, affected = _RS_CASES[case]
+    prox, old, mask = _rs_inputs()
+    res = F.apply_rejection_sampling(prox, old, mask, cfg)
+    assert res.keep_mask.int().tolist() == keep
+    torch.testing.assert_close(res.behave_imp_weight, torch.tensor(weight), atol=1e-5, rtol=0)
+    assert res.affected.int().tolist() == affected
+    n_aff = sum(map(sum, affected))
+    assert res.filtered_fraction.item() == pytest.approx(n_aff / 5)
+    # packed 1-D layout (cu_seqlens) gives the same decisions and weights
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    packed = F.apply_rejection_sampling(prox[mask], old[mask], mask[mask], cfg, cu_seqlens=cu)
+    assert packed.keep_mask.tolist() == res.keep_mask[mask].tolist()
+    torch.testing.assert_close(packed.behave_imp_weight, res.behave_imp_weight[mask])
+    assert packed.filtered_fraction.item() == pytest.approx(n_aff / 5)
+
+
+def test_rejection_sampling_in_loss_rejected_leave_numerator_and_gspo_ratio():
+    # GSPO sequence ratio is the geometric mean over the KEPT tokens only
+    prox, old, mask = _rs_inputs()
+    logp = prox + torch.tensor([[0.1, 0.2, 3.0], [0.0, 0.0, 0.0]])
+    adv = torch.ones(2, 3)
+    cfg = dict(level="token", action="mask", metric="ratio", upper=5.0)
+    _, st = F.ppo_actor_loss_fn(
+        logp,
+        prox,
+        old,
+        adv,
+        10.0,
+        mask,
+        rejection_sampling=cfg,
+        importance_sampling_level="sequence",
+    )
+    assert st["importance_weight"][0, 0].item() == pytest.approx(math.exp(0.15), rel=1e-5)
+    assert st["importance_weight"][0, 2].item() == 0.0
+
+
+def test_rejection_sampling_bad_config_raises():
+    prox, old, mask = _rs_inputs()
+    with pytest.raises(ValueError, match="metric='ratio'"):
+        F.apply_rejection_sampling(prox, old, mask, dict(action="clamp", metric="kl_k3"))
+    with pytest.raises(ValueError, match="allowed"):
+        F.apply_rejection_sampling(prox, old, mask, dict(metric="kl_k4"))
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        F.apply_rejection_sampling(prox[mask], old[mask], mask[mask], dict(level="sequence"))
+
+
+def test_rejection_sampling_accepts_config_dataclass():
+    from areal.api.cli_args import RejectionSamplingConfig
+
+    prox, old, mask = _rs_inputs()
+    cfg = RejectionSamplingConfig(level="token", action="clamp", metric="ratio", upper=5.0)
+    res = F.apply_rejection_sampling(prox, old, mask, cfg)
+    assert res.behave_imp_weight[0].tolist() == pytest.approx([0.5, 2.0, 5.0])
+
+
+# ------------------------------------------------------- loglinear proximal logprobs
+def test_loglinear_prox_logp_alpha_from_versions_hand_values():
+    old = torch.tensor([[-1.0, -2.0, -3.0, -4.0]])
+    cur = torch.tensor([[-2.0, -1.0, -1.0, -2.0]])
+    versions = torch.tensor([[-1, 5, 4, 2]])  # prompt, fresh, 1 stale, 3 stale
+    # first minibatch: weights are still the proximal ones -> exact = current logprobs
+    p0 = F.loglinear_prox_logp(old, cur, versions, proximal_version=5, update_progress=0.0)
+    assert p0.tolist() == [[-1.0, -2.0, -1.0, -2.0]]
+    # halfway: alpha = (5 - v) / (5.5 - v): 1-stale 1/1.5, 3-stale 3/3.5; fresh stays old
+    p = F.loglinear_prox_logp(old, cur, versions, proximal_version=5, update_progress=0.5)
+    expect = [-1.0, -2.0, -3.0 + (2 / 3) * 2.0, -4.0 + (3 / 3.5) * 2.0]
+    assert p[0].tolist() == pytest.approx(expect, abs=1e-6)
 
 
 def test_ppo_actor_loss_masked_tokens_ignored():

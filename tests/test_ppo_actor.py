@@ -302,8 +302,10 @@ def test_ppo_update_matches_direct_loss_for_any_microbatch_split(mb_seqs, agg, e
     # a slightly different proximal policy so that weights, clipping and the cap all act
     data["prox_logp"] = actor.compute_logp(data) + 0.3 * torch.randn(6, 7) * data["loss_mask"]
     actor.compute_advantages(data)
+    # the legacy cap 1.5 (token_mask) is migrated to this rejection_sampling config
+    rs = dict(level="token", action="mask", metric="ratio", upper=1.5)
     ref = _reference_step(
-        eng, data, eps_clip=0.1, behav_imp_weight_cap=1.5, loss_agg_mode=agg, **extra
+        eng, data, eps_clip=0.1, rejection_sampling=rs, loss_agg_mode=agg, **extra
     )
     stats = actor.ppo_update(data)
     assert len(stats) == 1

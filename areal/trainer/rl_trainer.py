@@ -345,7 +345,8 @@ class PPOTrainer:
         self._log_consumed(batch, step_info.global_step)
 
         with timed("compute_logp"):
-            if config.actor.recompute_logprob or config.actor.use_decoupled_loss:
+            # prox_logp_method='loglinear': no proximal forward pass (approximated in the loss)
+            if config.actor.should_compute_prox_logp():
                 batch["prox_logp"] = self.actor.compute_logp(batch)
             if self.ref is not None:
                 batch["ref_logp"] = self.ref.compute_logp(batch)

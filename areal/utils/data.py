@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from areal.utils.batch import concat_padded_tensors  # noqa: F401  (re-exported)
-from areal.utils.seqpack import ffd_allocate
+from areal.utils.seqpack import get_allocate_fn
 
 __all__ = [
     "MicroBatchList",
@@ -207,7 +207,8 @@ def _plan_bins(
             f"mb_spec.n_mbs={n_mbs} micro-batches requested but {name} has only "
             f"{len(group_lens)} sequence group(s)"
         )
-    bins = ffd_allocate(group_lens, max_tokens, min_groups=n_mbs, divisor=divisor)
+    allocate = get_allocate_fn(_spec_value(mb_spec, "packing_algorithm", "ffd"))
+    bins = allocate(group_lens, max_tokens, min_groups=n_mbs, divisor=divisor)
     return group_lens, granularity, bins
 
 
@@ -220,8 +221,11 @@ def split_padded_tensor_dict_into_mb_list(
     """Split a padded batch into micro-batches of at most ``mb_spec.max_tokens_per_mb`` tokens.
 
     Sequences are grouped in consecutive runs of ``mb_spec.granularity`` rows that stay
-    together; groups are packed by first-fit decreasing into at least ``mb_spec.n_mbs``
-    micro-batches, a multiple of ``mb_spec.n_mbs_divisor``. With ``group`` (a
+    together; groups are packed into at least ``mb_spec.n_mbs`` micro-batches, a multiple
+    of ``mb_spec.n_mbs_divisor``, by ``mb_spec.packing_algorithm``: ``"ffd"`` (first-fit
+    decreasing: fewest micro-batches) or ``"kk"`` (Karmarkar-Karp: the fewest the budget
+    allows, with near-equal token counts; see :func:`areal.utils.seqpack.kk_allocate`).
+    With ``group`` (a
     data-parallel process group) every rank ends up with the same number of micro-batches
     (the maximum over ranks), as FSDP needs matching collectives on every rank; a bad
     batch on any rank makes every rank raise ``ValueError`` (no rank is left waiting).
@@ -250,10 +254,11 @@ def split_padded_tensor_dict_into_mb_list(
             )
         max_tokens = int(_spec_value(mb_spec, "max_tokens_per_mb", 1 << 62))
         divisor = int(_spec_value(mb_spec, "n_mbs_divisor", 1))
+        allocate = get_allocate_fn(_spec_value(mb_spec, "packing_algorithm", "ffd"))
         # Every rank must run the same number of micro-batches (FSDP collectives).
         while True:
             if len(bins) != k:
-                bins = ffd_allocate(group_lens, max_tokens, min_groups=k, divisor=divisor)
+                bins = allocate(group_lens, max_tokens, min_groups=k, divisor=divisor)
             (n,) = _all_reduce_max([len(bins)], group)
             if n == k:
                 break

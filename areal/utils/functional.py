@@ -8,6 +8,7 @@ packed 1-D ``[n_tokens]`` tensors with ``cu_seqlens`` where sequence structure m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,7 +30,13 @@ __all__ = [
     "ppo_critic_loss_fn",
     "aggregate_token_loss",
     "LOSS_AGG_MODES",
-    "BEHAVE_IMP_WEIGHT_MODES",
+    "REJECTION_LEVELS",
+    "REJECTION_ACTIONS",
+    "REJECTION_METRICS",
+    "REJECTION_AGGS",
+    "RejectionSamplingResult",
+    "apply_rejection_sampling",
+    "loglinear_prox_logp",
     "dynamic_sampling_accept",
     "uniform_reward_group_mask",
 ]
@@ -37,13 +44,10 @@ __all__ = [
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 NORM_LEVELS = ("batch", "group", None)
-BEHAVE_IMP_WEIGHT_MODES = (
-    "token_mask",
-    "token_truncate",
-    "sequence_mask",
-    "sequence_truncate",
-    "disabled",
-)
+REJECTION_LEVELS = ("token", "sequence")
+REJECTION_ACTIONS = ("mask", "clamp")
+REJECTION_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3")
+REJECTION_AGGS = ("sum", "mean", "max")
 
 
 # ------------------------------------------------------------------------ KL estimators
@@ -340,6 +344,176 @@ def aggregate_token_loss(
     raise ValueError(f"loss_agg_mode={mode!r}; allowed: {list(LOSS_AGG_MODES)}")
 
 
+# ------------------------------------------------ staleness: rejection sampling, prox
+@dataclass
+class RejectionSamplingResult:
+    """Outcome of :func:`apply_rejection_sampling` (all per-token, shaped like the inputs).
+
+    ``keep_mask``: loss tokens that stay in the loss (``loss_mask`` minus the rejected ones);
+    ``behave_imp_weight``: the behaviour importance weight ``pi_prox / pi_behave`` after
+    clamping, 0 outside ``keep_mask``; ``affected``: loss tokens that were rejected
+    (``mask``) or whose weight was clamped (``clamp``); ``filtered_fraction``: scalar
+    tensor, ``affected`` tokens / loss tokens.
+    """
+
+    keep_mask: torch.Tensor
+    behave_imp_weight: torch.Tensor
+    affected: torch.Tensor
+    filtered_fraction: torch.Tensor
+
+
+def _rs_field(config: Any, name: str, default: Any) -> Any:
+    if isinstance(config, dict):
+        return config.get(name, default)
+    return getattr(config, name, default)
+
+
+def _seq_reduce(
+    x: torch.Tensor, mask: torch.Tensor, cu_seqlens: torch.Tensor | None, how: str
+) -> torch.Tensor:
+    """Per-sequence ``sum`` / ``mean`` / ``max`` of ``x`` over ``mask`` (0 for empty sequences)."""
+    if how == "sum":
+        return _seq_sum(x, mask, cu_seqlens)
+    if how == "mean":
+        return sequence_mean(x, mask, cu_seqlens)
+    neg_inf = torch.full((), float("-inf"), dtype=x.dtype, device=x.device)
+    xm = torch.where(mask, x, neg_inf)
+    if x.dim() == 2:
+        out = xm.amax(-1)
+    else:
+        idx = sequence_index(cu_seqlens, x.numel())
+        out = torch.full((cu_seqlens.numel() - 1,), float("-inf"), dtype=x.dtype, device=x.device)
+        out = out.scatter_reduce(0, idx, xm, reduce="amax")
+    return torch.where(torch.isinf(out), torch.zeros_like(out), out)
+
+
+def apply_rejection_sampling(
+    proximal_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    config: Any,
+    cu_seqlens: torch.Tensor | None = None,
+) -> RejectionSamplingResult:
+    """Staleness filter of the decoupled loss (AReaL's ``rejection_sampling``).
+
+    ``config`` has ``level``, ``action``, ``metric``, ``agg``, ``upper``, ``lower`` (a
+    ``RejectionSamplingConfig``, any object or dict with those names). With
+    ``log r = proximal - old`` per token (``r = pi_prox / pi_behave``; non-finite values
+    count as 0) the metric is ``r`` (``ratio``), ``log r`` (``kl_k1``), ``(log r)^2 / 2``
+    (``kl_k2``) or ``r - log r - 1`` written for ``pi_behave`` samples, i.e.
+    ``1/r - 1 + log r`` (``kl_k3``, :func:`kl_estimator` ``k3`` of (prox, old)). A value is
+    in bounds when ``<= upper`` and, if ``lower`` is set, ``>= lower``.
+
+    * ``level="token"``: each loss token is judged on its own metric; its weight is ``r``.
+    * ``level="sequence"``: the metric is aggregated over the loss tokens of each sequence
+      (``agg``: ``sum`` / ``mean`` / ``max``; for ``ratio`` the aggregation is of ``log r``
+      and exponentiated back: the product / geometric mean / largest ratio) and the whole
+      sequence shares the decision. With ``ratio`` every token's weight is the
+      sequence's geometric-mean ratio (GSPO-style); with KL metrics weights stay per token.
+    * ``action="mask"``: out-of-bounds tokens (sequences) leave the loss (``keep_mask``);
+      ``action="clamp"`` (``ratio`` only): their weight is clamped into
+      ``[lower or 0, upper]`` and they stay.
+
+    Packed 1-D inputs need ``cu_seqlens`` at sequence level.
+    """
+    level = _rs_field(config, "level", "token")
+    action = _rs_field(config, "action", "mask")
+    metric_name = _rs_field(config, "metric", "ratio")
+    agg = _rs_field(config, "agg", "mean")
+    upper = float(_rs_field(config, "upper", 5.0))
+    lower = _rs_field(config, "lower", None)
+    for name, value, allowed in (
+        ("level", level, REJECTION_LEVELS),
+        ("action", action, REJECTION_ACTIONS),
+        ("metric", metric_name, REJECTION_METRICS),
+        ("agg", agg, REJECTION_AGGS),
+    ):
+        if value not in allowed:
+            raise ValueError(f"rejection_sampling.{name}={value!r}; allowed: {list(allowed)}")
+    if action == "clamp" and metric_name != "ratio":
+        raise ValueError(
+            f"rejection_sampling.action='clamp' needs metric='ratio', got {metric_name!r}"
+        )
+    if proximal_logprobs.shape != old_logprobs.shape or old_logprobs.shape != loss_mask.shape:
+        raise ValueError(
+            f"shapes differ: proximal {tuple(proximal_logprobs.shape)}, old "
+            f"{tuple(old_logprobs.shape)}, loss_mask {tuple(loss_mask.shape)}"
+        )
+    if level == "sequence" and proximal_logprobs.dim() == 1 and cu_seqlens is None:
+        raise ValueError("rejection_sampling.level='sequence' on packed inputs needs cu_seqlens")
+    mask = loss_mask.bool()
+    log_r = proximal_logprobs.detach().float() - old_logprobs.detach().float()
+    log_r = torch.where(mask & torch.isfinite(log_r), log_r, 0.0)
+    if metric_name == "ratio":
+        metric = log_r  # compared in log space: log r vs log(bound)
+    else:
+        metric = kl_estimator(log_r, torch.zeros_like(log_r), metric_name[3:])
+    weight = torch.exp(log_r)
+
+    if level == "sequence":
+        seq_metric = _seq_reduce(metric, mask, cu_seqlens, agg)
+        metric = _broadcast_seq(seq_metric, log_r, cu_seqlens)
+        if metric_name == "ratio":
+            seq_log_w = sequence_mean(log_r, mask, cu_seqlens)
+            weight = torch.exp(_broadcast_seq(seq_log_w, log_r, cu_seqlens))
+    if metric_name == "ratio":
+        metric = torch.exp(metric)
+    in_bounds = metric <= upper
+    if lower is not None:
+        in_bounds = in_bounds & (metric >= float(lower))
+
+    if action == "mask":
+        keep = mask & in_bounds
+        affected = mask & ~in_bounds
+    else:
+        lo = 0.0 if lower is None else float(lower)
+        clamped = torch.where(in_bounds, weight, weight.clamp(min=lo, max=upper))
+        affected = mask & (clamped != weight)
+        weight = clamped
+        keep = mask
+    weight = torch.where(keep, weight, 0.0)
+    frac = affected.sum().float() / mask.sum().clamp(min=1).float()
+    return RejectionSamplingResult(
+        keep_mask=keep, behave_imp_weight=weight, affected=affected, filtered_fraction=frac
+    )
+
+
+@torch.no_grad()
+def loglinear_prox_logp(
+    old_logprobs: torch.Tensor,
+    logprobs: torch.Tensor,
+    versions: torch.Tensor,
+    proximal_version: int,
+    update_progress: float = 0.0,
+) -> torch.Tensor:
+    """Log-linear approximation of the proximal logprobs (``prox_logp_method="loglinear"``).
+
+    Assumes a token's log-probability moves linearly with the policy version between the
+    behaviour policy (version ``v_b = versions``, logprob ``old_logprobs``) and the
+    policy being trained (``logprobs``, version ``v_theta``)::
+
+        alpha = (v_prox - v_b) / (v_theta - v_b)      clamped to [0, 1]
+        prox  = old + alpha * (logprobs - old)
+
+    ``proximal_version`` (``v_prox``) is the version of the weights the update started
+    from, i.e. the weights a recompute would use; ``v_theta = v_prox + update_progress``
+    where ``update_progress`` is the fraction of this update's optimizer steps already
+    taken (minibatch index / number of minibatches). So tokens generated by the proximal
+    weights (``v_b = v_prox``) get ``old`` exactly, and in the first minibatch
+    (``update_progress = 0``, the weights are still the proximal ones) every older token
+    gets ``logprobs`` exactly. Tokens with ``versions < 0`` (prompt) get ``old``.
+    """
+    v_b = versions.to(torch.float64)
+    v_prox = float(proximal_version)
+    v_theta = v_prox + float(update_progress)
+    gap = v_theta - v_b
+    generated = versions >= 0
+    alpha = torch.where(generated & (gap > 0), (v_prox - v_b) / gap.clamp(min=1e-12), 0.0)
+    alpha = alpha.clamp(0.0, 1.0).to(torch.float32)
+    old = old_logprobs.detach().float()
+    return old + alpha * (logprobs.detach().float() - old)
+
+
 # --------------------------------------------------------------------- policy losses
 def _sequence_ratio(
     log_ratio: torch.Tensor,
@@ -369,12 +543,11 @@ def ppo_actor_loss_fn(
     loss_mask: torch.Tensor,
     eps_clip_higher: float | None = None,
     c_clip: float | None = None,
-    behav_imp_weight_cap: float | None = None,
+    rejection_sampling: Any = None,
     importance_sampling_level: str = "token",
     cu_seqlens: torch.Tensor | None = None,
     loss_agg_mode: str = "token-mean",
     loss_norm_constant: float | None = None,
-    behave_imp_weight_mode: str = "token_mask",
     token_keep_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Decoupled clipped PPO surrogate (AReaL), with clip-higher, dual clip and GSPO.
@@ -385,20 +558,21 @@ def ppo_actor_loss_fn(
 
         L = max(-A * ratio, -A * clip(ratio, 1 - eps_clip, 1 + eps_clip_higher))
         L = min(L, c_clip * |A|)            if c_clip (dual clip; binds only for A < 0)
-        L = L * exp(proximal - old)         behaviour importance weight (1 when prox == old)
+        L = L * w                           w = behaviour importance weight
 
-    ``behave_imp_weight_mode`` says what happens above ``behav_imp_weight_cap``:
-    ``token_mask`` drops the token, ``token_truncate`` clamps its weight to the cap,
-    ``sequence_mask`` / ``sequence_truncate`` use the sequence geometric-mean weight
-    (``exp(mean(prox - old))``) and drop / clamp whole sequences, ``disabled`` applies no
-    behaviour weight at all. Dropped tokens (and tokens where ``token_keep_mask`` is False,
-    e.g. the M2PO mask) leave the numerator but stay in the denominator, so the
-    micro-batch weight is unchanged. The result is aggregated by ``loss_agg_mode``
-    (see :func:`aggregate_token_loss`).
+    ``rejection_sampling`` (a ``RejectionSamplingConfig``, see
+    :func:`apply_rejection_sampling`) sets ``w = pi_prox / pi_behave`` (clamped by
+    ``action="clamp"``) and removes rejected tokens (``action="mask"``); ``None`` applies
+    no behaviour weight (``w = 1``) and filters nothing, as AReaL. Rejected tokens (and
+    tokens where ``token_keep_mask`` is False, e.g. the M2PO mask) leave the loss — also
+    the GSPO sequence ratio — but stay in its denominator, so the micro-batch weight is
+    unchanged. The result is aggregated by ``loss_agg_mode`` (:func:`aggregate_token_loss`).
 
-    Returns ``(loss, stats)``; stats hold per-token tensors: ``loss``, ``importance_weight``,
-    ``approx_kl`` (``logprobs - proximal``), ``clip_mask``, ``dual_clip_mask``,
-    ``behave_imp_weight``, ``behave_approx_kl``, ``behave_mask``.
+    Returns ``(loss, stats)``; stats hold per-token tensors: ``loss``,
+    ``importance_weight``, ``approx_kl`` (``logprobs - proximal``), ``clip_mask``,
+    ``dual_clip_mask`` and, with ``rejection_sampling``, ``behave_imp_weight``,
+    ``behave_approx_kl``, ``behave_mask`` (tokens kept with a positive weight),
+    ``rs_affected`` (rejected or clamped) and the scalar ``filtered_fraction``.
     """
     _check_is_level(importance_sampling_level)
     if c_clip is not None and c_clip <= 1.0:
@@ -407,49 +581,35 @@ def ppo_actor_loss_fn(
     advantages = advantages.detach().float()
     prox = proximal_logprobs.detach().float()
     old = old_logprobs.detach().float()
+    rs = None
+    active = mask
+    if rejection_sampling is not None:
+        rs = apply_rejection_sampling(prox, old, mask, rejection_sampling, cu_seqlens)
+        active = rs.keep_mask
+    if token_keep_mask is not None:
+        active = active & token_keep_mask.bool()
     log_ratio = logprobs.float() - prox
-    log_ratio = torch.where(mask, log_ratio, 0.0)
+    log_ratio = torch.where(active, log_ratio, 0.0)
     if importance_sampling_level == "sequence":
-        ratio, advantages = _sequence_ratio(log_ratio, advantages, mask, cu_seqlens)
+        ratio, advantages = _sequence_ratio(log_ratio, advantages, active, cu_seqlens)
     else:
         ratio = torch.exp(log_ratio)
-    ratio = torch.where(mask, ratio, 0.0)
+    ratio = torch.where(active, ratio, 0.0)
     hi = eps_clip if eps_clip_higher is None else eps_clip_higher
     clipped_ratio = ratio.clamp(1.0 - eps_clip, 1.0 + hi)
     loss1 = -advantages * ratio
     loss2 = -advantages * clipped_ratio
-    clip_mask = (loss1.detach() < loss2.detach()) & mask
+    clip_mask = (loss1.detach() < loss2.detach()) & active
     pg_loss = torch.maximum(loss1, loss2)
     if c_clip is not None:
         loss3 = c_clip * advantages.abs()
-        dual_clip_mask = (loss3 < pg_loss.detach()) & mask
+        dual_clip_mask = (loss3 < pg_loss.detach()) & active
         pg_loss = torch.minimum(pg_loss, loss3)
     else:
         dual_clip_mask = torch.zeros_like(mask)
-
-    behav_log = torch.where(mask, prox - old, 0.0)
-    mode = behave_imp_weight_mode
-    if mode not in BEHAVE_IMP_WEIGHT_MODES:
-        raise ValueError(
-            f"behave_imp_weight_mode={mode!r}; allowed: {list(BEHAVE_IMP_WEIGHT_MODES)}"
-        )
-    if mode == "disabled":
-        behav_w = torch.ones_like(behav_log)
-    elif mode.startswith("sequence"):
-        seq_log = sequence_mean(behav_log, mask, cu_seqlens)
-        behav_w = torch.exp(_broadcast_seq(seq_log, behav_log, cu_seqlens))
-    else:
-        behav_w = torch.exp(behav_log)
-    behav_mask = mask
-    if behav_imp_weight_cap is not None and mode != "disabled":
-        if mode.endswith("mask"):
-            behav_mask = mask & (behav_w <= behav_imp_weight_cap)
-        else:
-            behav_w = behav_w.clamp(max=behav_imp_weight_cap)
-    if token_keep_mask is not None:
-        behav_mask = behav_mask & token_keep_mask.bool()
-    behav_w = torch.where(behav_mask, behav_w, 0.0)
-    pg_loss = pg_loss * behav_w
+    if rs is not None:
+        pg_loss = pg_loss * rs.behave_imp_weight
+    pg_loss = torch.where(active, pg_loss, 0.0)
 
     loss = aggregate_token_loss(pg_loss, mask, loss_agg_mode, cu_seqlens, loss_norm_constant)
     stats = dict(
@@ -458,10 +618,16 @@ def ppo_actor_loss_fn(
         approx_kl=log_ratio.detach(),
         clip_mask=clip_mask,
         dual_clip_mask=dual_clip_mask,
-        behave_imp_weight=behav_w.detach(),
-        behave_approx_kl=torch.where(behav_mask, behav_log, 0.0),
-        behave_mask=behav_mask,
     )
+    if rs is not None:
+        behave_mask = active & (rs.behave_imp_weight > 0)
+        stats.update(
+            behave_imp_weight=torch.where(active, rs.behave_imp_weight, 0.0),
+            behave_approx_kl=torch.where(behave_mask, prox - old, 0.0),
+            behave_mask=behave_mask,
+            rs_affected=rs.affected,
+            filtered_fraction=rs.filtered_fraction,
+        )
     return loss, stats
 
 

@@ -17,9 +17,11 @@ attribute access, e.g. ``actor.step_lr_scheduler()``):
 
 - Every argument that is a padded batch (a dict holding a 2-D ``attention_mask``
   tensor) is split across data-parallel ranks, balanced by token count: units (single
-  sequences, or whole groups of ``group_size`` consecutive sequences) are sorted by
-  tokens, largest first, and each goes to the rank with the fewest tokens so far. Inside
-  a rank the original order is kept. All batch arguments of one call must have the same
+  sequences, or whole groups of ``group_size`` consecutive sequences) are partitioned by
+  the engine config's ``mb_spec.packing_algorithm``: ``"ffd"`` (default) sorts them by
+  tokens, largest first, and gives each to the rank with the fewest tokens so far;
+  ``"kk"`` uses Karmarkar-Karp (``areal.utils.seqpack.kk_partition``) and keeps the more
+  even of the two splits. Inside a rank the original order is kept. All batch arguments of one call must have the same
   ``B`` and are split the same way. Other arguments are sent unchanged to every rank.
 - All ranks are called concurrently (collectives need every rank); the first failure
   is raised at once (a dead worker wins over the collective errors it causes).
@@ -49,6 +51,7 @@ from areal.api.io_struct import FinetuneSpec, ParamSpec, SaveLoadMeta, WeightUpd
 from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, WorkerDiedError
 from areal.infra.rpc.client import spawn_daemon
 from areal.utils import logging
+from areal.utils.seqpack import kk_partition, partition_spread
 
 logger = logging.getLogger("TrainController")
 
@@ -84,14 +87,33 @@ def balanced_partition(weights: list[int], n_parts: int) -> list[list[int]]:
     return [sorted(p) for p in parts]
 
 
-def split_batch_indices(batch: dict, n_parts: int, group_size: int = 1) -> list[torch.Tensor]:
-    """Sequence indices per rank, balanced by ``attention_mask`` token counts; whole groups stay together."""
+def kk_balanced_partition(weights: list[int], n_parts: int) -> list[list[int]]:
+    """Like :func:`balanced_partition`, by Karmarkar-Karp; the greedy split is kept instead
+    when it is more even (KK is a heuristic). Parts in ascending index order."""
+    greedy = balanced_partition(weights, n_parts)
+    kk = kk_partition(weights, n_parts)
+    return kk if partition_spread(weights, kk) <= partition_spread(weights, greedy) else greedy
+
+
+_DP_PARTITIONERS = {"ffd": balanced_partition, "kk": kk_balanced_partition}
+
+
+def split_batch_indices(
+    batch: dict, n_parts: int, group_size: int = 1, packing_algorithm: str | None = "ffd"
+) -> list[torch.Tensor]:
+    """Sequence indices per rank, balanced by ``attention_mask`` token counts; whole groups
+    stay together. ``packing_algorithm``: ``"ffd"`` (greedy, default) or ``"kk"``."""
     mask = batch["attention_mask"]
     bsz = mask.shape[0]
     if group_size < 1 or bsz % group_size != 0:
         raise ValueError(f"Batch size {bsz} is not a multiple of group_size={group_size}")
+    partition = _DP_PARTITIONERS.get(packing_algorithm or "ffd")
+    if partition is None:
+        raise ValueError(
+            f"packing_algorithm={packing_algorithm!r}; allowed: {sorted(_DP_PARTITIONERS)}"
+        )
     tokens = mask.reshape(bsz // group_size, -1).sum(1).tolist()
-    parts = balanced_partition([int(t) for t in tokens], n_parts)
+    parts = partition([int(t) for t in tokens], n_parts)
     return [
         torch.tensor(
             [u * group_size + j for u in part for j in range(group_size)], dtype=torch.long
@@ -355,7 +377,8 @@ class TrainController:
             raise ValueError(
                 f"{method}: batch arguments have different batch sizes {sorted(sizes)}"
             )
-        indices = split_batch_indices(batches[0], self.dp_size, group_size)
+        packing = getattr(getattr(self.config, "mb_spec", None), "packing_algorithm", None)
+        indices = split_batch_indices(batches[0], self.dp_size, group_size, packing)
         per_rank = []
         for dp in self.dp_ranks:
             idx = indices[dp]

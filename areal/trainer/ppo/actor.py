@@ -10,11 +10,14 @@ Data keys (padded ``[B, T]``, token-aligned, see the shared conventions):
 
 * in: ``input_ids``, ``attention_mask``, ``loss_mask``, ``logprobs`` (behaviour policy),
   ``rewards`` ``[B]``; optional ``versions``, ``prox_logp`` (recomputed by
-  :meth:`PPOActor.compute_logp`), ``ref_logp`` (reference model), ``values`` (critic),
+  :meth:`PPOActor.compute_logp`; absent with ``prox_logp_method="loglinear"``, which
+  approximates it inside the loss from ``versions``), ``ref_logp`` (reference model),
+  ``values`` (critic),
   ``no_eos`` ``[B]`` bool (truncated responses; otherwise a response that fills the padded
   width counts as truncated).
 * out of :meth:`PPOActor.compute_advantages`: ``advantages``, ``old_logp`` (behaviour),
-  ``prox_logp`` (the policy the ratio is clipped against), ``returns`` (when ``values``),
+  ``prox_logp`` (the policy the ratio is clipped against; left out in ``loglinear``
+  mode), ``returns`` (when ``values``),
   ``kl_rewards``, ``tot_rewards`` ``[B, T]`` and ``task_rewards`` ``[B]`` (processed).
 """
 
@@ -33,6 +36,7 @@ from areal.utils.functional import (
     gae,
     group_normalization,
     kl_estimator,
+    loglinear_prox_logp,
     m2po_loss_mask,
     ppo_actor_loss_fn,
     reward_overlong_penalty,
@@ -52,6 +56,8 @@ __all__ = [
 ]  # + FSDPPPOActor (lazy)
 
 # keys the loss needs; everything else stays out of the mini-batches
+PROX_LOGP_METHODS = ("recompute", "loglinear", "metrics")
+
 _TRAIN_KEYS = (
     "input_ids",
     "attention_mask",
@@ -119,6 +125,16 @@ class PPOActor:
             )
         if config.use_decoupled_loss and not config.recompute_logprob:
             raise ValueError("actor.use_decoupled_loss=True requires actor.recompute_logprob=True")
+        self.prox_logp_method = getattr(config, "prox_logp_method", "recompute")
+        if self.prox_logp_method not in PROX_LOGP_METHODS:
+            raise ValueError(
+                f"actor.prox_logp_method={self.prox_logp_method!r}; allowed: "
+                f"{list(PROX_LOGP_METHODS)}"
+            )
+        # rejection sampling only acts on the decoupled loss (None: no behaviour weight)
+        self.rejection_sampling = (
+            getattr(config, "rejection_sampling", None) if config.use_decoupled_loss else None
+        )
 
     # ------------------------------------------------------------------ logprobs
     @torch.no_grad()
@@ -167,10 +183,20 @@ class PPOActor:
         # ---- logprobs: behaviour (old) and proximal
         behav = torch.where(loss_mask, data["logprobs"].float(), 0.0)
         prox = data.get("prox_logp")
-        if cfg.use_decoupled_loss:
-            if prox is None:
+        approx_prox = cfg.use_decoupled_loss and self.prox_logp_method == "loglinear"
+        if approx_prox:
+            # approximated inside the loss from the versions: no proximal forward pass
+            if data.get("versions") is None:
                 raise ValueError(
-                    "use_decoupled_loss=True but data has no 'prox_logp'; call compute_logp first"
+                    "actor.prox_logp_method='loglinear' needs per-token 'versions' in the batch"
+                )
+            prox = None
+            data.pop("prox_logp", None)
+        if cfg.use_decoupled_loss:
+            if prox is None and not approx_prox:
+                raise ValueError(
+                    "use_decoupled_loss=True but data has no 'prox_logp'; call compute_logp first "
+                    "(or set actor.prox_logp_method='loglinear')"
                 )
             old_logp = behav
         elif cfg.recompute_logprob and prox is not None:
@@ -179,7 +205,7 @@ class PPOActor:
             old_logp = behav
         prox = old_logp if prox is None or not cfg.use_decoupled_loss else prox.float()
         old_logp = torch.where(loss_mask, old_logp, 0.0)
-        prox = torch.where(loss_mask, prox, 0.0)
+        prox = torch.where(loss_mask, prox, 0.0)  # the behaviour logprobs when approximated
 
         # ---- token rewards: KL penalty + sequence reward on the last loss token
         kl_rewards = torch.zeros(bs, seqlen, device=device)
@@ -210,7 +236,8 @@ class PPOActor:
 
         data["advantages"] = advantages.float()
         data["old_logp"] = old_logp
-        data["prox_logp"] = prox
+        if not approx_prox:
+            data["prox_logp"] = prox
         data["kl_rewards"] = kl_rewards
         data["tot_rewards"] = tot_rewards
         data["task_rewards"] = rewards
@@ -249,13 +276,20 @@ class PPOActor:
             gen = torch.Generator().manual_seed(step_seed)
         perm = torch.randperm(bs, generator=gen).to(data["attention_mask"].device)
         train_data = {k: data[k] for k in _TRAIN_KEYS if k in data}
+        prox_method = self.prox_logp_method if cfg.use_decoupled_loss else "recompute"
+        approx_prox = prox_method == "loglinear"
+        if approx_prox and current_version is None:
+            raise ValueError(
+                "actor.prox_logp_method='loglinear' needs the engine's policy version "
+                "(engine.get_version())"
+            )
+        m2_threshold = getattr(cfg, "m2_threshold", None)
         loss_fn = functools.partial(
             grpo_loss_fn,
             eps_clip=cfg.eps_clip,
             eps_clip_higher=cfg.eps_clip_higher,
             c_clip=cfg.c_clip,
-            behav_imp_weight_cap=cfg.behav_imp_weight_cap,
-            behave_imp_weight_mode=getattr(cfg, "behave_imp_weight_mode", "token_mask"),
+            rejection_sampling=self.rejection_sampling,
             importance_sampling_level=cfg.importance_sampling_level,
             use_sapo_loss=getattr(cfg, "use_sapo_loss", False),
             sapo_tau_pos=getattr(cfg, "sapo_tau_pos", 1.0),
@@ -264,18 +298,22 @@ class PPOActor:
             loss_agg_mode=self.loss_agg_mode,
             loss_norm_constant=self.loss_norm_constant,
             current_version=current_version,
+            prox_logp_method=prox_method,
+            # loglinear: the M2PO mask needs the approximated prox, made inside the loss
+            m2_threshold=m2_threshold if approx_prox else None,
         )
         weight_fn = functools.partial(loss_weight, loss_agg_mode=self.loss_agg_mode)
-        m2_threshold = getattr(cfg, "m2_threshold", None)
         results = []
         with stats_tracker.scope("ppo_actor"), stats_tracker.scope("update"):
-            for idx in torch.tensor_split(perm, n_mbs):
+            for j, idx in enumerate(torch.tensor_split(perm, n_mbs)):
                 mb = select_sequences(train_data, idx)
-                if m2_threshold is not None:
+                if m2_threshold is not None and not approx_prox:
                     mb["m2po_mask"] = m2po_loss_mask(
                         mb["old_logp"], mb["prox_logp"], mb["loss_mask"], m2_threshold
                     )
-                stat = self.engine.train_batch(mb, loss_fn=loss_fn, loss_weight_fn=weight_fn)
+                # the weights have taken j of this update's n_mbs optimizer steps
+                mb_loss_fn = functools.partial(loss_fn, update_progress=j / n_mbs)
+                stat = self.engine.train_batch(mb, loss_fn=mb_loss_fn, loss_weight_fn=weight_fn)
                 stats_tracker.scalar(**{k: float(v) for k, v in stat.items()})
                 results.append(stat)
         return results
@@ -327,8 +365,7 @@ def grpo_loss_fn(
     eps_clip: float,
     eps_clip_higher: float | None = None,
     c_clip: float | None = None,
-    behav_imp_weight_cap: float | None = None,
-    behave_imp_weight_mode: str = "token_mask",
+    rejection_sampling: Any = None,
     importance_sampling_level: str = "token",
     use_sapo_loss: bool = False,
     sapo_tau_pos: float = 1.0,
@@ -337,14 +374,41 @@ def grpo_loss_fn(
     loss_agg_mode: str = "token-mean",
     loss_norm_constant: float | None = None,
     current_version: int | None = None,
+    prox_logp_method: str = "recompute",
+    update_progress: float = 0.0,
+    m2_threshold: float | None = None,
 ) -> torch.Tensor:
-    """Per-micro-batch actor loss for ``TrainEngine.train_batch`` (packed 1-D inputs)."""
+    """Per-micro-batch actor loss for ``TrainEngine.train_batch`` (packed 1-D inputs).
+
+    ``prox_logp_method="loglinear"``: ``input_data`` has no ``prox_logp``; it is
+    approximated here by :func:`~areal.utils.functional.loglinear_prox_logp` from
+    ``old_logp``, the current ``logprobs``, ``versions`` and ``current_version`` (the
+    version the update started from) advanced by ``update_progress``; ``m2_threshold``
+    then builds the M2PO mask from the approximation (per micro-batch).
+    ``"metrics"``: the recomputed ``prox_logp`` is used and the approximation's error
+    against it is logged under ``compute_logp/``.
+    """
     mask = input_data["loss_mask"].bool()
     old_logp = input_data["old_logp"]
-    prox_logp = input_data.get("prox_logp", old_logp)
     advantages = input_data["advantages"]
     cu = input_data.get("cu_seqlens")
     keep = input_data.get("m2po_mask")
+    prox_gt = input_data.get("prox_logp")
+    versions = input_data.get("versions")
+    if prox_logp_method == "loglinear" and prox_gt is None:
+        if versions is None or current_version is None:
+            raise ValueError(
+                "prox_logp_method='loglinear' needs 'versions' in the batch and current_version"
+            )
+        prox_logp = loglinear_prox_logp(
+            old_logp, logprobs, versions, current_version, update_progress
+        )
+        if not bool(torch.isfinite(torch.where(mask, prox_logp, 0.0)).all()):
+            raise ValueError("loglinear proximal logprobs are not finite (check 'logprobs')")
+        if m2_threshold is not None and keep is None:
+            keep = m2po_loss_mask(old_logp, prox_logp, mask, m2_threshold)
+    else:
+        prox_logp = old_logp if prox_gt is None else prox_gt
     if use_sapo_loss:
         if use_decoupled_loss:
             raise ValueError(
@@ -373,12 +437,11 @@ def grpo_loss_fn(
             mask,
             eps_clip_higher=eps_clip_higher,
             c_clip=c_clip,
-            behav_imp_weight_cap=behav_imp_weight_cap,
+            rejection_sampling=rejection_sampling if use_decoupled_loss else None,
             importance_sampling_level=importance_sampling_level,
             cu_seqlens=cu,
             loss_agg_mode=loss_agg_mode,
             loss_norm_constant=loss_norm_constant,
-            behave_imp_weight_mode=behave_imp_weight_mode,
             token_keep_mask=keep,
         )
 
@@ -403,8 +466,11 @@ def grpo_loss_fn(
         tok["m2po_kept_ratio"] = keep.float()
     if "sapo_soft_gate" in stat:
         tok["sapo_soft_gate"] = stat["sapo_soft_gate"].float()
-    if current_version is not None and "versions" in input_data:
-        tok["staleness"] = (current_version - input_data["versions"]).float()
+    if current_version is not None and versions is not None:
+        tok["staleness"] = (current_version - versions).float()
+    if "rs_affected" in stat:
+        # rejected (mask) or clamped (clamp) share of the loss tokens
+        tok["rs_filtered_fraction"] = stat["rs_affected"].float()
     stats_tracker.stat(**tok, denominator="n_valid_tokens")
     if "behave_mask" in stat:
         stats_tracker.denominator(unclipped_behave_tokens=stat["behave_mask"])
@@ -413,7 +479,57 @@ def grpo_loss_fn(
             behave_approx_kl=stat["behave_approx_kl"].float(),
             denominator="unclipped_behave_tokens",
         )
+    if prox_logp_method in ("loglinear", "metrics") and versions is not None:
+        _log_prox_approx_stats(
+            prox_logp_method,
+            prox_gt,
+            old_logp,
+            logprobs,
+            prox_logp,
+            versions,
+            current_version,
+            update_progress,
+            mask,
+        )
     return loss
+
+
+def _log_prox_approx_stats(
+    method: str,
+    prox_gt: torch.Tensor | None,
+    old_logp: torch.Tensor,
+    logprobs: torch.Tensor,
+    prox_used: torch.Tensor,
+    versions: torch.Tensor,
+    current_version: int | None,
+    update_progress: float,
+    mask: torch.Tensor,
+) -> None:
+    """``compute_logp/`` stats of the proximal approximation (loglinear: the values used;
+    metrics: also the errors of loglinear and of plain behaviour logprobs vs the truth)."""
+    if current_version is None:
+        return
+    approx = (
+        prox_used
+        if method == "loglinear"
+        else loglinear_prox_logp(old_logp, logprobs, versions, current_version, update_progress)
+    )
+    old = old_logp.detach().float()
+    tok = {
+        "loglinear/approx_logp": approx,
+        "loglinear/behave_imp_weight": torch.exp(approx - old),
+        "loglinear/importance_weight": torch.exp(logprobs.detach().float() - approx),
+    }
+    if prox_gt is not None:
+        gt = prox_gt.detach().float()
+        tok["prox_logp_gt"] = gt
+        tok["loglinear/abs_error"] = (approx - gt).abs()
+        tok["rollout/abs_error"] = (old - gt).abs()
+    with stats_tracker.scope("compute_logp"):
+        stats_tracker.denominator(n_valid_tokens=mask)
+        stats_tracker.stat(
+            **{k: torch.where(mask, v, 0.0) for k, v in tok.items()}, denominator="n_valid_tokens"
+        )
 
 
 def _make_fsdp_ppo_actor() -> type:
