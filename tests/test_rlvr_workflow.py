@@ -10,6 +10,7 @@ import torch
 
 from areal.api.cli_args import GenerationHyperparameters
 from areal.api.io_struct import ModelRequest, ModelResponse
+from areal.workflow.grouped import GroupedRolloutWorkflow
 from areal.workflow.rlvr import RLVRWorkflow
 
 CORPUS = [
@@ -77,14 +78,43 @@ DATA = {
 }
 
 
-async def test_arun_episode_builds_padded_batch_with_rewards_and_masks(tokenizer, tmp_path):
+async def test_one_call_generates_one_trajectory_whatever_n_samples(tokenizer):
+    """AReaL semantics: the trainer forms groups; one call is one sample (no n^2 groups)."""
+    engine = ScriptedEngine(tokenizer, ["#### 42"] * 8)
+    gconfig = GenerationHyperparameters(n_samples=4, max_new_tokens=32)
+    wf = RLVRWorkflow("areal.reward.gsm8k.gsm8k_reward_fn", gconfig, tokenizer)
+    out = await wf.arun_episode(engine, DATA)
+    assert len(engine.requests) == 1 and engine.requests[0].gconfig.n_samples == 1
+    assert out["input_ids"].shape[0] == 1 and out["rewards"].tolist() == [1.0]
+
+
+async def test_group_members_get_distinct_reproducible_seeds(tokenizer):
+    from areal.utils import seeding
+
+    old = seeding.get_base_seed()
+    seeding.set_random_seed(123)
+    try:
+        wf = RLVRWorkflow(
+            "areal.reward.gsm8k.gsm8k_reward_fn", GenerationHyperparameters(), tokenizer
+        )
+        seeds = []
+        for _ in range(2):
+            engine = ScriptedEngine(tokenizer, ["#### 42"] * 3)
+            await GroupedRolloutWorkflow(wf, 3).arun_episode(engine, DATA)
+            seeds.append([r.metadata["seed"] for r in engine.requests])
+    finally:
+        seeding._BASE_SEED = old
+    assert len(set(seeds[0])) == 3 and seeds[0] == seeds[1]
+
+
+async def test_grouped_rlvr_builds_padded_batch_with_rewards_and_masks(tokenizer, tmp_path):
     completions = ["The answer is 42. #### 42", "#### 41", "I think \\boxed{42}", "no idea"]
     engine = ScriptedEngine(tokenizer, completions, version=3, truncate={3})
     gconfig = GenerationHyperparameters(n_samples=4, max_new_tokens=32)
     wf = RLVRWorkflow(
         "areal.reward.gsm8k.gsm8k_reward_fn", gconfig, tokenizer, dump_dir=str(tmp_path / "dump")
     )
-    out = await wf.arun_episode(engine, DATA)
+    out = await GroupedRolloutWorkflow(wf, gconfig.n_samples).arun_episode(engine, DATA)
 
     # 4 separate requests, launched concurrently, each asking for one sample
     assert len(engine.requests) == 4 and engine.max_concurrent == 4
@@ -123,7 +153,8 @@ async def test_arun_episode_builds_padded_batch_with_rewards_and_masks(tokenizer
 
     # dump written (without blocking) to {dump_dir}/{version}.jsonl
     lines = (tmp_path / "dump" / "3.jsonl").read_text().splitlines()
-    rows = [json.loads(x) for x in lines]
+    rows = sorted((json.loads(x) for x in lines), key=lambda r: r["idx"])
+    assert [r["idx"] for r in rows] == [0, 1, 2, 3]
     assert [r["reward"] for r in rows] == [1.0, 0.0, 1.0, 0.0]
     assert rows[0]["qid"] == "q1" and rows[0]["completion"].startswith("The answer is 42")
 
@@ -181,7 +212,7 @@ async def test_reward_stats_recorded_in_rollout_scope(tokenizer):
         tokenizer,
         rollout_stat_scope="rlvr_test_scope",
     )
-    await wf.arun_episode(engine, DATA)
+    await GroupedRolloutWorkflow(wf, 2).arun_episode(engine, DATA)
     stats = tracker.export()
     assert stats["rlvr_test_scope/reward"] == pytest.approx(0.5)
     assert stats["rlvr_test_scope/reward__count"] == 2
@@ -212,7 +243,7 @@ def test_rlvr_through_executor_with_import_strings(tokenizer_dir, tokenizer):
             tokenizer=tokenizer_dir,
         )
         batch = ex.prepare_batch(
-            [[DATA, DATA]], "areal.workflow.rlvr.RLVRWorkflow", kwargs, timeout=60
+            [[DATA, DATA]], "areal.workflow.rlvr.RLVRWorkflow", kwargs, group_size=2, timeout=60
         )
     finally:
         ex.destroy()

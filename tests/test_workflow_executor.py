@@ -465,3 +465,114 @@ def test_property_consumed_samples_never_older_than_eta(eta, bs, conc, n_steps, 
 def test_synchronous_eta0_every_sample_submitted_at_current_version():
     for seed in range(3):
         _trainer_run(eta=0, bs=3, conc=8, n_steps=4, seed=seed, fail_rate=0.0)
+
+
+# --------------------------------------------------------------------------- AReaL semantics
+class Interaction:
+    """What an agent client returns per completion: an object with ``to_tensor_dict()``."""
+
+    def __init__(self, uid: int, reward: float):
+        self.uid, self.reward = uid, reward
+
+    def to_tensor_dict(self):
+        return traj(0, 2, 1 + self.uid, reward=self.reward, uid=self.uid)
+
+
+class InteractionWorkflow(RolloutWorkflow):
+    async def arun_episode(self, engine, data):
+        await asyncio.sleep(0.001)
+        return {f"c{k}": Interaction(k, float(k)) for k in range(data["turns"])}
+
+
+def test_dict_of_interactions_concatenated_into_one_batch(engine):
+    ex = start_executor(engine, consumer_batch_size=2, max_concurrent_rollouts=4)
+    try:
+        batch = ex.rollout_batch([dict(turns=2), dict(turns=3)], InteractionWorkflow(), timeout=10)
+    finally:
+        ex.destroy()
+    assert batch["input_ids"].shape[0] == 5
+    assert batch["rewards"].tolist() == [0.0, 1.0, 0.0, 1.0, 2.0]
+    # padded to the longest interaction (prompt 2 + 3 generated tokens)
+    assert batch["input_ids"].shape[1] == 5
+
+
+def test_grouped_interaction_dicts_merged_then_concatenated(engine):
+    ex = start_executor(engine, consumer_batch_size=1, max_concurrent_rollouts=2)
+
+    class UniqueKeys(RolloutWorkflow):
+        async def arun_episode(self, engine, data):
+            from areal.infra import workflow_context
+
+            i = workflow_context.get().sample_index
+            return {f"g{i}": Interaction(i, float(i))}
+
+    try:
+        batch = ex.rollout_batch([dict()], UniqueKeys(), group_size=3, timeout=10)
+    finally:
+        ex.destroy()
+    assert sorted(batch["rewards"].tolist()) == [0.0, 1.0, 2.0]
+
+
+def test_rollout_batch_returns_accepted_subset_without_waiting_for_rejected(engine):
+    ex = start_executor(engine, consumer_batch_size=4, max_concurrent_rollouts=4)
+    data = [dict(uid=i, reject=(i % 2 == 1)) for i in range(4)]
+    try:
+        batch = ex.rollout_batch(data, SleepWorkflow(), timeout=10)
+        assert sorted(batch["uid"].tolist()) == [0, 2]
+        assert ex.rollout_batch([dict(uid=5, reject=True)], SleepWorkflow(), timeout=10) == {}
+    finally:
+        ex.destroy()
+
+
+def test_dynamic_bs_returns_fewer_groups_when_filter_rejects(engine):
+    """dynamic_bs: stop at accepted + rejected == batch size instead of replacing."""
+    ex = start_executor(
+        engine, consumer_batch_size=4, max_concurrent_rollouts=4, max_head_offpolicyness=0
+    )
+    # uid 1 and 3 of every 4 give all-equal groups -> filtered
+    wf = SleepWorkflow(reward_fn=lambda d: 1.0 if d["uid"] % 2 else float(d["_k"]))
+    # the first 4 attempts finish long before the next ones
+    items = [dict(uid=i, latency=0.001 if i < 4 else 2.0) for i in range(8)]
+
+    class Indexed(RolloutWorkflow):
+        async def arun_episode(self, engine, data):
+            from areal.infra import workflow_context
+
+            d = dict(data, _k=workflow_context.get().sample_index)
+            return await wf.arun_episode(engine, d)
+
+    try:
+        batch = ex.prepare_batch(
+            [items[:4], items[4:]],
+            Indexed(),
+            should_accept_fn=f"{__name__}.dapo_filter",
+            group_size=2,
+            timeout=20,
+            dynamic_bs=True,
+        )
+    finally:
+        ex.destroy()
+    # 4 attempts: 2 accepted groups of 2 rows, 2 rejected (not replaced)
+    assert batch["rewards"].shape[0] == 4
+    assert sorted(set(batch["uid"].tolist())) == [0, 2]
+
+
+def test_executor_sets_workflow_context_per_task(engine):
+    seen = []
+
+    class Ctx(RolloutWorkflow):
+        async def arun_episode(self, engine, data):
+            from areal.infra import workflow_context
+
+            ctx = workflow_context.get()
+            seen.append((ctx.task_id, ctx.is_eval, workflow_context.stat_scope()))
+            return traj(0, 2, 1)
+
+    ex = start_executor(engine, consumer_batch_size=2, max_concurrent_rollouts=2)
+    try:
+        ex.submit(dict(), Ctx(), task_id=7)
+        ex.submit(dict(), Ctx(), task_id=8, is_eval=True)
+        ex.wait(2, timeout=10)
+    finally:
+        ex.destroy()
+    assert sorted(seen) == [(7, False, "rollout"), (8, True, "eval-rollout")]

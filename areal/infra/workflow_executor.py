@@ -20,6 +20,17 @@ the bound, even when a slow rollout was overtaken by faster ones.
 A workflow that raises is logged with its traceback and counted as rejected; a workflow
 returning ``None`` or a result refused by ``should_accept_fn`` is counted as rejected. The
 executor itself keeps running.
+
+Groups: with ``group_size = n`` the workflow is wrapped in
+:class:`~areal.workflow.grouped.GroupedRolloutWorkflow` (run ``n`` times per data item,
+results concatenated), and ``should_accept_fn`` sees the whole group: it is AReaL's
+``dynamic_filter_fn``. A workflow may return a dict of interactions (values with a
+``to_tensor_dict()`` method, e.g. the agent client's ``InteractionWithTokenLogpReward``):
+they are concatenated into one padded batch before filtering.
+
+``prepare_batch(..., dynamic_bs=True)`` (AReaL's ``dynamic_bs``) returns as soon as
+accepted + rejected results reach the batch size, with only the accepted ones: a batch of
+variable size (at least one result), instead of replacing every rejected result.
 """
 
 from __future__ import annotations
@@ -34,10 +45,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from areal.infra import workflow_context
 from areal.infra.staleness_manager import RolloutStat, StalenessManager
 from areal.utils import logging
 from areal.utils.batch import concat_padded_tensors
 from areal.utils.dynamic_import import import_from_string
+from areal.workflow.grouped import (
+    GroupedRolloutWorkflow,
+    interactions_to_tensor_dict,
+    is_interaction_dict,
+)
 
 if TYPE_CHECKING:
     from areal.api.cli_args import InferenceEngineConfig
@@ -54,6 +71,8 @@ _SHUTDOWN_TIMEOUT_S = 10.0
 _NO_PROGRESS_WARN_S = 60.0
 # wait() warns this often when queued rollouts can never start at the current version.
 _STALL_WARN_S = 30.0
+# Rejections that count towards a dynamic batch (dynamic_bs): not stale drops/cancellations.
+_DYNAMIC_BS_REASONS = frozenset({"none", "filtered", "error", "invalid"})
 
 
 def check_trajectory_format(data: Any) -> None:
@@ -131,6 +150,8 @@ class WorkflowExecutor:
         self._accept_seq = itertools.count()
         self._reject_reasons: Counter[str] = Counter()
         self._rejected_since_export = 0
+        # Training rejections not yet counted by a dynamic_bs batch.
+        self._dynamic_rejected = 0
         self._eval_running = 0
         self._paused = threading.Event()
         self._shutdown = threading.Event()
@@ -283,8 +304,6 @@ class WorkflowExecutor:
         if not hasattr(instance, "arun_episode"):
             raise TypeError(f"workflow {type(instance).__name__} has no arun_episode()")
         if group_size > 1:
-            from areal.workflow.grouped import GroupedRolloutWorkflow
-
             instance = GroupedRolloutWorkflow(instance, group_size)
         return instance
 
@@ -340,6 +359,13 @@ class WorkflowExecutor:
         dicts, otherwise the list of results. On timeout raises ``TimeoutError`` (or
         returns ``None`` with ``raise_timeout=False``; results stay queued).
         """
+        return self._wait(count, timeout, raise_timeout, dynamic=False)
+
+    def _wait(
+        self, count: int, timeout: float | None, raise_timeout: bool, dynamic: bool
+    ) -> dict[str, Any] | list[Any] | None:
+        """``wait``; with ``dynamic``, return once accepted + rejected reach ``count``
+        (at least one accepted), taking the accepted ones and consuming the rejections."""
         self._require_initialized()
         if count < 0:
             raise ValueError(f"count={count}; must be >= 0")
@@ -352,11 +378,19 @@ class WorkflowExecutor:
                     raise RuntimeError("WorkflowExecutor was destroyed while waiting")
                 version = self._get_version()
                 self._drop_stale_locked(version)
-                if len(self._results) >= count:
+                n_take = count
+                if dynamic and count > 0:
+                    n_ready, n_rej = len(self._results), self._dynamic_rejected
+                    if n_ready >= 1 and n_ready + n_rej >= count:
+                        # count attempts: rejections first, the rest from the accepted
+                        # (extra accepted results stay for the next batch)
+                        n_take = min(n_ready, max(1, count - n_rej))
+                        self._dynamic_rejected -= min(n_rej, count - n_take)
+                if len(self._results) >= n_take:
                     # Oldest first; submission order (task id) breaks ties so that a
                     # synchronous run consumes the same rows in the same order every time.
                     self._results.sort(key=lambda r: (r.submit_version, r.task_id))
-                    taken, self._results = self._results[:count], self._results[count:]
+                    taken, self._results = self._results[:n_take], self._results[n_take:]
                     break
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -393,10 +427,49 @@ class WorkflowExecutor:
         group_size: int = 1,
         timeout: float | None = None,
     ) -> dict[str, Any] | list[Any]:
-        """Submit every item of ``data`` and wait for as many accepted results."""
-        for item in data:
-            self.submit(item, workflow, workflow_kwargs, should_accept_fn, group_size)
-        return self.wait(len(data), timeout=timeout)
+        """Submit every item of ``data``, wait until all finished, return the accepted ones.
+
+        As AReaL: rejected items (``None``, errors, filtered out) are not replaced, so the
+        result may hold fewer than ``len(data)`` results (``{}`` when none was accepted).
+        ``last_submit_versions`` then has one entry per accepted result.
+        """
+        wf = self._resolve_workflow(workflow, workflow_kwargs, group_size)
+        tids = {self.submit(item, wf, None, should_accept_fn) for item in data}
+        return self._wait_tasks(tids, timeout)
+
+    def _wait_tasks(self, tids: set[int], timeout: float | None) -> dict[str, Any] | list[Any]:
+        """Wait until none of ``tids`` is queued or running; take their accepted results."""
+        self._require_initialized()
+        deadline = None if timeout is None else time.monotonic() + float(timeout)
+        with self._cv:
+            while True:
+                self._raise_if_dead()
+                if self._shutdown.is_set():
+                    raise RuntimeError("WorkflowExecutor was destroyed while waiting")
+                busy = sum(t.task_id in tids for t in self._pending) + sum(
+                    tid in tids for tid in self._inflight
+                )
+                if busy == 0:
+                    break
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(
+                        f"WorkflowExecutor.rollout_batch: timed out after {timeout} s with "
+                        f"{busy} of {len(tids)} rollouts unfinished (paused={self.is_paused})"
+                    )
+                self._cv.wait(_WAIT_SLICE_S if remaining is None else min(remaining, _WAIT_SLICE_S))
+            taken = sorted((r for r in self._results if r.task_id in tids), key=lambda r: r.task_id)
+            self._results = [r for r in self._results if r.task_id not in tids]
+            rejected = self._rejected_since_export
+            self._rejected_since_export = 0
+            self._dynamic_rejected = 0
+        self._record_consumption(taken, self._get_version(), rejected)
+        trajs = [r.trajectory for r in taken]
+        if not trajs:
+            return {}
+        if all(_is_tensor_dict(t) for t in trajs):
+            return concat_padded_tensors(trajs)
+        return trajs
 
     def prepare_batch(
         self,
@@ -406,8 +479,12 @@ class WorkflowExecutor:
         should_accept_fn: Callable[[dict[str, Any]], bool] | str | None = None,
         group_size: int = 1,
         timeout: float | None = None,
+        dynamic_bs: bool = False,
     ) -> dict[str, Any] | list[Any]:
         """Return ``consumer_batch_size`` accepted results, keeping the pipeline full.
+
+        ``dynamic_bs``: return once accepted + rejected results reach
+        ``consumer_batch_size`` (at least one accepted), only the accepted ones.
 
         Items are drawn from ``dataloader`` (lists of dicts, epoch after epoch) and
         enqueued so that the background loop always has enough work to use all capacity
@@ -423,8 +500,8 @@ class WorkflowExecutor:
         start = last_warn = time.monotonic()
         while True:
             self._top_up(wf, accept_fn)
-            batch = self.wait(
-                self.consumer_batch_size, timeout=_WAIT_SLICE_S * 2, raise_timeout=False
+            batch = self._wait(
+                self.consumer_batch_size, _WAIT_SLICE_S * 2, raise_timeout=False, dynamic=dynamic_bs
             )
             if batch is not None:
                 return batch
@@ -503,9 +580,11 @@ class WorkflowExecutor:
                 f"WorkflowExecutor background loop died: {self._thread_error!r}"
             ) from self._thread_error
 
-    def _reject_locked(self, reason: str) -> None:
+    def _reject_locked(self, reason: str, is_eval: bool = False) -> None:
         self._reject_reasons[reason] += 1
         self._rejected_since_export += 1
+        if not is_eval and reason in _DYNAMIC_BS_REASONS:
+            self._dynamic_rejected += 1
 
     def _drop_stale_locked(self, version: int) -> None:
         kept = []
@@ -644,8 +723,13 @@ class WorkflowExecutor:
     async def _run_one(self, task: _Task, submit_version: int) -> None:
         reason: str | None = None
         traj = None
+        workflow_context.set(
+            workflow_context.WorkflowContext(is_eval=task.is_eval, task_id=task.task_id)
+        )
         try:
             traj = await task.workflow.arun_episode(self.inference_engine, task.data)
+            if is_interaction_dict(traj):
+                traj = interactions_to_tensor_dict(traj)
         except asyncio.CancelledError:
             reason = "cancelled"
         except Exception:
@@ -700,7 +784,7 @@ class WorkflowExecutor:
                     )
                 )
             else:
-                self._reject_locked(reason)
+                self._reject_locked(reason, task.is_eval)
             self._cv.notify_all()
         if self._tracing:
             self.logger.info(

@@ -197,26 +197,49 @@ class PPOTrainer:
     def train(
         self,
         workflow: RolloutWorkflow | type | str | None = None,
-        workflow_kwargs: dict[str, Any] | None = None,
         eval_workflow: RolloutWorkflow | type | str | None = None,
+        workflow_kwargs: dict[str, Any] | None = None,
         eval_workflow_kwargs: dict[str, Any] | None = None,
+        dynamic_filter_fn: Callable[[dict[str, Any]], bool] | str | None = None,
+        total_epochs: int | None = None,
+        *,
         should_accept_fn: Callable[[dict[str, Any]], bool] | str | None = None,
         max_seconds: float | None = None,
     ) -> dict[str, Any]:
         """Run until ``total_train_steps`` (or epochs); returns a summary dict.
 
-        ``max_seconds`` (optional, for benchmarks) also stops after that much training
-        wall time, measured from the first step.
+        AReaL's signature and semantics: every workflow (training and evaluation) is run
+        ``gconfig.n_samples`` (``eval_gconfig.n_samples``) times per prompt and the group
+        concatenated, so a workflow returns one trajectory per call and a batch holds
+        ``train_dataset.batch_size`` whole groups. ``dynamic_filter_fn(group) -> bool``
+        (callable or import string) drops whole groups; rejected groups are replaced, or,
+        with ``config.dynamic_bs``, the batch shrinks instead. ``should_accept_fn`` is the
+        older name of ``dynamic_filter_fn``; ``actor.dynamic_sampling`` without a filter
+        uses ``areal.utils.functional.dynamic_sampling_accept`` (drop all-equal groups).
+        ``total_epochs`` overrides ``config.total_train_epochs``. ``max_seconds``
+        (optional, for benchmarks) also stops after that much training wall time,
+        measured from the first step.
         """
         config = self.config
         if workflow is None:
             raise ValueError(
                 "train(workflow=...) is required: an instance, a class or an import string"
             )
-        if should_accept_fn is None and getattr(config.actor, "dynamic_sampling", False):
-            should_accept_fn = "areal.utils.functional.dynamic_sampling_accept"
+        if dynamic_filter_fn is not None and should_accept_fn is not None:
+            raise ValueError(
+                "train(): give dynamic_filter_fn or its old name should_accept_fn, not both"
+            )
+        dynamic_filter_fn = dynamic_filter_fn if dynamic_filter_fn is not None else should_accept_fn
+        if dynamic_filter_fn is None and getattr(config.actor, "dynamic_sampling", False):
+            dynamic_filter_fn = "areal.utils.functional.dynamic_sampling_accept"
         total_steps = self.ft_spec.total_train_steps
         steps_per_epoch = self.ft_spec.steps_per_epoch
+        if total_epochs is not None:
+            if total_epochs <= 0:
+                raise ValueError(f"train(total_epochs={total_epochs}): must be positive")
+            total_steps = total_epochs * steps_per_epoch
+            if config.total_train_steps is not None:
+                total_steps = min(total_steps, config.total_train_steps)
 
         recover_info: RecoverInfo | None = self.recover_handler.load(
             self.actor,
@@ -252,7 +275,7 @@ class PPOTrainer:
                 global_step=global_step,
                 steps_per_epoch=steps_per_epoch,
             )
-            stats = self._train_step(step_info, workflow, workflow_kwargs, should_accept_fn)
+            stats = self._train_step(step_info, workflow, workflow_kwargs, dynamic_filter_fn)
 
             with stats_tracker.record_timing("checkpoint_for_recover"):
                 self.recover_handler.dump(
@@ -325,21 +348,20 @@ class PPOTrainer:
 
         self.server_watchdog.check()  # dead inference servers come back with current weights
         with timed("rollout"):
+            # As AReaL: the trainer forms the groups (n_samples runs of the workflow per
+            # prompt); the filter sees whole groups.
+            group_size = config.gconfig.n_samples
             if config.async_training:
                 batch = self.rollout.prepare_batch(
                     self.train_dataloader,
                     workflow=workflow,
                     workflow_kwargs=workflow_kwargs,
                     should_accept_fn=should_accept_fn,
+                    group_size=group_size,
+                    dynamic_bs=config.dynamic_bs,
                 )
             else:
-                data = next(self._sync_iter())
-                batch = self.rollout.rollout_batch(
-                    data,
-                    workflow=workflow,
-                    workflow_kwargs=workflow_kwargs,
-                    should_accept_fn=should_accept_fn,
-                )
+                batch = self._sync_rollout(workflow, workflow_kwargs, should_accept_fn, group_size)
         version = step_info.global_step
         stats: dict[str, float] = self._batch_stats(batch, version)
         self._log_consumed(batch, step_info.global_step)
@@ -414,6 +436,41 @@ class PPOTrainer:
         with open(path, "a") as f:
             f.write(json.dumps({"global_step": global_step, "prompts": hashes}) + "\n")
 
+    def _sync_rollout(self, workflow, workflow_kwargs, should_accept_fn, group_size: int):
+        """One batch generated after the last update (``async_training=False``).
+
+        Rejected groups are replaced by prompts of the next dataloader batches (only as
+        many as still missing; the rest of such a batch is skipped) unless ``dynamic_bs``.
+        """
+        from areal.utils.batch import concat_padded_tensors
+
+        bs = self.config.train_dataset.batch_size
+        parts, n_groups, draws = [], 0, 0
+        while n_groups < bs:
+            data = list(next(self._sync_iter()))[: bs - n_groups]
+            draws += 1
+            part = self.rollout.rollout_batch(
+                data,
+                workflow=workflow,
+                workflow_kwargs=workflow_kwargs,
+                should_accept_fn=should_accept_fn,
+                group_size=group_size,
+            )
+            if part:
+                parts.append(part)
+                executor = getattr(self.rollout, "workflow_executor", None)
+                accepted = getattr(executor, "last_submit_versions", None)
+                n_groups += (
+                    len(accepted) if accepted is not None else len(part["rewards"]) // group_size
+                )
+            if self.config.dynamic_bs and parts:
+                break
+            if draws >= 100 and not parts:
+                raise RuntimeError(
+                    f"no group accepted in {draws} dataloader batches: check the filter"
+                )
+        return parts[0] if len(parts) == 1 else concat_padded_tensors(parts)
+
     def _sync_iter(self):
         if not hasattr(self, "_sync_it"):
 
@@ -455,8 +512,19 @@ class PPOTrainer:
         """
         import asyncio
 
+        from areal.infra import workflow_context
+        from areal.workflow.grouped import (
+            GroupedRolloutWorkflow,
+            interactions_to_tensor_dict,
+            is_interaction_dict,
+        )
+
         t0 = time.monotonic()
+        # As AReaL: eval_gconfig.n_samples runs of the workflow per prompt.
+        n_eval = self.config.eval_gconfig.n_samples if self.config.eval_gconfig else 1
         wf = _resolve_workflow(eval_workflow, eval_workflow_kwargs)
+        if n_eval > 1:
+            wf = GroupedRolloutWorkflow(wf, n_eval)
         rows = [self.valid_dataset[i] for i in range(len(self.valid_dataset))]
         limit = max(1, int(self.config.rollout.max_concurrent_rollouts or 64))
 
@@ -465,7 +533,9 @@ class PPOTrainer:
 
             async def one(item):
                 async with sem:
-                    return await wf.arun_episode(self.rollout, item)
+                    workflow_context.set(workflow_context.WorkflowContext(is_eval=True))
+                    out = await wf.arun_episode(self.rollout, item)
+                    return interactions_to_tensor_dict(out) if is_interaction_dict(out) else out
 
             return await asyncio.gather(*(one(x) for x in rows), return_exceptions=True)
 

@@ -1,25 +1,31 @@
-"""``RLVRWorkflow``: RL with verifiable rewards (one prompt -> ``n_samples`` scored answers).
+"""``RLVRWorkflow``: RL with verifiable rewards (one prompt -> one scored answer per call).
 
-One episode:
+One episode (one call of ``arun_episode``), as in AReaL:
 
 1. ``data_extract_prompt_fn(data)`` (default: ``data["messages"]``) and
    ``get_input_ids_fn(prompt, tokenizer, enable_thinking)`` (default: the chat template
    with ``add_generation_prompt=True``) give the prompt token ids;
-2. ``gconfig.n_samples`` generations run concurrently (one request each, ``n_samples=1``);
-3. completions are decoded and scored by ``reward_fn`` through ``AsyncRewardWrapper``
+2. one generation request (``n_samples=1``);
+3. the completion is decoded and scored by ``reward_fn`` through ``AsyncRewardWrapper``
    (process pool + timeout; a failing reward is a logged 0.0), with every data field
    passed as a keyword argument (e.g. ``answer``);
-4. the result is a padded batch of ``n_samples`` rows: ``input_ids``, ``attention_mask``
-   (bool), ``loss_mask`` (1 on generated tokens), ``logprobs`` (float32, behaviour logprob
-   at each generated token), ``versions`` (weight version per generated token, -1 on the
-   prompt and padding), ``rewards`` (float32 ``[n]``), ``seqlen`` (long ``[n]``, prompt +
-   completion length) and ``no_eos`` (bool ``[n]``, True when generation hit the length
+4. the result is a padded batch of ONE row: ``input_ids``, ``attention_mask`` (bool),
+   ``loss_mask`` (1 on generated tokens), ``logprobs`` (float32, behaviour logprob at each
+   generated token), ``versions`` (weight version per generated token, -1 on the prompt
+   and padding), ``rewards`` (float32 ``[1]``), ``seqlen`` (long ``[1]``, prompt +
+   completion length) and ``no_eos`` (bool ``[1]``, True when generation hit the length
    limit, for overlong penalties / masking).
 
+Groups: the trainer (and ``submit``/``prepare_batch`` with ``group_size``) runs the
+episode ``gconfig.n_samples`` times per prompt through
+:class:`~areal.workflow.grouped.GroupedRolloutWorkflow` and concatenates the group, so a
+group of ``n`` rows is produced exactly once. ``gconfig.n_samples`` is not read here.
+
 Rollout stats (``reward``, ``prompt_len``, ``completion_len``, ``no_eos``) go to the
-stats tracker named ``rollout_stat_scope``. With ``dump_dir``, prompt/completion/reward
-text is appended to ``{dump_dir}/{version}.jsonl`` in a worker thread (never blocking the
-event loop).
+stats tracker named ``rollout_stat_scope`` (default: ``workflow_context.stat_scope()``,
+i.e. ``rollout`` or ``eval-rollout``). With ``dump_dir``, prompt/completion/reward text is
+appended to ``{dump_dir}/{version}.jsonl`` in a worker thread (never blocking the event
+loop).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import torch
 
 from areal.api.io_struct import ModelRequest
 from areal.api.workflow_api import RolloutWorkflow
+from areal.infra import workflow_context
 from areal.utils import logging
 from areal.utils.batch import pad_sequences_to_tensors
 from areal.utils.seeding import request_seed
@@ -94,19 +101,23 @@ def _append_lines(path: str, lines: list[str]) -> None:
 
 
 class RLVRWorkflow(RolloutWorkflow):
-    """Sample ``gconfig.n_samples`` answers per prompt and score them with ``reward_fn``.
+    """Sample one answer to a prompt and score it with ``reward_fn`` (AReaL's signature).
 
     Args:
         reward_fn: ``reward_fn(prompt, completions, prompt_ids, completion_ids, **data) ->
             float`` (module-level, picklable) or its import string
             (``"areal.reward.gsm8k.gsm8k_reward_fn"``).
-        gconfig: sampling parameters; ``n_samples`` answers are drawn per prompt.
-        tokenizer: a tokenizer object or a path to load one from.
+        gconfig: sampling parameters (``n_samples`` is the trainer's business: groups are
+            formed by running this workflow ``n_samples`` times).
+        tokenizer: a tokenizer object or a path / hub id to load one from.
         enable_thinking: forwarded to the chat template (Qwen3-style thinking).
-        rollout_stat_scope: stats tracker name for reward/length stats.
+        get_input_ids_fn: ``(prompt, tokenizer, enable_thinking) -> list[int]`` or its
+            import string.
+        data_extract_prompt_fn: ``(data) -> prompt`` (messages list or string) or its
+            import string.
+        rollout_stat_scope: stats tracker name for reward/length stats (default:
+            ``workflow_context.stat_scope()``).
         dump_dir: if set, append text dumps to ``{dump_dir}/{version}.jsonl``.
-        get_input_ids_fn: ``(prompt, tokenizer, enable_thinking) -> list[int]``.
-        data_extract_prompt_fn: ``(data) -> prompt`` (messages list or string).
     """
 
     def __init__(
@@ -115,12 +126,13 @@ class RLVRWorkflow(RolloutWorkflow):
         gconfig: GenerationHyperparameters,
         tokenizer: Any,
         enable_thinking: bool = False,
-        rollout_stat_scope: str = "rollout",
+        get_input_ids_fn: Callable[[Any, Any, bool], list[int]] | str | None = None,
+        data_extract_prompt_fn: Callable[[dict[str, Any]], Any] | str | None = None,
+        rollout_stat_scope: str | None = None,
         dump_dir: str | None = None,
-        get_input_ids_fn: Callable[[Any, Any, bool], list[int]] | None = None,
-        data_extract_prompt_fn: Callable[[dict[str, Any]], Any] | None = None,
     ):
         from areal.api.reward_api import AsyncRewardWrapper
+        from areal.utils.dynamic_import import import_from_string
 
         if gconfig is None:
             raise ValueError("RLVRWorkflow: gconfig is required")
@@ -128,8 +140,12 @@ class RLVRWorkflow(RolloutWorkflow):
             raise ValueError("RLVRWorkflow: tokenizer (object or path) is required")
         if isinstance(tokenizer, str | os.PathLike):
             tokenizer = _load_tokenizer(str(tokenizer))
+        if isinstance(get_input_ids_fn, str):
+            get_input_ids_fn = import_from_string(get_input_ids_fn)
+        if isinstance(data_extract_prompt_fn, str):
+            data_extract_prompt_fn = import_from_string(data_extract_prompt_fn)
         self.reward_fn = reward_fn
-        self.gconfig = gconfig
+        self.gconfig = gconfig.new(n_samples=1)
         self.tokenizer = tokenizer
         self.enable_thinking = enable_thinking
         self.rollout_stat_scope = rollout_stat_scope
@@ -151,60 +167,45 @@ class RLVRWorkflow(RolloutWorkflow):
         input_ids = [int(t) for t in input_ids]
         if not input_ids:
             raise ValueError("RLVRWorkflow: the prompt tokenized to an empty sequence")
-        n = self.gconfig.n_samples
-        gconfig = self.gconfig.new(n_samples=1)
+        ctx = workflow_context.get()
         # Reproducible sampling when a base seed is set (set_random_seed): same prompt,
-        # sample index and policy version -> same seed in every run.
+        # position in the group and policy version -> same seed in every run.
         version = engine.get_version() if hasattr(engine, "get_version") else 0
-        reqs = [
-            ModelRequest(
-                rid=uuid.uuid4().hex,
-                input_ids=list(input_ids),
-                gconfig=gconfig,
-                tokenizer=self.tokenizer,
-                metadata={"seed": request_seed(tuple(input_ids), i, version)},
-            )
-            for i in range(n)
-        ]
-        resps = await asyncio.gather(*[engine.agenerate(r) for r in reqs])
+        req = ModelRequest(
+            rid=uuid.uuid4().hex,
+            input_ids=list(input_ids),
+            gconfig=self.gconfig,
+            tokenizer=self.tokenizer,
+            metadata={"seed": request_seed(tuple(input_ids), ctx.sample_index, version)},
+        )
+        resp = await engine.agenerate(req)
 
         skip = self.gconfig.skip_special_tokens
         prompt_str = self.tokenizer.decode(input_ids, skip_special_tokens=skip)
-        completions = [
-            self.tokenizer.decode(r.output_tokens, skip_special_tokens=skip) for r in resps
-        ]
+        completion = self.tokenizer.decode(resp.output_tokens, skip_special_tokens=skip)
         reward_kwargs = {k: v for k, v in data.items() if k not in _REWARD_POSITIONAL}
-        rewards = await asyncio.gather(
-            *[
-                self.async_reward_fn(
-                    prompt_str, c, list(input_ids), list(r.output_tokens), **reward_kwargs
-                )
-                for c, r in zip(completions, resps)
-            ]
+        reward = await self.async_reward_fn(
+            prompt_str, completion, list(input_ids), list(resp.output_tokens), **reward_kwargs
         )
 
-        seqs = []
-        for resp, reward in zip(resps, rewards):
-            p_len, c_len = len(input_ids), resp.output_len
-            if len(resp.output_logprobs) != c_len or len(resp.output_versions) != c_len:
-                raise ValueError(
-                    f"RLVRWorkflow: response {resp.metadata.get('rid', '')} has {c_len} tokens but "
-                    f"{len(resp.output_logprobs)} logprobs and {len(resp.output_versions)} versions"
-                )
-            seqs.append(
-                dict(
-                    input_ids=list(input_ids) + list(resp.output_tokens),
-                    attention_mask=[True] * (p_len + c_len),
-                    loss_mask=[0] * p_len + [1] * c_len,
-                    logprobs=[0.0] * p_len + [float(x) for x in resp.output_logprobs],
-                    versions=[-1] * p_len + [int(v) for v in resp.output_versions],
-                    rewards=float(reward),
-                    seqlen=p_len + c_len,
-                    no_eos=resp.stop_reason == "length",
-                )
+        p_len, c_len = len(input_ids), resp.output_len
+        if len(resp.output_logprobs) != c_len or len(resp.output_versions) != c_len:
+            raise ValueError(
+                f"RLVRWorkflow: response {resp.metadata.get('rid', '')} has {c_len} tokens but "
+                f"{len(resp.output_logprobs)} logprobs and {len(resp.output_versions)} versions"
             )
+        seq = dict(
+            input_ids=list(input_ids) + list(resp.output_tokens),
+            attention_mask=[True] * (p_len + c_len),
+            loss_mask=[0] * p_len + [1] * c_len,
+            logprobs=[0.0] * p_len + [float(x) for x in resp.output_logprobs],
+            versions=[-1] * p_len + [int(v) for v in resp.output_versions],
+            rewards=float(reward),
+            seqlen=p_len + c_len,
+            no_eos=resp.stop_reason == "length",
+        )
         batch = pad_sequences_to_tensors(
-            seqs,
+            [seq],
             dtypes=dict(
                 input_ids=torch.long,
                 attention_mask=torch.bool,
@@ -216,51 +217,45 @@ class RLVRWorkflow(RolloutWorkflow):
                 no_eos=torch.bool,
             ),
         )
-        self._record_stats(batch, len(input_ids))
+        self._record_stats(float(reward), p_len, c_len, seq["no_eos"])
         if self.dump_dir is not None:
-            await self._dump(engine, data, prompt_str, completions, rewards, resps)
+            await self._dump(engine, data, prompt_str, completion, float(reward), resp, ctx)
         return batch
 
-    def _record_stats(self, batch: dict[str, torch.Tensor], prompt_len: int) -> None:
-        try:
-            from areal.utils import stats_tracker
-        except ImportError:  # pragma: no cover - optional
-            return
-        tracker = stats_tracker.get(self.rollout_stat_scope)
-        # no await inside: per-thread scopes are not shared between coroutines
-        for r, sl, ne in zip(
-            batch["rewards"].tolist(), batch["seqlen"].tolist(), batch["no_eos"].tolist()
-        ):
-            tracker.scalar(
-                reward=r, prompt_len=prompt_len, completion_len=sl - prompt_len, no_eos=float(ne)
-            )
+    def _record_stats(self, reward: float, prompt_len: int, completion_len: int, no_eos: bool):
+        from areal.utils import stats_tracker
 
-    async def _dump(self, engine, data, prompt_str, completions, rewards, resps) -> None:
+        scope = self.rollout_stat_scope or workflow_context.stat_scope()
+        # no await inside: per-thread scopes are not shared between coroutines
+        stats_tracker.get(scope).scalar(
+            reward=reward,
+            prompt_len=prompt_len,
+            completion_len=completion_len,
+            no_eos=float(no_eos),
+        )
+
+    async def _dump(self, engine, data, prompt_str, completion, reward, resp, ctx) -> None:
         try:
             version = int(engine.get_version())
         except NotImplementedError:
             version = 0
         qid = next((data[k] for k in ("query_id", "id", "qid") if data.get(k) is not None), None)
         qid = str(qid) if qid is not None else uuid.uuid4().hex
-        lines = [
-            json.dumps(
-                dict(
-                    qid=qid,
-                    version=version,
-                    idx=i,
-                    prompt=prompt_str,
-                    completion=c,
-                    reward=float(r),
-                    seqlen=resp.input_len + resp.output_len,
-                    stop_reason=resp.stop_reason,
-                ),
-                ensure_ascii=False,
-            )
-            + "\n"
-            for i, (c, r, resp) in enumerate(zip(completions, rewards, resps))
-        ]
+        line = json.dumps(
+            dict(
+                qid=qid,
+                version=version,
+                idx=ctx.sample_index,
+                prompt=prompt_str,
+                completion=completion,
+                reward=reward,
+                seqlen=resp.input_len + resp.output_len,
+                stop_reason=resp.stop_reason,
+            ),
+            ensure_ascii=False,
+        )
         path = os.path.join(self.dump_dir, f"{version}.jsonl")
         try:
-            await asyncio.to_thread(_append_lines, path, lines)
+            await asyncio.to_thread(_append_lines, path, [line + "\n"])
         except OSError as e:
             logger.warning("Could not dump rollouts to %s: %s", path, e)
