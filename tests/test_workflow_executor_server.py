@@ -126,7 +126,7 @@ def test_prepare_batch_real_server_returns_exact_batches_with_masks_and_versions
     loader = make_loader(12, 4)
     try:
         for _step in range(3):
-            batch = ex.prepare_batch(loader, wf, timeout=120)
+            batch = ex.prepare_batch(loader, wf, group_size=GCONFIG.n_samples, timeout=120)
             v = engine.get_version()
             _check_batch(batch, bs * GCONFIG.n_samples, v, eta)
             assert len(ex.last_submit_versions) == bs
@@ -146,7 +146,7 @@ def test_real_server_workflow_raising_on_10_percent_does_not_stall(engine, token
     rows = []
     try:
         for _step in range(4):
-            batch = ex.prepare_batch(loader, wf, timeout=120)
+            batch = ex.prepare_batch(loader, wf, group_size=GCONFIG.n_samples, timeout=120)
             _check_batch(batch, 4 * GCONFIG.n_samples, engine.get_version(), 1)
             rows.append(batch["input_ids"].shape[0])
             engine.set_version(engine.get_version() + 1)
@@ -167,7 +167,9 @@ def test_real_server_dapo_filter_replaces_all_equal_groups(engine, tokenizer):
             item["kind"] = "flat"
     try:
         for _step in range(2):
-            batch = ex.prepare_batch(loader, wf, should_accept_fn=dapo_filter, timeout=120)
+            batch = ex.prepare_batch(
+                loader, wf, should_accept_fn=dapo_filter, group_size=4, timeout=120
+            )
             groups = batch["rewards"].view(3, 4)
             assert all(not torch.all(g == g[0]) for g in groups)
             engine.set_version(engine.get_version() + 1)
@@ -201,6 +203,7 @@ def test_remote_engine_delegates_rollout_batch_to_its_executor(engine, tokenizer
         item,
         "areal.workflow.rlvr.RLVRWorkflow",
         dict(reward_fn=parity_reward_fn, gconfig=GCONFIG, tokenizer=tokenizer),
+        group_size=GCONFIG.n_samples,
         timeout=120,
     )
     _check_batch(batch, GCONFIG.n_samples, 0, 0)
