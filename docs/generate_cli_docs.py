@@ -104,6 +104,43 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _render_deprecated() -> list[str]:
+    return [
+        "## Deprecated keys (migrated with a warning)",
+        "",
+        "| Key | Read as |",
+        "| --- | --- |",
+        "| `actor.behave_imp_weight_cap: X` / `actor.behav_imp_weight_cap: X` with "
+        "`actor.behave_imp_weight_mode: M` | `actor.rejection_sampling: {level: token\\|sequence, "
+        "action: mask\\|clamp, metric: ratio, upper: X}` (from M = `token_mask`, "
+        "`token_truncate`, `sequence_mask`, `sequence_truncate`; `disabled` or no cap: `null`) |",
+        "| `model:` section of `SFTConfig` / `RWConfig` (and `${model.x}` interpolations) "
+        "| `actor:` |",
+        "| `rollout.openai:` | `rollout.agent:` |",
+        "",
+    ]
+
+
+def _render_not_acted_on() -> list[str]:
+    """The one list of fields accepted (so AReaL YAMLs load) but not acted on."""
+    out = [
+        "## Accepted but not acted on",
+        "",
+        "These fields load, so AReaL YAMLs run unchanged, but nothing here acts on them: they "
+        "need hardware or engines this project does not have, or a feature planned in a later "
+        "issue. Setting one to a value other than its default logs one warning per run that "
+        "names it (`cli_args.NOT_ACTED_ON`). Whole sections marked so in their description "
+        "(e.g. `MegatronEngineConfig`) are covered through the field that holds them.",
+        "",
+        "| Field | Needs |",
+        "| --- | --- |",
+    ]
+    for owner, name, why in cli_args.NOT_ACTED_ON:
+        out.append(f"| `{owner}.{name}` | {_cell(why)} |")
+    out.append("")
+    return out
+
+
 def render() -> str:
     classes = collect_classes()
     out = [
@@ -124,9 +161,9 @@ def render() -> str:
         "(`fileroot` from `cluster.fileroot`). The resolved config is written to",
         "`{cluster.fileroot}/logs/{experiment_name}/{trial_name}/config.yaml`.",
         "",
-        "## Sections",
-        "",
     ]
+    out += _render_deprecated() + _render_not_acted_on()
+    out += ["## Sections", ""]
     for cls in classes:
         out.append(f"- [`{cls.__name__}`](#{_anchor(cls)})")
     out.append("")

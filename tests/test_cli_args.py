@@ -252,7 +252,7 @@ def _rank0(monkeypatch):
         (lambda: TrainEngineConfig(num_threads=0), "num_threads"),
         (lambda: TrainEngineConfig(attn_impl="magic"), "attn_impl"),
         (lambda: TrainEngineConfig(backend="fsdp:d0"), "backend"),
-        (lambda: PPOActorConfig(eps_clip=0), "eps_clip"),
+        (lambda: PPOActorConfig(eps_clip=-0.1), "eps_clip"),
         (lambda: PPOActorConfig(c_clip=0.5), "c_clip"),
         (lambda: PPOActorConfig(kl_estimator="k4"), "kl_estimator"),
         (lambda: PPOActorConfig(importance_sampling_level="batch"), "importance_sampling_level"),

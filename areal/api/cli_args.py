@@ -25,6 +25,7 @@ import types
 import typing
 from dataclasses import MISSING as _DC_MISSING
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -446,6 +447,84 @@ class FSDPEngineConfig:
 
 
 @dataclass
+class FP8EngineConfig:
+    """FP8 training options of the Megatron backend. This project accepts it so AReaL YAMLs load, but does not act on it (no Megatron / FP8 hardware)."""
+
+    mode: str = _field("e4m3", "'e4m3' or 'hybrid' (e5m2 for output-activation gradients).")
+    recipe: str = _field(
+        "delayed", "Scaling recipe: 'tensorwise', 'delayed', 'mxfp8', 'blockwise'."
+    )
+    param: bool = _field(False, "Keep parameters in FP8.")
+    margin: int = _field(0, "Margin of the scaling-factor computation.")
+    amax_history_len: int = _field(1, "Length of the amax history window.")
+    amax_compute_algo: str = _field("most_recent", "'max' or 'most_recent'.")
+    wgrad: bool = _field(True, "FP8 weight gradients (False: higher precision).")
+    dot_product_attention: bool = _field(False, "FP8 dot-product attention.")
+    multi_head_attention: bool = _field(False, "FP8 multi-head attention.")
+    tp_only_amax_red: bool = _field(False, "Reduce amax only in the TP (or TP-CP) domain.")
+    first_last_layers_bf16: bool = _field(False, "Keep the first/last blocks in BF16.")
+    num_layers_at_start_in_bf16: int = _field(1, "Leading blocks kept in BF16.")
+    num_layers_at_end_in_bf16: int = _field(1, "Trailing blocks kept in BF16.")
+    direct_convert: bool = _field(True, "Convert FP8 parameters directly on weight update/save.")
+
+
+@dataclass
+class ArchonFP8Config:
+    """FP8 options of the Archon backend. This project accepts it so AReaL YAMLs load, but does not act on it (no Archon / FP8 hardware)."""
+
+    mode: str = _field(
+        "disabled",
+        "'disabled' or 'blockwise' (128x128 FP8 matmuls, Hopper GPUs).",
+        choices=["disabled", "blockwise"],
+    )
+    exclude_modules: list[str] = _field(
+        help="Name substrings of linear layers kept in BF16.",
+        factory=lambda: ["output", "router", "score"],
+    )
+    include_experts: bool = _field(False, "FP8 for MoE experts too.")
+    use_triton: bool = _field(True, "Triton GEMM kernels for blockwise FP8.")
+
+    def __post_init__(self):
+        _check_choice("ArchonFP8Config", "mode", self.mode, ["disabled", "blockwise"])
+
+
+@dataclass
+class ArchonEngineConfig:
+    """Archon training backend options. This project accepts it so AReaL YAMLs load, but does not act on it (no Archon backend)."""
+
+    attn_type: str = _field(
+        "varlen", "'varlen', 'sdpa' or 'tree'.", choices=["varlen", "sdpa", "tree"]
+    )
+    offload_params: bool = _field(False, "Offload FSDP parameters to CPU.")
+    enable_compile: bool = _field(False, "torch.compile the transformer blocks.")
+    ac_mode: str = _field(
+        "selective",
+        "Activation checkpointing: 'none', 'full', 'selective', 'memory_budget'.",
+        choices=["none", "full", "selective", "memory_budget"],
+    )
+    selective_ac_option: str = _field("op", "'op' or every N-th layer ('2').")
+    ac_memory_budget: float = _field(0.5, "Memory budget of 'memory_budget' checkpointing.")
+    ac_preserve_rng_state: bool = _field(False, "Preserve the RNG state in checkpointing.")
+    ac_debug: bool = _field(False, "Capture checkpointing debug information.")
+    pp_schedule: str = _field(
+        "Interleaved1F1B",
+        "Pipeline schedule.",
+        choices=["1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"],
+    )
+    pp_layers_per_stage: int | None = _field(None, "Layers per (virtual) pipeline stage.")
+    pp_first_stage_less_layers: int = _field(1, "Fewer layers in the first stage.")
+    pp_last_stage_less_layers: int = _field(1, "Fewer layers in the last stage.")
+    reshard_after_forward_policy: str = _field(
+        "default", "'default', 'always' or 'never'.", choices=["default", "always", "never"]
+    )
+    fp8_config: ArchonFP8Config = _field(help="FP8 training.", factory=ArchonFP8Config)
+    use_deterministic_algorithms: bool = _field(False, "Deterministic kernels.")
+    moe_router_dtype: str | None = _field(
+        "fp32", "Dtype of the MoE router GEMM ('fp32' or None).", choices=["fp32", None]
+    )
+
+
+@dataclass
 class DistributedDataParallelConfig:
     """Megatron DistributedDataParallel options. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
 
@@ -500,8 +579,16 @@ class MegatronEngineConfig:
     moe_enable_deepep: bool = _field(False, "Use DeepEP for MoE dispatch.")
     moe_token_dispatcher_type: str = _field("alltoall", "MoE token dispatcher type.")
     moe_permute_fusion: bool = _field(False, "Fuse MoE token permutation.")
-    fp8_config: dict | None = _field(None, "FP8 training options (free-form mapping).")
+    fp8_config: FP8EngineConfig | None = _field(None, "FP8 training options.")
     bridge_type: str = _field("mbridge", "HF <-> Megatron bridge: 'mbridge' or 'megatron-bridge'.")
+    use_mbridge_save: bool = _field(False, "Save weights with mbridge (less GPU memory).")
+
+
+class SchedulingStrategyType(StrEnum):
+    """Values of ``SchedulingStrategy.type``."""
+
+    separation = "separation"
+    colocation = "colocation"
 
 
 @dataclass
@@ -667,8 +754,11 @@ class TrainEngineConfig:
     megatron: MegatronEngineConfig = _field(
         help="Megatron backend options. " + _NOT_ACTED, factory=MegatronEngineConfig
     )
-    archon: dict = _field(
-        help="Archon backend options (free-form mapping). " + _NOT_ACTED, factory=dict
+    archon: ArchonEngineConfig = _field(
+        help="Archon backend options. " + _NOT_ACTED, factory=ArchonEngineConfig
+    )
+    offload: bool = _field(
+        False, "Offload parameters and optimizer states to CPU between uses (GPU). " + _NOT_ACTED
     )
     use_kernels: bool = _field(False, "Apply HuggingFace `kernels` to the model. " + _NOT_ACTED)
     use_lora: bool = _field(False, "Train LoRA adapters. " + _NOT_ACTED)
@@ -677,6 +767,18 @@ class TrainEngineConfig:
     target_modules: list[str] = _field(help="LoRA target modules. " + _NOT_ACTED, factory=list)
     peft_type: str = _field("lora", "PEFT method. " + _NOT_ACTED)
     enable_tree_training: bool = _field(False, "Tree training with flex attention. " + _NOT_ACTED)
+    _version: str = _field(
+        "v1",
+        "AReaL's train-controller version: 'v1' (this project's controller) or 'v2' (AReaL's "
+        "gateway controller). " + _NOT_ACTED,
+        choices=["v1", "v2"],
+    )
+    admin_api_key: str = _field("areal-admin-key", "Gateway admin key (v2). " + _NOT_ACTED)
+    log_level: str = _field("warning", "Gateway log level (v2). " + _NOT_ACTED)
+    request_timeout: float = _field(
+        3600.0, "Gateway request timeout in seconds (v2). " + _NOT_ACTED
+    )
+    setup_timeout: float = _field(3600.0, "Gateway setup timeout in seconds (v2). " + _NOT_ACTED)
 
     def __post_init__(self):
         owner = type(self).__name__
@@ -760,7 +862,8 @@ class RejectionSamplingConfig:
     )
     lower: float | None = _field(
         None,
-        "Lower bound; None: none ('clamp' sets it to 0.0). > 0 for 'ratio'; <= upper.",
+        "Lower bound; None: none ('clamp' sets it to 0.0). > 0 for 'ratio' (0.0 allowed "
+        "with 'clamp'); <= upper.",
     )
 
     def __post_init__(self):
@@ -779,9 +882,12 @@ class RejectionSamplingConfig:
                     f"{owner}.upper={self.upper!r} is not allowed with metric='ratio'; must be "
                     "> 1 (otherwise every token whose policy changed at all is filtered)"
                 )
-            if self.lower is not None and self.lower <= 0:
+            # 0.0 is what 'clamp' fills in for "no lower bound"; a saved config holds it.
+            floor_ok = self.action == "clamp" and self.lower == 0.0
+            if self.lower is not None and self.lower <= 0 and not floor_ok:
                 raise ValueError(
-                    f"{owner}.lower={self.lower!r} is not allowed with metric='ratio'; must be > 0"
+                    f"{owner}.lower={self.lower!r} is not allowed with metric='ratio'; must be "
+                    "> 0 (or 0.0 with action='clamp')"
                 )
         if self.metric in ("kl_k2", "kl_k3") and self.upper <= 0:
             raise ValueError(
@@ -837,10 +943,10 @@ class PPOActorConfig(TrainEngineConfig):
     )
     eps_clip: float = _field(
         0.2,
-        "PPO clip range of the probability ratio (lower side when eps_clip_higher is set); > 0.",
+        "PPO clip range of the probability ratio (lower side when eps_clip_higher is set); >= 0.",
     )
     eps_clip_higher: float | None = _field(
-        None, "Upper clip range (DAPO clip-higher); None uses eps_clip on both sides; > 0."
+        None, "Upper clip range (DAPO clip-higher); None uses eps_clip on both sides; >= 0."
     )
     c_clip: float | None = _field(
         None, "Dual-clip bound for negative advantages; > 1. None disables dual clipping."
@@ -967,8 +1073,8 @@ class PPOActorConfig(TrainEngineConfig):
         owner = type(self).__name__
         _check_range(owner, "group_size", self.group_size, ge=1)
         _check_range(owner, "ppo_n_minibatches", self.ppo_n_minibatches, ge=1)
-        _check_range(owner, "eps_clip", self.eps_clip, gt=0)
-        _check_range(owner, "eps_clip_higher", self.eps_clip_higher, gt=0, optional=True)
+        _check_range(owner, "eps_clip", self.eps_clip, ge=0)
+        _check_range(owner, "eps_clip_higher", self.eps_clip_higher, ge=0, optional=True)
         _check_range(owner, "c_clip", self.c_clip, gt=1, optional=True)
         _check_range(owner, "reward_clip", self.reward_clip, gt=0)
         _check_range(owner, "discount", self.discount, ge=0, le=1)
@@ -1521,6 +1627,22 @@ class InferenceEngineConfig:
         "DEPRECATED (AReaL's earlier name of `agent`): moved into rollout.agent with a warning.",
     )
     return_routed_experts: bool = _field(False, "Return MoE routing (SGLang). " + _NOT_ACTED)
+    _version: str = _field(
+        "v1",
+        "AReaL's rollout-controller version: 'v1' (this project's controller) or 'v2' (AReaL's "
+        "inference-service gateway). " + _NOT_ACTED,
+        choices=["v1", "v2"],
+    )
+    model: str = _field("default", "Model name exposed by the gateway (v2). " + _NOT_ACTED)
+    routing_strategy: str = _field("round_robin", "Gateway routing (v2). " + _NOT_ACTED)
+    poll_interval: float = _field(5.0, "Gateway health-poll seconds (v2). " + _NOT_ACTED)
+    admin_api_key: str = _field("areal-admin-key", "Gateway admin key (v2). " + _NOT_ACTED)
+    api_url: str | None = _field(
+        None, "External OpenAI-compatible base URL (v2 external model). " + _NOT_ACTED
+    )
+    provider_api_key: str | None = _field(
+        None, "API key of the external provider (v2). " + _NOT_ACTED
+    )
 
     def __post_init__(self):
         owner = "InferenceEngineConfig"
@@ -1582,12 +1704,24 @@ class DatasetConfig:
     drop_last: bool = _field(True, "Drop the last incomplete batch.")
     pin_memory: bool = _field(False, "Pin host memory (GPU training only).")
     num_workers: int = _field(0, "Dataloader worker processes; >= 0.")
+    num_dataset_workers: int = _field(1, "Workers of AReaL's remote data service. " + _NOT_ACTED)
+    scheduling_spec: SchedulingSpec | None = _field(
+        help="Resources of AReaL's remote data-service workers. " + _NOT_ACTED,
+        factory=lambda: SchedulingSpec(cpu=1, gpu=0, mem=10),
+    )
+    setup_timeout: float = _field(
+        120.0, "Seconds the remote data service may take to load a dataset. " + _NOT_ACTED
+    )
 
     def __post_init__(self):
         owner = type(self).__name__
         _check_range(owner, "batch_size", self.batch_size, ge=1)
         _check_range(owner, "num_workers", self.num_workers, ge=0)
         _check_range(owner, "max_length", self.max_length, ge=1, optional=True)
+
+
+# AReaL's name of the shared base of the dataset sections.
+_DatasetConfig = DatasetConfig
 
 
 @dataclass
@@ -1761,6 +1895,16 @@ class SessionTracerConfig:
 
 
 @dataclass
+class MemoryProfilerConfig:
+    """CUDA memory snapshots. This project accepts it so AReaL YAMLs load, but does not act on it (needs CUDA)."""
+
+    profile_steps: list[int] = _field(
+        help="Steps at which a memory snapshot is taken.", factory=lambda: [0, 1]
+    )
+    max_entries: int = _field(100000, "Entries of the memory-history ring buffer.")
+
+
+@dataclass
 class PerfTracerConfig:
     """Performance tracing. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
 
@@ -1921,8 +2065,8 @@ class BaseExperimentConfig:
         False, "Offload training memory between steps (GPU). " + _NOT_ACTED
     )
     perf_tracer: PerfTracerConfig | None = _field(None, "Performance tracing. " + _NOT_ACTED)
-    memory_profiler: dict | None = _field(
-        None, "Memory profiler options (free-form mapping). " + _NOT_ACTED
+    memory_profiler: MemoryProfilerConfig | None = _field(
+        None, "CUDA memory snapshots. " + _NOT_ACTED
     )
     launcher: LauncherConfig = _field(
         help="Launcher resources. " + _NOT_ACTED, factory=LauncherConfig
@@ -2058,6 +2202,149 @@ class PPOConfig(BaseExperimentConfig):
 @dataclass
 class GRPOConfig(PPOConfig):
     """GRPO: PPO without a critic, advantages from group-normalised rewards."""
+
+
+# =====================================================================================
+# Accepted but not acted on
+# =====================================================================================
+
+_MEGATRON = "the Megatron-LM training backend"
+_ARCHON = "the Archon training backend"
+_CUDA = "CUDA GPUs"
+_GATEWAY = "AReaL's v2 gateway controller / inference service"
+_LORA = "LoRA training and adapter sync (issue 15)"
+
+# The one list of fields that load (so AReaL YAMLs work unchanged) but that this project
+# does not act on, as (owner class, field, what it would need). A value other than the
+# default is warned about once per run (warn_not_acted_on). docs/cli_reference.md
+# renders this list.
+NOT_ACTED_ON: tuple[tuple[str, str, str], ...] = (
+    ("TrainEngineConfig", "megatron", _MEGATRON),
+    ("TrainEngineConfig", "archon", _ARCHON),
+    ("TrainEngineConfig", "offload", f"{_CUDA} (torch_memory_saver)"),
+    ("TrainEngineConfig", "use_kernels", f"{_CUDA} (HuggingFace kernels)"),
+    ("TrainEngineConfig", "enable_tree_training", f"{_CUDA} (flex-attention tree training)"),
+    ("TrainEngineConfig", "use_lora", _LORA),
+    ("TrainEngineConfig", "lora_rank", _LORA),
+    ("TrainEngineConfig", "lora_alpha", _LORA),
+    ("TrainEngineConfig", "target_modules", _LORA),
+    ("TrainEngineConfig", "peft_type", _LORA),
+    ("TrainEngineConfig", "_version", _GATEWAY),
+    ("TrainEngineConfig", "admin_api_key", _GATEWAY),
+    ("TrainEngineConfig", "log_level", _GATEWAY),
+    ("TrainEngineConfig", "request_timeout", _GATEWAY),
+    ("TrainEngineConfig", "setup_timeout", _GATEWAY),
+    ("FSDPEngineConfig", "memory_efficient_load", f"{_CUDA} (rank-0 load + broadcast)"),
+    ("FSDPEngineConfig", "per_layer_optim_step", _CUDA),
+    ("FSDPEngineConfig", "optim_step_prefetch_layers", _CUDA),
+    ("FSDPEngineConfig", "shard_vision_across_sp", "sequence parallelism"),
+    ("OptimizerConfig", "initial_loss_scale", f"{_MEGATRON} (fp16 loss scaling)"),
+    ("OptimizerConfig", "min_loss_scale", f"{_MEGATRON} (fp16 loss scaling)"),
+    ("OptimizerConfig", "loss_scale_window", f"{_MEGATRON} (fp16 loss scaling)"),
+    ("OptimizerConfig", "hysteresis", f"{_MEGATRON} (fp16 loss scaling)"),
+    ("GenerationHyperparameters", "lora_name", _LORA),
+    ("GenerationHyperparameters", "use_beam_search", "vLLM beam search"),
+    ("InferenceEngineConfig", "use_lora", _LORA),
+    ("InferenceEngineConfig", "return_routed_experts", "SGLang with MoE models"),
+    ("InferenceEngineConfig", "agent", "agent workflows and the OpenAI proxy (issue 13)"),
+    ("InferenceEngineConfig", "openai", "agent workflows and the OpenAI proxy (issue 13)"),
+    ("InferenceEngineConfig", "_version", _GATEWAY),
+    ("InferenceEngineConfig", "model", _GATEWAY),
+    ("InferenceEngineConfig", "routing_strategy", _GATEWAY),
+    ("InferenceEngineConfig", "poll_interval", _GATEWAY),
+    ("InferenceEngineConfig", "admin_api_key", _GATEWAY),
+    ("InferenceEngineConfig", "api_url", _GATEWAY),
+    ("InferenceEngineConfig", "provider_api_key", _GATEWAY),
+    ("vLLMConfig", "enable_lora", _LORA),
+    ("vLLMConfig", "max_lora_rank", _LORA),
+    ("vLLMConfig", "max_loras", _LORA),
+    ("vLLMConfig", "lora_modules", _LORA),
+    ("SGLangConfig", "enable_lora", _LORA),
+    ("SGLangConfig", "max_lora_rank", _LORA),
+    ("SGLangConfig", "max_loaded_loras", _LORA),
+    ("SGLangConfig", "lora_paths", _LORA),
+    ("SGLangConfig", "lora_backend", _LORA),
+    ("DatasetConfig", "num_dataset_workers", "AReaL's remote data service"),
+    ("DatasetConfig", "scheduling_spec", "AReaL's remote data service"),
+    ("DatasetConfig", "setup_timeout", "AReaL's remote data service"),
+    ("StatsLoggerConfig", "swanlab", "the SwanLab tracker (not integrated)"),
+    ("StatsLoggerConfig", "trackio", "the Trackio tracker (not integrated)"),
+    ("SchedulerConfig", "endpoint", "AReaL's scheduler service"),
+    ("SchedulerConfig", "deploy_mode", "AReaL's scheduler service"),
+    ("SchedulerConfig", "functioncall_service_domain", "AReaL's function-call service"),
+    ("SchedulerConfig", "reward_functioncall_config", "AReaL's function-call service"),
+    ("SchedulerConfig", "reward_model_path", "AReaL's reward-model service"),
+    ("SchedulerConfig", "reward_model_service_url", "AReaL's reward-model service"),
+    ("BaseExperimentConfig", "enable_offload", f"{_CUDA} (torch_memory_saver)"),
+    ("BaseExperimentConfig", "perf_tracer", "AReaL's performance tracer"),
+    ("BaseExperimentConfig", "memory_profiler", f"{_CUDA} (memory snapshots)"),
+    ("BaseExperimentConfig", "launcher", "AReaL's SPMD launchers"),
+    ("PPOConfig", "teacher", "on-policy distillation (issue 15)"),
+)
+
+# Fields that sub-sections inherit from the top level; not "set" by the user.
+_INHERITED_NAMES = frozenset({"experiment_name", "trial_name", "fileroot"})
+
+
+def _same_as_default(value: Any, default: Any) -> bool:
+    """Equality that ignores inherited experiment_name / trial_name / fileroot."""
+    if is_dataclass(value) and is_dataclass(default) and type(value) is type(default):
+        return all(
+            _same_as_default(getattr(value, f.name), getattr(default, f.name))
+            for f in fields(value)
+            if f.name not in _INHERITED_NAMES
+        )
+    if is_dataclass(value) and default is None:
+        # An optional section written out with its defaults only (e.g. enabled: false).
+        try:
+            return _same_as_default(value, type(value)())
+        except (TypeError, ValueError):
+            return False
+    return value == default
+
+
+def _field_default(f: Any) -> Any:
+    if f.default is not _DC_MISSING:
+        return f.default
+    if f.default_factory is not _DC_MISSING:
+        return f.default_factory()
+    return _DC_MISSING
+
+
+def not_acted_on_settings(config: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """``(dotted path, what it needs)`` of every NOT_ACTED_ON field set to a non-default value."""
+    found: list[tuple[str, str]] = []
+    if not is_dataclass(config) or isinstance(config, type):
+        return found
+    owners = {c.__name__ for c in type(config).__mro__}
+    needs = {fname: why for owner, fname, why in NOT_ACTED_ON if owner in owners}
+    for f in fields(config):
+        value = getattr(config, f.name)
+        path = f"{prefix}{f.name}"
+        if f.name in needs:
+            default = _field_default(f)
+            if default is not _DC_MISSING and not _same_as_default(value, default):
+                found.append((path, needs[f.name]))
+            continue
+        if is_dataclass(value):
+            found.extend(not_acted_on_settings(value, path + "."))
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                found.extend(not_acted_on_settings(item, f"{path}.{i}."))
+    return found
+
+
+def warn_not_acted_on(config: Any) -> list[str]:
+    """Warn once per run about fields set that this project accepts but does not act on."""
+    found = not_acted_on_settings(config)
+    if found:
+        listing = "; ".join(f"{path} (needs {why})" for path, why in found)
+        _warn_once(
+            "not-acted:" + ",".join(p for p, _ in found),
+            f"These settings are accepted but not acted on here: {listing}. See "
+            "docs/cli_reference.md, 'Accepted but not acted on'.",
+        )
+    return [p for p, _ in found]
 
 
 # =====================================================================================
@@ -2281,7 +2568,9 @@ def build_config(yaml_dict: dict, overrides: list[str], config_cls: type[ConfigT
     plain = OmegaConf.to_container(merged, resolve=False)
     plain = _migrate_legacy_sections(plain, config_cls)
     structured = to_structured_cfg(plain, config_cls)
-    return _to_object(structured, config_cls)
+    config = _to_object(structured, config_cls)
+    warn_not_acted_on(config)
+    return config
 
 
 def _rewrite_interpolations(node: Any, old: str, new: str) -> Any:
