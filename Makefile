@@ -1,22 +1,54 @@
 # The two commands of the README:
 #   make demo   set up .venv and run asynchronous GRPO on the embedded tiny model (CPU)
-#   make test   set up .venv and run the test suite (+ the CI subset of slow tests)
-# Both install pinned versions into .venv themselves.
+#   make test   set up .venv and run the test suite (+ the CI subset of slow ones), build the docs
+# Both install the locked versions into .venv themselves (`make setup`).
+#
+# How `make setup` installs (fast, locked):
+#   1. `python3 -m venv .venv` (with pip, for scripts that call `.venv/bin/python -m pip`)
+#      and the pinned `uv` inside it when it is missing.
+#   2. `uv sync --locked`: every package of uv.lock (exact versions + hashes) and the
+#      project itself (editable). uv.lock holds everything except torch.
+#   3. torch==$(TORCH_VERSION) with `uv pip install --no-config` (so that the exclusion of
+#      torch in pyproject's [tool.uv] does not apply), from wherever this machine's pip
+#      configuration points (its find-links, read from PIP_FIND_LINKS or `pip config`,
+#      are handed to uv, which does not read pip's configuration). A torch 2.13.0 that is
+#      already installed (e.g. a CUDA build on a GPU machine) is kept.
+# Extra flags for step 3: `make setup TORCH_FLAGS="--index-url URL"`.
 
-PYTHON ?= python3
-VENV   := .venv
-PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-stamp
+PYTHON        ?= python3
+VENV          := .venv
+PY            := $(VENV)/bin/python
+UV            := $(VENV)/bin/uv
+UV_VERSION    := 0.13.8
+TORCH_VERSION := 2.13.0
+EXTRAS        ?= dev docs
+TORCH_FLAGS   ?=
+empty         :=
+space         := $(empty) $(empty)
+STAMP         := $(VENV)/.installed-$(subst $(space),-,$(strip $(EXTRAS)))
 
-.PHONY: setup demo test test-all lint docs clean
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+export NO_MKDOCS_2_WARNING := 1
+
+.PHONY: setup demo test test-all lint docs docs-build docs-serve cli-docs lock lock-check build clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(UV):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# The CPU build of torch comes first so nothing pulls a CUDA build.
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet uv==$(UV_VERSION)
+
+$(STAMP): pyproject.toml uv.lock | $(UV)
+	@$(UV) sync --locked --inexact --quiet --python $(PY) --group torch-deps \
+	    $(foreach e,$(EXTRAS),--extra $(e)) \
+	  || { echo "make setup: uv.lock does not match pyproject.toml: run 'make lock' and commit uv.lock" >&2; exit 1; }
+	@fl="$${PIP_FIND_LINKS:-$$($(PY) -m pip config get install.find-links 2>/dev/null \
+	      || $(PY) -m pip config get global.find-links 2>/dev/null || true)}"; \
+	  flags=""; for d in $$fl; do flags="$$flags --find-links $$d"; done; \
+	  echo "uv pip install torch==$(TORCH_VERSION)$$flags $(TORCH_FLAGS)"; \
+	  $(UV) pip install --quiet --no-config --python $(PY) $$flags $(TORCH_FLAGS) torch==$(TORCH_VERSION)
+	$(PY) -c "import torch, areal; print('torch', torch.__version__, '| areal', areal.__version__)"
 	touch $(STAMP)
 
 demo: setup
@@ -24,6 +56,7 @@ demo: setup
 
 test: setup
 	$(PY) -m ruff check .
+	$(MAKE) --no-print-directory docs-build
 	$(PY) -m pytest -m "not slow or ci_slow" -q
 
 test-all: setup
@@ -33,8 +66,31 @@ lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-docs: setup
+# The documentation site: regenerate the CLI reference, then build with warnings as
+# errors (mkdocs --strict also fails on broken internal links and anchors; mkdocs.yml
+# turns every link/anchor validation into a warning). `make test` runs docs-build only,
+# so that tests/test_cli_docs.py still catches a stale committed CLI reference.
+docs: cli-docs docs-build
+
+docs-build: setup
+	$(PY) -m mkdocs build --strict --quiet --site-dir site
+
+docs-serve: setup
+	$(PY) -m mkdocs serve
+
+cli-docs: setup
 	$(PY) docs/generate_cli_docs.py
 
+# Re-resolve uv.lock after changing dependencies in pyproject.toml (needs the index).
+lock: $(UV)
+	$(UV) lock
+
+lock-check: $(UV)
+	$(UV) lock --check
+
+# Wheel + sdist into dist/.
+build: setup
+	$(PY) -m build --outdir dist .
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site dist build
