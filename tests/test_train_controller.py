@@ -60,6 +60,56 @@ def test_split_batch_indices_groups_kept_together():
         split_batch_indices(batch, 2, group_size=3)
 
 
+def _rank_tokens(batch, idx):
+    return [int(batch["attention_mask"][i].sum()) for i in idx]
+
+
+def test_split_batch_indices_kk_more_even_than_greedy_groups_kept():
+    # greedy (ffd): 8+5+4 | 7+6 = 17 | 13 tokens; Karmarkar-Karp: 16 | 14
+    batch = _batch([8, 7, 6, 5, 4])
+    ffd = [sum(_rank_tokens(batch, i)) for i in split_batch_indices(batch, 2)]
+    kk = [sum(_rank_tokens(batch, i)) for i in split_batch_indices(batch, 2, 1, "kk")]
+    assert sorted(ffd) == [13, 17] and sorted(kk) == [14, 16]
+    # random GRPO batches: whole groups on one rank, every row once, never less even
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        lens = torch.randint(1, 13, (24,), generator=gen).tolist()
+        batch = _batch(lens)
+        spreads = {}
+        for algo in ("ffd", "kk"):
+            idx = split_batch_indices(batch, 3, group_size=4, packing_algorithm=algo)
+            rows = sorted(i for part in idx for i in part.tolist())
+            assert rows == list(range(24))
+            for part in idx:
+                groups = set((part // 4).tolist())
+                assert sorted(part.tolist()) == [
+                    4 * g + j for g in sorted(groups) for j in range(4)
+                ]
+            loads = [sum(_rank_tokens(batch, part)) for part in idx]
+            spreads[algo] = max(loads) - min(loads)
+        assert spreads["kk"] <= spreads["ffd"]
+    with pytest.raises(ValueError, match="packing_algorithm='lpt'"):
+        split_batch_indices(batch, 2, packing_algorithm="lpt")
+
+
+def test_controller_dispatch_uses_config_packing_algorithm():
+    from areal.api.cli_args import MicroBatchSpec, TrainEngineConfig
+
+    class Capture(TrainController):
+        def _call_all(self, method, per_rank, **kw):
+            return [args[0]["attention_mask"].sum().item() for args, _ in per_rank]
+
+    batch = _batch([8, 7, 6, 5, 4])
+    loads = {}
+    for algo in ("ffd", "kk"):
+        cfg = TrainEngineConfig(mb_spec=MicroBatchSpec(packing_algorithm=algo))
+        ctl = Capture(ENGINE, cfg, scheduler=None)
+        ctl.workers, ctl.dp_size = ["w0", "w1"], 2
+        ctl.dp_ranks, ctl.workers_is_dp_head = [0, 1], [True, True]
+        loads[algo] = sorted(ctl.custom_function_call("forward_batch", batch, _merge=False))
+    assert loads == {"ffd": [13, 17], "kk": [14, 16]}
+
+
 def test_merge_rank_results_tensors_and_dicts_original_order():
     batch = _batch([5, 9, 2, 7, 1])
     idx = split_batch_indices(batch, 2)
