@@ -30,6 +30,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--version", type=int, default=0, help="initial weight version")
+    p.add_argument(
+        "--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda, cuda:N"
+    )
     args = p.parse_args(argv)
 
     import torch
@@ -45,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         context_length=args.context_length,
         seed=args.seed,
         version=args.version,
+        device=args.device,
     )
     logger.info("serving %s on http://%s:%d", args.model_path, args.host, args.port)
     web.run_app(

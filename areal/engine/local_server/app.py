@@ -26,6 +26,18 @@ logger = logging.getLogger("LocalServer")
 _error = error_response
 
 
+def resolve_device(device: str) -> Any:
+    """``auto`` -> ``cuda`` when available, else ``cpu``; anything else as given (validated)."""
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available on this machine")
+    return dev
+
+
 class LocalInferenceServer(OpenAIRoutes):
     """Wraps a ``GenerationCore`` with the HTTP endpoints; build with ``from_pretrained``."""
 
@@ -48,7 +60,9 @@ class LocalInferenceServer(OpenAIRoutes):
         context_length: int | None = None,
         seed: int | None = None,
         version: int = 0,
+        device: str = "auto",
     ) -> LocalInferenceServer:
+        """Load ``model_path`` onto ``device`` (``auto``: CUDA when available, else CPU)."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -57,6 +71,7 @@ class LocalInferenceServer(OpenAIRoutes):
         if seed is not None:
             torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        model = model.to(resolve_device(device))
         tokenizer = None
         tok_files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
         if any(os.path.exists(os.path.join(model_path, f)) for f in tok_files):

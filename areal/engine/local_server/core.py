@@ -112,12 +112,13 @@ class _Request:
     abort_requested: bool = False
     done: bool = False
     generator: torch.Generator | None = None
+    finish: str = ""
+    device: torch.device | str = "cpu"  # where the per-request sampling generator lives
 
     def __post_init__(self):
         if self.params.seed is not None and not self.params.greedy:
-            self.generator = torch.Generator().manual_seed(self.params.seed % (2**63))
-
-    finish: str = ""
+            self.generator = torch.Generator(device=self.device)
+            self.generator.manual_seed(self.params.seed % (2**63))
 
 
 class _BufferLayer(DynamicLayer):
@@ -169,7 +170,7 @@ class _Batch:
 
     def _reshape(self, rows: list[int], start: int, cap: int, left_pad: int = 0) -> None:
         """Rebuild buffers keeping ``rows`` and columns ``[start, T)`` (+ ``left_pad`` zeros)."""
-        idx = torch.tensor(rows, dtype=torch.long)
+        idx = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
         T = self.T - start + left_pad
         cap = max(cap, T + 1)
         for bufs in (self.kbufs, self.vbufs):
@@ -177,7 +178,7 @@ class _Batch:
                 buf = old.new_zeros(len(rows), old.shape[1], cap, old.shape[3])
                 buf[:, :, left_pad:T] = old.index_select(0, idx)[:, :, start : self.T]
                 bufs[i] = buf
-        mask = torch.zeros(len(rows), T, dtype=torch.long)
+        mask = torch.zeros(len(rows), T, dtype=torch.long, device=self.mask.device)
         mask[:, left_pad:] = self.mask.index_select(0, idx)[:, start:]
         self.mask = mask
         self.T = T
@@ -205,7 +206,7 @@ class _Batch:
     def release(self, rows: list[int]) -> None:
         for i in rows:
             self.reqs[i] = None
-        idx = torch.tensor(rows, dtype=torch.long)
+        idx = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
         self.mask[idx] = 0
         self.next_tok[idx] = 0
         self.next_pos[idx] = 0
@@ -213,7 +214,8 @@ class _Batch:
         if not live:
             self.__init__()
         elif len(self.reqs) - len(live) >= max(8, len(self.reqs) // 2):
-            lead = self.mask.index_select(0, torch.tensor(live)).any(dim=0).nonzero()
+            live_idx = torch.tensor(live, device=self.mask.device)
+            lead = self.mask.index_select(0, live_idx).any(dim=0).nonzero()
             start = int(lead[0]) if len(lead) else self.T
             self._reshape(live, start, self.T - start + 64)
 
@@ -246,7 +248,7 @@ class _Batch:
         if P <= self.T and free:
             # Write into free rows in place: columns [T - P, T).
             k_fill = min(len(free), n)
-            rows = torch.tensor(free[:k_fill], dtype=torch.long)
+            rows = torch.tensor(free[:k_fill], dtype=torch.long, device=self.mask.device)
             T = self.T
             for bufs, new_rows in ((self.kbufs, keys), (self.vbufs, values)):
                 for i, buf in enumerate(bufs):
@@ -278,7 +280,7 @@ class _Batch:
                 buf[:B, :, :T] = old[:, :, :T]
                 buf[B:, :, T - P : T] = new_rows[i]
                 bufs[i] = buf
-        m = torch.zeros(B + n, T, dtype=torch.long)
+        m = torch.zeros(B + n, T, dtype=torch.long, device=self.mask.device)
         m[:B] = self.mask
         m[B:, T - P :] = mask
         self.mask = m
@@ -299,8 +301,11 @@ def _sample(
     """Sample one token per row; returns (tokens [B], logprobs [B]) per the module convention."""
     logits = logits.float()
     B, V = logits.shape
-    greedy = torch.tensor([r.params.greedy for r in reqs])
-    temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in reqs])
+    dev = logits.device
+    greedy = torch.tensor([r.params.greedy for r in reqs], device=dev)
+    temps = torch.tensor(
+        [1.0 if r.params.greedy else r.params.temperature for r in reqs], device=dev
+    )
     scaled = logits / temps.unsqueeze(1)
     logp = torch.log_softmax(scaled, dim=-1)
     # Stop tokens are not allowed before min_new_tokens.
@@ -311,18 +316,20 @@ def _sample(
                 masked = scaled.clone()
             masked[b, list(r.stop_set)] = -_INF
     work = scaled if masked is None else masked
-    tokens = torch.empty(B, dtype=torch.long)
+    tokens = torch.empty(B, dtype=torch.long, device=dev)
     if bool(greedy.any()):
         tokens[greedy] = work[greedy].argmax(dim=-1)
     samp = ~greedy
     if bool(samp.any()):
         s_logits = work[samp]
         s_reqs = [r for r, g in zip(reqs, greedy.tolist()) if not g]
-        top_k = torch.tensor([r.params.top_k if 0 < r.params.top_k < V else V for r in s_reqs])
-        top_p = torch.tensor([r.params.top_p for r in s_reqs])
+        top_k = torch.tensor(
+            [r.params.top_k if 0 < r.params.top_k < V else V for r in s_reqs], device=dev
+        )
+        top_p = torch.tensor([r.params.top_p for r in s_reqs], device=dev)
         if bool((top_k < V).any()) or bool((top_p < 1).any()):
             sorted_logits, sorted_idx = torch.sort(s_logits, dim=-1, descending=True)
-            ranks = torch.arange(V).unsqueeze(0)
+            ranks = torch.arange(V, device=dev).unsqueeze(0)
             remove = ranks >= top_k.unsqueeze(1)
             probs = torch.softmax(sorted_logits.masked_fill(remove, -_INF), dim=-1)
             cum = probs.cumsum(dim=-1) - probs  # mass strictly before this token
@@ -331,7 +338,7 @@ def _sample(
             sorted_logits = sorted_logits.masked_fill(remove, -_INF)
             s_logits = torch.full_like(s_logits, -_INF).scatter(1, sorted_idx, sorted_logits)
         probs = torch.softmax(s_logits, dim=-1)
-        drawn = torch.empty(len(s_reqs), dtype=torch.long)
+        drawn = torch.empty(len(s_reqs), dtype=torch.long, device=dev)
         seeded = [i for i, r in enumerate(s_reqs) if r.generator is not None]
         unseeded = [i for i, r in enumerate(s_reqs) if r.generator is None]
         if unseeded:
@@ -356,6 +363,8 @@ class GenerationCore:
         version: int = 0,
     ):
         self.model = model.eval()
+        # Where the model lives (CPU, or a CUDA device): every batch tensor is put there.
+        self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
         cfg = model.config
@@ -410,7 +419,7 @@ class GenerationCore:
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop.update(self.eos_token_ids)
-        req = _Request(rid, list(input_ids), params, callback, frozenset(stop))
+        req = _Request(rid, list(input_ids), params, callback, frozenset(stop), device=self.device)
         with self._lock:
             if self._stopped:
                 raise RuntimeError("generation core is shut down")
@@ -468,6 +477,7 @@ class GenerationCore:
                 "generation_tokens_per_s": recent / max(span, 1.0) if recent else 0.0,
                 "version": self.version,
                 "paused": self.paused,
+                "device": str(self.device),
             }
 
     def shutdown(self) -> None:
@@ -548,6 +558,7 @@ class GenerationCore:
             L = len(r.input_ids)
             ids[i, P - L :] = torch.tensor(r.input_ids)
             mask[i, P - L :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp_min(0)
         cache = DynamicCache()
         out = self.model(
@@ -571,7 +582,7 @@ class GenerationCore:
         b = self._batch
         b.ensure_capacity(1)
         B = len(b.reqs)
-        mask = torch.cat([b.mask, torch.ones(B, 1, dtype=torch.long)], dim=1)
+        mask = torch.cat([b.mask, b.mask.new_ones(B, 1)], dim=1)
         out = self.model(
             input_ids=b.next_tok.unsqueeze(1),
             attention_mask=mask,
@@ -585,7 +596,7 @@ class GenerationCore:
         reqs = [b.reqs[i] for i in live]
         logits = out.logits[:, -1, :]
         if len(live) < B:
-            idx = torch.tensor(live, dtype=torch.long)
+            idx = torch.tensor(live, dtype=torch.long, device=logits.device)
             logits = logits.index_select(0, idx)
         tokens, logps = _sample(logits, reqs, [len(r.output_ids) for r in reqs])
         if len(live) < B:

@@ -78,6 +78,18 @@ def load_weights_from_disk(model: torch.nn.Module, path: str) -> int:
     return len(loaded)
 
 
+def _group_device(group, model: torch.nn.Module) -> torch.device:
+    """CUDA (the model's device) for an NCCL group, else CPU."""
+    model_device = next(model.parameters()).device
+    if model_device.type != "cuda":
+        return torch.device("cpu")
+    try:
+        is_nccl = "nccl" in str(group.name()).lower()
+    except Exception:  # noqa: BLE001 - a group without a name() is not NCCL here
+        is_nccl = isinstance(group, getattr(torch.distributed, "ProcessGroupNCCL", ()))
+    return model_device if is_nccl else torch.device("cpu")
+
+
 @torch.no_grad()
 def receive_bucket(model: torch.nn.Module, group, specs: list[ParamSpec]) -> int:
     """Receive one broadcast (root 0) per spec, in order, and copy each into ``model``.
@@ -87,8 +99,10 @@ def receive_bucket(model: torch.nn.Module, group, specs: list[ParamSpec]) -> int
     """
     named = _named_tensors(model)
     unknown: list[str] = []
+    # NCCL broadcasts CUDA tensors; gloo CPU tensors.
+    device = _group_device(group, model)
     for spec in specs:
-        buf = torch.empty(tuple(spec.shape), dtype=getattr(torch, spec.dtype))
+        buf = torch.empty(tuple(spec.shape), dtype=getattr(torch, spec.dtype), device=device)
         group.broadcast(buf, 0).wait()
         dst = named.get(spec.name)
         if dst is None or tuple(dst.shape) != tuple(spec.shape):
