@@ -60,6 +60,7 @@ class FakeInference:
         self.version = 0
         self.workflow_executor = FakeExecutor(pending)
         self.paused = 0
+        self.resumed = 0
 
     def get_version(self):
         return self.version
@@ -71,7 +72,7 @@ class FakeInference:
         self.paused += 1
 
     def resume(self):
-        pass
+        self.resumed += 1
 
 
 class FakeDataloader:
@@ -116,16 +117,19 @@ def test_recover_dump_then_load_restores_step_weights_dataloader_and_pending(tmp
 
     eng2, dl2, inf2 = FakeEngine(), FakeDataloader(), FakeInference()
     from areal.api.io_struct import WeightUpdateMeta
+    from areal.infra.weight_sync import WeightSynchronizer
 
     meta = WeightUpdateMeta.from_disk("e", "t", str(tmp_path))
+    sync = WeightSynchronizer(eng2, inf2, meta)
     info = RecoverHandler(_cfg(tmp_path), FT).load(
-        eng2, None, None, None, dl2, inference_engine=inf2, weight_update_meta=meta
+        eng2, None, None, None, dl2, inference_engine=inf2, weight_sync=sync
     )
     assert info.last_step_info.global_step == 3
     assert torch.equal(eng2.w, torch.tensor([1.0, 2.0, 3.0]))
     assert dl2.pos == 7
     assert inf2.version == 4 and eng2.versions == [4]
     assert [m.version for m in eng2.pushed] == [4]  # restored weights pushed before any rollout
+    assert inf2.paused == 1 and inf2.resumed == 1  # through the one weight-sync object
     assert inf2.workflow_executor.requeued == [{"q": 1}, {"q": 2}]
     assert inf2.workflow_executor.recovered_version == 4
 

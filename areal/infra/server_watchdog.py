@@ -9,11 +9,11 @@ process of role ``rollout`` that the scheduler reports dead it
    were already moved to the other servers by the engine's retry logic),
 3. restarts it through the scheduler (``restart_worker``: same command, same port if
    possible, else a new address),
-4. loads the *current* weights into it: version 0 = the initial model (what the command
-   loads anyway); ``disk`` mode = the last weight-update directory
-   ``weight_update_meta.with_version(v).path``; otherwise (``xccl``, or that directory is
-   gone) the actor writes its weights once per version to ``scratch_dir/v{v}``,
-5. readmits it to the engine at the current version.
+4. hands it to the ``WeightSynchronizer`` (``weight_sync.readmit``), which loads the
+   *current* weights into it (version 0 = the initial model the command loads anyway;
+   ``disk`` mode = the last weight-update directory; otherwise, or when that directory
+   is gone, the actor writes its weights once per version to ``scratch_dir/v{v}``) and
+   readmits it to the engine at the current version (paused if the rollout is paused).
 
 ``step_stats()`` returns ``rollout/server_restarts`` (restarts since the previous call),
 ``rollout/server_restart_seconds`` (time spent restarting since then; the restart blocks
@@ -27,12 +27,11 @@ others. A server that failed to restart ``max_restarts`` times is left out as we
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from typing import Any
 
-from areal.api.io_struct import SaveLoadMeta, WeightUpdateMeta
+from areal.api.io_struct import WeightUpdateMeta
+from areal.infra.weight_sync import WeightSynchronizer
 from areal.utils import logging
 
 logger = logging.getLogger("ServerWatchdog")
@@ -50,12 +49,15 @@ class ServerWatchdog:
         scratch_dir: str | None = None,
         role: str = "rollout",
         max_restarts: int = 3,
+        weight_sync: WeightSynchronizer | None = None,
     ):
         self.scheduler = scheduler
         self.rollout = rollout
-        self.actor = actor
-        self.weight_update_meta = weight_update_meta
-        self.scratch_dir = scratch_dir
+        # Weights and version of a restarted server come from the one weight-sync object;
+        # without one, a synchronizer over (actor, rollout, weight_update_meta) is made.
+        self.weight_sync = weight_sync or WeightSynchronizer(
+            actor, rollout, weight_update_meta, scratch_dir=scratch_dir
+        )
         self.role = role
         self.max_restarts = max_restarts
         self.can_restart = callable(getattr(scheduler, "dead_workers", None)) and callable(
@@ -118,10 +120,7 @@ class ServerWatchdog:
             self.rollout.exclude_server(old, "its process died")
         try:
             worker = self.scheduler.restart_worker(wid)
-            path, version = self._current_weights()
-            self.rollout.readmit_server(
-                worker.address, weights_path=path, version=version, replaces=old
-            )
+            path, version = self.weight_sync.readmit(worker.address, replaces=old)
         except Exception as e:  # noqa: BLE001 - a failed restart leaves the server out
             k = self._failures[wid] = self._failures.get(wid, 0) + 1
             if k >= self.max_restarts:
@@ -152,28 +151,6 @@ class ServerWatchdog:
                     f"inference server {a} is out of rotation and {type(self.scheduler).__name__} "
                     f"cannot restart it; training continues on {sorted(healthy)}"
                 )
-
-    # ------------------------------------------------------------------ weights
-    def _current_weights(self) -> tuple[str | None, int]:
-        """(Hugging Face directory with the servers' current weights or None, version)."""
-        version = int(self.rollout.get_version())
-        if version == 0:
-            return None, 0  # the command loads the initial model
-        meta = self.weight_update_meta
-        if meta is not None and meta.type == "disk" and meta.path:
-            path = meta.with_version(version).path
-            if os.path.isdir(path) and any(f.endswith(".safetensors") for f in os.listdir(path)):
-                return path, version
-        if self.actor is None or self.scratch_dir is None:
-            raise RuntimeError(
-                f"no weights of version {version} on disk and no actor/scratch_dir to write them"
-            )
-        path = os.path.join(self.scratch_dir, f"v{version}")
-        if not os.path.isdir(path):
-            if os.path.isdir(self.scratch_dir):  # older versions are of no use any more
-                shutil.rmtree(self.scratch_dir, ignore_errors=True)
-            self.actor.save(SaveLoadMeta(path=path, weight_format="hf", with_optim=False))
-        return path, version
 
     # ------------------------------------------------------------------ stats
     def step_stats(self) -> dict[str, float]:

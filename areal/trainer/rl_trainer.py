@@ -94,6 +94,7 @@ class PPOTrainer:
             self.rollout = self._start_rollout()
             self.weight_update_meta = self._make_weight_update_meta()
             self.actor.connect_engine(self.rollout, self.weight_update_meta)
+            self.weight_sync = self._make_weight_sync()
             self.server_watchdog = self._make_server_watchdog()
         except BaseException:
             self.close()
@@ -134,16 +135,27 @@ class PPOTrainer:
         engine.initialize(addr=addrs, train_data_parallel_size=1)
         return engine
 
-    def _make_server_watchdog(self):
-        from areal.infra.server_watchdog import ServerWatchdog
+    def _make_weight_sync(self):
+        """The one object that pauses, pushes weights, sets versions and resumes
+        (``areal.infra.weight_sync``); add hooks with ``trainer.weight_sync.add_hook``."""
+        from areal.infra.weight_sync import WeightSynchronizer
 
         c = self.config
         scratch = os.path.join(
             c.cluster.fileroot, "checkpoints", c.experiment_name, c.trial_name, "server_restart"
         )
-        return ServerWatchdog(
-            self.scheduler, self.rollout, self.actor, self.weight_update_meta, scratch_dir=scratch
+        return WeightSynchronizer(
+            self.actor,
+            self.rollout,
+            self.weight_update_meta,
+            critic=self.critic,
+            scratch_dir=scratch,
         )
+
+    def _make_server_watchdog(self):
+        from areal.infra.server_watchdog import ServerWatchdog
+
+        return ServerWatchdog(self.scheduler, self.rollout, weight_sync=self.weight_sync)
 
     def _make_weight_update_meta(self) -> WeightUpdateMeta:
         if self.config.actor.weight_update_mode == "disk":
@@ -248,7 +260,7 @@ class PPOTrainer:
             self.stats_logger,
             self.train_dataloader,
             inference_engine=self.rollout,
-            weight_update_meta=self.weight_update_meta,
+            weight_sync=self.weight_sync,
         )
         if recover_info is not None:
             self.start_step = recover_info.last_step_info.next().global_step
@@ -389,15 +401,10 @@ class PPOTrainer:
                     {f"critic/{k}": v for k, v in _flatten_stats(critic_stats).items()}
                 )
         with timed("update_weights"):
-            self.rollout.pause()
-            new_version = version + 1
-            self.actor.update_weights(self.weight_update_meta.with_version(new_version))
-            self.actor.set_version(new_version)
-            if self.critic is not None:
-                self.critic.set_version(new_version)
-            self.rollout.set_version(new_version)
-            # Rollout stays paused until the recover checkpoint is written (train loop), so
-            # the saved dataloader position matches what training consumed in sync mode.
+            # Pause -> push -> version on actor/critic/rollout -> resume generation. The
+            # rollout executor stays paused until the recover checkpoint is written (train
+            # loop), so the saved dataloader position matches what training consumed.
+            self.weight_sync.sync(version + 1, resume=False)
         self.server_watchdog.check()  # still paused: a restarted server gets the new weights
 
         stats.update(_flatten_stats(train_stats))

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from areal.api.io_struct import FinetuneSpec, SaveLoadMeta, StepInfo, WeightUpdateMeta
+from areal.api.io_struct import FinetuneSpec, SaveLoadMeta, StepInfo
 from areal.utils import logging
 from areal.utils.timeutil import EpochStepTimeFreqCtl
 
@@ -188,9 +188,15 @@ class RecoverHandler:
         stats_logger: Any,
         dataloader: Any,
         inference_engine: Any = None,
-        weight_update_meta: WeightUpdateMeta | None = None,
+        weight_sync: Any = None,
     ) -> RecoverInfo | None:
-        """Restore the newest complete checkpoint (modes on/auto); ``None`` when starting fresh."""
+        """Restore the newest complete checkpoint (modes on/auto); ``None`` when starting fresh.
+
+        ``weight_sync`` (an ``areal.infra.weight_sync.WeightSynchronizer`` over ``engine``
+        and ``inference_engine``) pushes the restored weights to the servers and sets the
+        recovered version on every side before any rollout; without it only ``engine``
+        and ``inference_engine`` get the version (no servers to update).
+        """
         if not self.resumes:
             return None
         path = self.latest()
@@ -221,13 +227,13 @@ class RecoverHandler:
         set_rng_state(info.rng_state)
         version = info.inference_version
         # The servers still hold the initial weights: push the restored ones before any rollout.
-        engine.set_version(version)
+        if weight_sync is not None:
+            weight_sync.sync(version, resume=True, reason="recover")
+        else:
+            engine.set_version(version)
+            if inference_engine is not None:
+                inference_engine.set_version(version)
         if inference_engine is not None:
-            if weight_update_meta is not None:
-                inference_engine.pause()
-                engine.update_weights(weight_update_meta.with_version(version))
-                inference_engine.resume()
-            inference_engine.set_version(version)
             executor = getattr(inference_engine, "workflow_executor", None)
             sm = getattr(executor, "staleness_manager", None)
             if sm is not None:

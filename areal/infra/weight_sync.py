@@ -1,0 +1,268 @@
+"""``WeightSynchronizer``: the one place where trained weights reach the inference servers.
+
+One ``sync(version)`` runs, in this order::
+
+    pause        rollout.pause()               no new episodes start (WorkflowExecutor)
+                 rollout.pause_generation()    in-flight requests are interrupted (they
+                                               resume later, on the new weights)
+    hooks        hook.before_push(ctx)
+                 ctx.meta = hook.transform(ctx, ctx.meta)   what to send (e.g. LoRA adapter)
+    push         actor.update_weights(meta)    disk: save HF dir + servers reload it;
+                                               xccl: broadcast in buckets
+    verify       hook.verify(ctx)              raise to refuse the new weights
+    set version  actor / critic / rollout (and its servers) all get ``version``
+    hooks        hook.after_push(ctx)
+    resume       rollout.continue_generation() interrupted requests continue
+                 rollout.resume()              only when ``resume=True``; the trainer keeps
+                                               it paused until its recover checkpoint is
+                                               written and calls ``resume()`` itself
+
+If any step before "set version" fails, generation is resumed on every server (they keep
+serving: the old weights, or for a push that failed half-way whatever each server
+holds), the versions stay where they were, every hook's ``on_error`` runs, and
+``WeightSyncError`` names the version and the step. The executor is resumed if this call
+paused it.
+
+``readmit(address)`` brings a restarted server back with the current weights
+(``ServerWatchdog``): the weights of the current version from the weight-update
+directory (disk mode), else written once per version to ``scratch_dir``.
+
+Extension point: ``WeightSyncHook`` (subclass it, override what you need, pass it in
+``hooks=`` or ``add_hook``). Hooks run in registration order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from areal.api.io_struct import SaveLoadMeta, WeightUpdateMeta
+from areal.utils import logging
+
+logger = logging.getLogger("WeightSynchronizer")
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync failed; ``step`` is where ("pause", "before_push", "push", ...)."""
+
+    def __init__(self, version: int, step: str, cause: BaseException):
+        moved = step in ("after_push", "resume")
+        super().__init__(
+            f"weight sync to version {version} failed at {step!r}: {type(cause).__name__}: "
+            f"{cause}. Generation was resumed; "
+            + ("the new weights and versions are in place." if moved else "versions unchanged.")
+        )
+        self.version = version
+        self.step = step
+
+
+@dataclasses.dataclass
+class WeightSyncContext:
+    """What one sync is about; hooks may read everything and write ``meta`` / ``stats``."""
+
+    version: int  # the version the servers get
+    previous_version: int  # the version they had
+    meta: WeightUpdateMeta  # what is pushed (``transform`` may replace it)
+    reason: str  # "step" | "recover" | caller-defined
+    actor: Any
+    rollout: Any
+    critic: Any = None
+    stats: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class WeightSyncHook:
+    """Extension point of ``WeightSynchronizer.sync`` (all methods optional; no-ops here).
+
+    - ``before_push(ctx)``: servers paused, nothing sent yet.
+    - ``transform(ctx, meta) -> meta``: what to send, e.g. an adapter-only update for LoRA
+      or an extra vision-tower path; return ``meta`` unchanged when not concerned.
+    - ``verify(ctx)``: after the push, before any version moves; raise to refuse the
+      weights (e.g. a fingerprint that does not match the trainer's).
+    - ``after_push(ctx)``: versions set everywhere, servers still paused.
+    - ``on_error(ctx, error)``: the sync failed (servers already resumed); must not raise.
+    """
+
+    def before_push(self, ctx: WeightSyncContext) -> None:
+        pass
+
+    def transform(self, ctx: WeightSyncContext, meta: WeightUpdateMeta) -> WeightUpdateMeta:
+        return meta
+
+    def verify(self, ctx: WeightSyncContext) -> None:
+        pass
+
+    def after_push(self, ctx: WeightSyncContext) -> None:
+        pass
+
+    def on_error(self, ctx: WeightSyncContext, error: BaseException) -> None:
+        pass
+
+
+class WeightSynchronizer:
+    """Pause -> push -> set version everywhere -> resume (module docstring).
+
+    ``actor``: the train controller (``update_weights(meta)``, ``set_version``, ``save``),
+    already ``connect_engine``-ed to ``rollout``. ``rollout``: the inference engine
+    (``RemoteInfEngine``: ``pause``/``resume`` of its executor,
+    ``pause_generation``/``continue_generation``, ``set_version``/``get_version``,
+    ``readmit_server``). ``critic``: gets the version too. ``scratch_dir``: where
+    ``readmit`` writes the current weights when no weight-update directory has them.
+    """
+
+    def __init__(
+        self,
+        actor: Any,
+        rollout: Any,
+        meta: WeightUpdateMeta | None,
+        critic: Any = None,
+        hooks: Iterable[WeightSyncHook] = (),
+        scratch_dir: str | None = None,
+    ):
+        self.actor = actor
+        self.rollout = rollout
+        self.meta = meta
+        self.critic = critic
+        self.hooks: list[WeightSyncHook] = list(hooks)
+        self.scratch_dir = scratch_dir
+        self.last_stats: dict[str, float] = {}
+
+    def add_hook(self, hook: WeightSyncHook) -> None:
+        if not isinstance(hook, WeightSyncHook):
+            raise TypeError(f"add_hook expects a WeightSyncHook, got {type(hook).__name__}")
+        self.hooks.append(hook)
+
+    # ------------------------------------------------------------------ sync
+    def sync(self, version: int, resume: bool = True, reason: str = "step") -> dict[str, float]:
+        """Push the actor's weights to every server as ``version``; returns timings
+        (``weight_sync/*``). ``resume=False`` leaves the executor paused (call
+        ``resume()`` later); generation on the servers is resumed either way."""
+        if self.meta is None:
+            raise RuntimeError("WeightSynchronizer.sync: no WeightUpdateMeta (meta=None)")
+        version = int(version)
+        ctx = WeightSyncContext(
+            version=version,
+            previous_version=int(self._call(self.rollout, "get_version", default=0)),
+            meta=self.meta.with_version(version),
+            reason=reason,
+            actor=self.actor,
+            rollout=self.rollout,
+            critic=self.critic,
+        )
+        t0 = time.monotonic()
+        step = "pause"
+        paused_executor = gen_paused = False
+        try:
+            self.rollout.pause()
+            paused_executor = True
+            self._call(self.rollout, "pause_generation")
+            gen_paused = True
+            ctx.stats["weight_sync/pause_seconds"] = time.monotonic() - t0
+            step = "before_push"
+            for h in self.hooks:
+                h.before_push(ctx)
+            step = "transform"
+            for h in self.hooks:
+                ctx.meta = h.transform(ctx, ctx.meta)
+            step = "push"
+            t_push = time.monotonic()
+            self.actor.update_weights(ctx.meta)
+            ctx.stats["weight_sync/push_seconds"] = time.monotonic() - t_push
+            step = "verify"
+            for h in self.hooks:
+                h.verify(ctx)
+            step = "set_version"
+            self._set_versions(version)
+            step = "after_push"
+            for h in self.hooks:
+                h.after_push(ctx)
+            step = "resume"
+            gen_paused = False
+            self._call(self.rollout, "continue_generation")
+            if resume:
+                self.rollout.resume()
+        except BaseException as e:
+            self._recover_from_failure(ctx, gen_paused, paused_executor, e)
+            raise WeightSyncError(version, step, e) from e
+        ctx.stats["weight_sync/seconds"] = time.monotonic() - t0
+        self.last_stats = dict(ctx.stats)
+        logger.info(
+            "weights of version %d synced (%s, %s) in %.2fs",
+            version,
+            reason,
+            ctx.meta.type,
+            ctx.stats["weight_sync/seconds"],
+        )
+        return dict(ctx.stats)
+
+    def resume(self) -> None:
+        """Resume the executor left paused by ``sync(..., resume=False)``."""
+        self.rollout.resume()
+
+    def set_version(self, version: int) -> None:
+        """Set ``version`` on every side without pushing (e.g. a resume at version 0)."""
+        self._set_versions(int(version))
+
+    def _set_versions(self, version: int) -> None:
+        self.actor.set_version(version)
+        if self.critic is not None:
+            self.critic.set_version(version)
+        self.rollout.set_version(version)
+
+    def _recover_from_failure(
+        self, ctx: WeightSyncContext, gen_paused: bool, executor_paused: bool, error: BaseException
+    ) -> None:
+        if gen_paused:
+            try:
+                self._call(self.rollout, "continue_generation")
+            except Exception as e:  # noqa: BLE001 - the original error is what matters
+                logger.error("resuming generation after a failed weight sync failed: %s", e)
+        if executor_paused:
+            try:
+                self.rollout.resume()
+            except Exception as e:  # noqa: BLE001
+                logger.error("resuming the rollout after a failed weight sync failed: %s", e)
+        for h in self.hooks:
+            try:
+                h.on_error(ctx, error)
+            except Exception as e:  # noqa: BLE001
+                logger.error("%s.on_error raised %s", type(h).__name__, e)
+
+    @staticmethod
+    def _call(obj: Any, name: str, default: Any = None) -> Any:
+        fn = getattr(obj, name, None)
+        return fn() if callable(fn) else default
+
+    # ------------------------------------------------------------------ restarted servers
+    def current_weights(self) -> tuple[str | None, int]:
+        """(Hugging Face directory holding the servers' current weights, or None for the
+        initial model; the current version)."""
+        version = int(self.rollout.get_version())
+        if version == 0:
+            return None, 0  # the server command loads the initial model
+        meta = self.meta
+        if meta is not None and meta.type == "disk" and meta.path:
+            path = meta.with_version(version).path
+            if os.path.isdir(path) and any(f.endswith(".safetensors") for f in os.listdir(path)):
+                return path, version
+        if self.actor is None or self.scratch_dir is None:
+            raise RuntimeError(
+                f"no weights of version {version} on disk and no actor/scratch_dir to write them"
+            )
+        path = os.path.join(self.scratch_dir, f"v{version}")
+        if not os.path.isdir(path):
+            if os.path.isdir(self.scratch_dir):  # older versions are of no use any more
+                shutil.rmtree(self.scratch_dir, ignore_errors=True)
+            self.actor.save(SaveLoadMeta(path=path, weight_format="hf", with_optim=False))
+        return path, version
+
+    def readmit(self, address: str, replaces: str | None = None) -> tuple[str | None, int]:
+        """Load the current weights into the (restarted) server at ``address``, give it the
+        current version (paused if the rollout is paused) and put it back in rotation.
+        Returns (weights directory or None, version)."""
+        path, version = self.current_weights()
+        self.rollout.readmit_server(address, weights_path=path, version=version, replaces=replaces)
+        return path, version

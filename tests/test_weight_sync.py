@@ -1,0 +1,213 @@
+"""WeightSynchronizer on real components: a train controller (FSDPEngine worker on the
+tiny model), a real built-in server and the RemoteLocalEngine client.
+
+Checks the order pause -> hooks -> push -> verify -> versions -> resume, that the server
+then serves exactly the pushed weights, and that a failing push leaves the servers
+generating, the versions unchanged and a clear error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import requests
+import torch
+
+from areal.api.cli_args import (
+    GenerationHyperparameters,
+    InferenceEngineConfig,
+    MicroBatchSpec,
+    OptimizerConfig,
+    TrainEngineConfig,
+)
+from areal.api.io_struct import FinetuneSpec, ModelRequest, WeightUpdateMeta
+from areal.infra.weight_sync import WeightSyncError, WeightSyncHook, WeightSynchronizer
+
+pytestmark = [pytest.mark.slow, pytest.mark.ci_slow, pytest.mark.timeout(400)]
+
+PROMPT = [11, 52, 7, 300, 41]
+
+
+class _Spy:
+    """Delegates to ``target`` and logs ``"<name>.<method>"`` for every method call."""
+
+    def __init__(self, target, name: str, log: list[str]):
+        self._target, self._name, self._log = target, name, log
+
+    def __getattr__(self, attr):
+        value = getattr(self._target, attr)
+        if not callable(value):
+            return value
+
+        def call(*a, **kw):
+            self._log.append(f"{self._name}.{attr}")
+            return value(*a, **kw)
+
+        return call
+
+
+class _RecordingHook(WeightSyncHook):
+    def __init__(self, log: list[str]):
+        self.log = log
+        self.contexts = []
+        self.errors = []
+
+    def before_push(self, ctx):
+        self.log.append("hook.before_push")
+        self.contexts.append(ctx)
+
+    def transform(self, ctx, meta):
+        self.log.append("hook.transform")
+        return meta
+
+    def verify(self, ctx):
+        self.log.append("hook.verify")
+
+    def after_push(self, ctx):
+        self.log.append("hook.after_push")
+
+    def on_error(self, ctx, error):
+        self.errors.append((ctx.version, error))
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, tiny_model_dir):
+    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.infra.controller.train_controller import TrainController
+    from areal.infra.scheduler.local import LocalScheduler
+
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    old_pp = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, old_pp]))
+    from _rpc_engines import sft_loss_fn, sft_loss_weight_fn
+
+    root = tmp_path_factory.mktemp("wsync")
+    config = TrainEngineConfig(
+        experiment_name="ws",
+        trial_name="t",
+        path=tiny_model_dir,
+        dtype="float32",
+        optimizer=OptimizerConfig(lr=1e-2, weight_decay=0.0, warmup_steps_proportion=0.0),
+        mb_spec=MicroBatchSpec(max_tokens_per_mb=None),
+        num_threads=1,
+    )
+    sched = LocalScheduler(fileroot=str(root), startup_timeout=180, call_timeout=180)
+    actor = TrainController("areal.engine.fsdp_engine.FSDPEngine", config, sched)
+    engine = RemoteLocalEngine(InferenceEngineConfig(setup_timeout=180, request_timeout=60))
+    try:
+        actor.initialize(
+            "actor",
+            world_size=1,
+            ft_spec=FinetuneSpec(total_train_epochs=1, dataset_size=10, train_batch_size=1),
+        )
+        engine.launch_server({"model_path": tiny_model_dir, "num_servers": 1})
+        engine.initialize(train_data_parallel_size=1)
+        meta = WeightUpdateMeta.from_disk("ws", "t", str(root))
+        actor.connect_engine(engine, meta)
+        # One SFT step so the actor's weights differ from what the server loaded.
+        ids = torch.tensor([PROMPT + [9, 10, 12, 13]] * 2)
+        batch = {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "loss_mask": torch.ones_like(ids),
+        }
+        actor.train_batch(batch, sft_loss_fn, sft_loss_weight_fn)
+        yield actor, engine, meta
+    finally:
+        engine.destroy()
+        engine.teardown_server()
+        actor.destroy()
+        sched.close()
+        if old_pp is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old_pp
+
+
+def _server(engine, path: str):
+    return requests.get(f"http://{engine.addresses[0]}{path}", timeout=10).json()
+
+
+def _greedy(engine):
+    g = GenerationHyperparameters(max_new_tokens=6, greedy=True)
+    return asyncio.run(engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)))
+
+
+def _hf_logprobs(model_dir: str, output: list[int]) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT + output])).logits[0].float()
+    lp = torch.log_softmax(logits, -1)[len(PROMPT) - 1 : -1]
+    return lp.gather(1, torch.tensor(output).unsqueeze(1)).squeeze(1)
+
+
+def test_weight_sync_order_hooks_versions_and_served_weights(stack, tiny_model_dir):
+    actor, engine, meta = stack
+    log: list[str] = []
+    hook = _RecordingHook(log)
+    sync = WeightSynchronizer(_Spy(actor, "actor", log), _Spy(engine, "rollout", log), meta)
+    sync.add_hook(hook)
+
+    stats = sync.sync(1, resume=False)
+
+    calls = [c for c in log if c not in ("rollout.get_version",)]
+    assert calls == [
+        "rollout.pause",
+        "rollout.pause_generation",
+        "hook.before_push",
+        "hook.transform",
+        "actor.update_weights",
+        "hook.verify",
+        "actor.set_version",
+        "rollout.set_version",
+        "hook.after_push",
+        "rollout.continue_generation",
+    ]
+    ctx = hook.contexts[0]
+    assert (ctx.version, ctx.previous_version, ctx.reason) == (1, 0, "step")
+    assert ctx.meta.path == meta.with_version(1).path
+    assert stats["weight_sync/seconds"] >= stats["weight_sync/push_seconds"] > 0
+    # Every side at version 1; generation resumed, the executor left paused.
+    assert actor.get_version() == 1 and engine.get_version() == 1
+    assert _server(engine, "/version")["version"] == 1
+    assert _server(engine, "/is_paused")["is_paused"] is False
+    assert engine.workflow_executor.is_paused
+    sync.resume()
+    assert not engine.workflow_executor.is_paused
+    # The server now serves exactly the pushed weights (not the initial ones).
+    resp = _greedy(engine)
+    assert resp.output_versions == [1] * len(resp.output_tokens)
+    pushed = _hf_logprobs(meta.with_version(1).path, resp.output_tokens)
+    initial = _hf_logprobs(tiny_model_dir, resp.output_tokens)
+    got = torch.tensor(resp.output_logprobs)
+    torch.testing.assert_close(got, pushed, atol=1e-4, rtol=0)
+    assert (got - initial).abs().max() > 1e-3
+
+
+def test_weight_sync_failing_push_resumes_servers_keeps_versions_clear_error(stack):
+    actor, engine, meta = stack
+    log: list[str] = []
+    hook = _RecordingHook(log)
+    sync = WeightSynchronizer(actor, engine, meta, hooks=[hook])
+    v_before = engine.get_version()
+    bad = meta.with_version(v_before + 1).path
+    os.makedirs(os.path.dirname(bad), exist_ok=True)
+    with open(bad, "w") as f:  # a file where the weight directory should go: save fails
+        f.write("not a directory")
+
+    with pytest.raises(WeightSyncError, match=rf"version {v_before + 1} failed at 'push'") as ei:
+        sync.sync(v_before + 1)
+    assert ei.value.step == "push" and ei.value.__cause__ is not None
+    assert hook.errors and hook.errors[0][0] == v_before + 1
+    assert "hook.verify" not in log and "hook.after_push" not in log
+    # Servers generate again, the executor is running, no side moved its version.
+    assert _server(engine, "/is_paused")["is_paused"] is False
+    assert not engine.is_paused() and not engine.workflow_executor.is_paused
+    assert actor.get_version() == v_before == engine.get_version()
+    assert _server(engine, "/version")["version"] == v_before
+    resp = _greedy(engine)
+    assert len(resp.output_tokens) == 6 and set(resp.output_versions) == {v_before}
