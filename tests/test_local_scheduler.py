@@ -257,3 +257,25 @@ def test_name_resolve_file_backend_add_replace_wait_subtree(tmp_path):
         repo.get("e/t/workers/actor/1")
     with pytest.raises(ValueError):
         repo.add("../escape", "x")
+
+
+@pytest.mark.parametrize(
+    "cmd", ["python3 -m areal.infra.rpc.rpc_server", "python -m areal.infra.rpc.rpc_server"]
+)
+def test_areal_rpc_server_cmd_in_spec_reads_as_rpc_worker(cmd):
+    """AReaL YAMLs spell the RPC worker as a command; the scheduler appends the port."""
+    job = Job(replicas=1, tasks=[SchedulingSpec(cpu=1, mem=1, cmd=cmd)], role="actor")
+    assert job.worker_spec.cmd is None and job.tasks[0].cmd == cmd
+    other = Job(tasks=[SchedulingSpec(cmd="python -m areal.infra.rpc.rpc_server --port {port}")])
+    assert other.worker_spec.cmd is not None
+
+
+def test_areal_rpc_server_cmd_worker_starts_and_answers(tmp_path):
+    sched = LocalScheduler(fileroot=str(tmp_path), experiment_name="e", trial_name="t")
+    try:
+        spec = SchedulingSpec(cpu=1, mem=1, cmd="python3 -m areal.infra.rpc.rpc_server")
+        sched.create_workers(Job(replicas=1, tasks=[spec], role="w"))
+        (w,) = sched.get_workers("w")
+        assert RPCClient(w.address, worker_id=w.id).health()
+    finally:
+        sched.delete_workers(None)

@@ -36,6 +36,23 @@ __all__ = [
 ]
 
 
+_RPC_SERVER_MODULE = "areal.infra.rpc.rpc_server"
+
+
+def is_rpc_server_cmd(cmd: Any) -> bool:
+    """True for ``[python|python3|<path>/python] -m areal.infra.rpc.rpc_server`` without a port."""
+    if not cmd:
+        return False
+    import shlex
+
+    argv = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+    return (
+        len(argv) == 3
+        and argv[0].rsplit("/", 1)[-1].startswith("python")
+        and argv[1:] == ["-m", _RPC_SERVER_MODULE]
+    )
+
+
 @dataclass
 class Job:
     """``replicas`` workers of one ``role``.
@@ -67,7 +84,14 @@ class Job:
 
     @property
     def worker_spec(self) -> SchedulingSpec:
-        return self.tasks[0]
+        """``tasks[0]``; AReaL's RPC-worker command (``python3 -m areal.infra.rpc.rpc_server``,
+        to which the scheduler appends the port) reads as ``cmd=None``."""
+        spec = self.tasks[0]
+        if is_rpc_server_cmd(spec.cmd):
+            import dataclasses
+
+            return dataclasses.replace(spec, cmd=None)
+        return spec
 
     @property
     def env_vars(self) -> dict[str, str]:
