@@ -18,6 +18,7 @@ writes the resolved configuration to ``get_log_path(config)/config.yaml``.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import os
@@ -2348,6 +2349,68 @@ def warn_not_acted_on(config: Any) -> list[str]:
 
 
 # =====================================================================================
+# CPU fallbacks
+# =====================================================================================
+
+# Train-engine dtypes the CPU path maps to float32 (see docs/cli_reference.md, "Running
+# a GPU config on CPU"): torch runs bfloat16 on CPU, but measured on this project's
+# 2-core CPU (no AVX512-BF16/AMX) a tiny-model train step took 10.1 s in bfloat16 vs
+# 1.6 s in float32, and float16 matmuls on CPU are slower still or unsupported.
+_CPU_DTYPE_FIELDS = ("dtype", "grad_reduce_dtype")
+
+
+def _walk_dataclasses(obj: Any, prefix: str = ""):
+    """(dotted path, instance) of ``obj`` and every dataclass nested in it (lists too)."""
+    if not is_dataclass(obj) or isinstance(obj, type):
+        return
+    yield prefix.rstrip("."), obj
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if is_dataclass(value):
+            yield from _walk_dataclasses(value, f"{prefix}{f.name}.")
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                yield from _walk_dataclasses(item, f"{prefix}{f.name}.{i}.")
+
+
+def apply_cpu_fallbacks(config: Any) -> list[str]:
+    """With ``cluster.n_gpus_per_node == 0``, make a GPU config runnable on CPU.
+
+    Every ``SchedulingSpec.gpu`` > 0 becomes 0, and every train-engine ``dtype`` /
+    ``grad_reduce_dtype`` other than float32 becomes float32; each kind is logged once,
+    naming the changed keys. Returns the changed dotted keys. No-op for configs without
+    a ``cluster`` section or with GPUs.
+    """
+    cluster = getattr(config, "cluster", None)
+    if cluster is None or getattr(cluster, "n_gpus_per_node", None) != 0:
+        return []
+    gpu_keys: list[str] = []
+    dtype_keys: list[str] = []
+    for path, obj in _walk_dataclasses(config):
+        if isinstance(obj, SchedulingSpec) and obj.gpu > 0:
+            gpu_keys.append(f"{path}.gpu={obj.gpu}")
+            obj.gpu = 0
+        if isinstance(obj, TrainEngineConfig):
+            for name in _CPU_DTYPE_FIELDS:
+                value = getattr(obj, name)
+                if value != "float32":
+                    dtype_keys.append(f"{path}.{name}={value}")
+                    setattr(obj, name, "float32")
+    if gpu_keys:
+        _warn_once(
+            "cpu-gpu:" + ",".join(gpu_keys),
+            "cluster.n_gpus_per_node=0: GPU requests dropped (set to 0): " + ", ".join(gpu_keys),
+        )
+    if dtype_keys:
+        _warn_once(
+            "cpu-dtype:" + ",".join(dtype_keys),
+            "cluster.n_gpus_per_node=0: training dtypes mapped to float32 on CPU: "
+            + ", ".join(dtype_keys),
+        )
+    return gpu_keys + dtype_keys
+
+
+# =====================================================================================
 # Loading
 # =====================================================================================
 
@@ -2429,32 +2492,17 @@ def _split_argv(argv: list[str]) -> tuple[str, list[str]]:
             continue
         if arg.startswith("--config="):
             config_file = arg.split("=", 1)[1]
-        elif "=" in arg and not arg.startswith("-"):
+        elif ("=" in arg and not arg.startswith("-")) or arg.startswith("~"):
             overrides.append(arg)
         else:
             raise ValueError(
                 f"Cannot parse command-line argument {arg!r}; expected '--config FILE.yaml', "
-                "'key.sub=value' or '+key.sub=value'"
+                "'key.sub=value', '+key.sub=value' or '~key.sub'"
             )
         i += 1
     if config_file is None:
         raise ValueError("Missing '--config FILE.yaml' on the command line")
     return config_file, overrides
-
-
-def _overrides_to_dict(overrides: list[str]) -> dict:
-    """Hydra-style overrides (``a.b=v``, ``+a.b=v``, ``++a.b=v``) -> nested plain dict."""
-    dotlist = []
-    for item in overrides:
-        key, value = item.split("=", 1)
-        key = key.lstrip("+").strip()
-        if not key:
-            raise ValueError(f"Override {item!r} has an empty key; expected 'key.sub=value'")
-        dotlist.append(f"{key}={value}")
-    try:
-        return OmegaConf.to_container(OmegaConf.from_dotlist(dotlist), resolve=False)
-    except oc_errors.OmegaConfBaseException as e:
-        raise ValueError(f"Cannot parse overrides {overrides}: {_short(e)}") from None
 
 
 def _short(e: Exception) -> str:
@@ -2555,22 +2603,105 @@ def _to_object(cfg: DictConfig, config_cls: type[ConfigT]) -> ConfigT:
 
 
 def build_config(yaml_dict: dict, overrides: list[str], config_cls: type[ConfigT]) -> ConfigT:
-    """Typed config from a YAML mapping plus ``a.b=value`` overrides (no file I/O)."""
-    try:
-        merged = OmegaConf.merge(
-            OmegaConf.create(yaml_dict or {}), OmegaConf.create(_overrides_to_dict(overrides))
-        )
-    except (oc_errors.OmegaConfBaseException, TypeError) as e:
+    """Typed config from a YAML mapping plus command-line overrides (no file I/O).
+
+    Overrides (AReaL / Hydra forms): ``a.b=v`` and ``+a.b=v`` / ``++a.b=v`` set a key,
+    list items by index (``actor.scheduling_spec.0.gpu=0``); ``~a.b`` removes a key from
+    the YAML (its default applies). Values are parsed as YAML (``[1,2]``, ``{k: v}``,
+    ``null``, ``'quoted'``); ``${x.y}`` interpolations stay. With
+    ``cluster.n_gpus_per_node=0`` the CPU fallbacks of ``apply_cpu_fallbacks`` apply.
+    """
+    plain = copy.deepcopy(yaml_dict or {})
+    if not isinstance(plain, dict):
         raise ValueError(
-            f"Cannot apply overrides {overrides} to the YAML (a value replaces a section, "
-            f"or an index into a list?): {_short(e)}"
-        ) from None
-    plain = OmegaConf.to_container(merged, resolve=False)
+            f"The config must be a mapping at the top level, got {type(plain).__name__}"
+        )
+    plain = _migrate_legacy_sections(plain, config_cls)
+    for item in overrides:
+        _apply_override(plain, item, config_cls)
     plain = _migrate_legacy_sections(plain, config_cls)
     structured = to_structured_cfg(plain, config_cls)
     config = _to_object(structured, config_cls)
+    apply_cpu_fallbacks(config)
     warn_not_acted_on(config)
     return config
+
+
+def _parse_override_value(key: str, raw: str) -> Any:
+    """A command-line value as YAML would read it; ``a=`` is the empty string."""
+    if raw == "":
+        return ""
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]), resolve=False)["v"]
+    except oc_errors.OmegaConfBaseException as e:
+        raise ValueError(f"Override '{key}={raw}': cannot parse the value: {_short(e)}") from None
+
+
+def _schema_default(config_cls: type, parts: list[str]) -> Any:
+    """Plain default value at ``parts`` inside ``config_cls`` (None when there is none)."""
+    try:
+        node = OmegaConf.select(OmegaConf.structured(config_cls), ".".join(parts))
+    except oc_errors.OmegaConfBaseException:
+        return None
+    if isinstance(node, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(node, resolve=False)
+    return node
+
+
+def _apply_override(plain: dict, item: str, config_cls: type) -> None:
+    """Apply one override (``a.b=v``, ``+a.b=v``, ``++a.b=v``, ``~a.b``) to ``plain``."""
+    delete = item.startswith("~")
+    key, sep, raw = item.lstrip("~+").partition("=")
+    key = key.strip()
+    if not key or (not sep and not delete):
+        raise ValueError(
+            f"Override {item!r}: expected 'key.sub=value', '+key.sub=value' or '~key.sub'"
+        )
+    parts = key.split(".")
+    if any(not p for p in parts):
+        raise ValueError(f"Override {item!r}: empty component in the key {key!r}")
+    node: Any = plain
+    for i, part in enumerate(parts[:-1]):
+        here = ".".join(parts[: i + 1])
+        if isinstance(node, list):
+            node = node[_list_index(node, part, here, item)]
+            continue
+        child = node.get(part)
+        if isinstance(child, str) and _is_interpolation(child):
+            raise ValueError(
+                f"Override {item!r}: '{here}' is the interpolation {child!r}; override what it "
+                "points to, or give '{here}' a whole value"
+            )
+        if child is None or not isinstance(child, (dict, list)):
+            default = _schema_default(config_cls, parts[: i + 1])
+            child = default if isinstance(default, (dict, list)) else {}
+            if delete and part not in node:
+                return  # removing something that is not there
+            node[part] = child
+        node = child
+    last = parts[-1]
+    if isinstance(node, list):
+        index = _list_index(node, last, key, item)
+        if delete:
+            node.pop(index)
+        else:
+            node[index] = _parse_override_value(key, raw)
+        return
+    if delete:
+        node.pop(last, None)
+    else:
+        node[last] = _parse_override_value(key, raw)
+
+
+def _list_index(node: list, part: str, here: str, item: str) -> int:
+    if not part.isdigit():
+        raise ValueError(f"Override {item!r}: '{here}' indexes a list; use a number, not {part!r}")
+    index = int(part)
+    if index >= len(node):
+        raise ValueError(
+            f"Override {item!r}: index {index} is out of range; the list has {len(node)} item(s)"
+        )
+    return index
 
 
 def _rewrite_interpolations(node: Any, old: str, new: str) -> Any:
