@@ -7,10 +7,15 @@ Dispatch on ``dataset_config.path``:
 - a path containing ``gsm8k`` (a ``.jsonl``/``.json``/``.parquet`` file, or a directory
   holding ``{split}.jsonl`` / ``{split}.parquet``): GSM8K (see :mod:`areal.dataset.gsm8k`).
 - any other local file/directory with ``question``/``answer`` rows is read the same way.
+- a hub id (``openai/gsm8k``): its snapshot in the Hugging Face cache (downloaded when the
+  hub is reachable and ``HF_HUB_OFFLINE`` is unset, see
+  :func:`areal.utils.hf_utils.resolve_hub_path`), read as a directory; the subset
+  directory is ``dataset_kwargs["name"]`` (default ``main``, as AReaL loads GSM8K).
 
 ``dataset_config.type`` selects the row format: ``"rl"`` -> ``messages`` + ``answer``;
 ``"sft"`` -> ``input_ids`` + ``loss_mask``. ``dataset_config.max_length`` drops longer
-rows (counted in the log). Nothing is downloaded at run time.
+rows (counted in the log). ``split`` defaults to ``dataset_config.split``;
+``dataset_config.dataset_kwargs`` may hold ``name`` (hub subset) and ``revision``.
 """
 
 from __future__ import annotations
@@ -41,8 +46,8 @@ __all__ = [
 
 
 def get_custom_dataset(
-    split: str,
-    dataset_config: Any,
+    split: str | None = None,
+    dataset_config: Any = None,
     tokenizer: Any = None,
     processor: Any = None,
     *,
@@ -53,7 +58,8 @@ def get_custom_dataset(
     """Build the dataset described by ``dataset_config`` (``path``, ``type``, ``max_length``).
 
     Args:
-        split: ``"train"``, ``"test"``, ... (file name in a directory; stream for synthetic).
+        split: ``"train"``, ``"test"``, ... (file name in a directory; stream for
+            synthetic); ``None``: ``dataset_config.split`` (else ``"train"``).
         dataset_config: a ``DatasetConfig`` (or anything with ``path``/``type``/``max_length``).
         tokenizer: needed for ``max_length`` filtering and for ``type="sft"``.
         processor: accepted for AReaL compatibility (no multimodal datasets here).
@@ -70,6 +76,17 @@ def get_custom_dataset(
     kwargs.pop("world_size", None)
     if kwargs:
         raise TypeError(f"get_custom_dataset got unexpected argument(s) {sorted(kwargs)}")
+    if dataset_config is None:
+        raise ValueError("get_custom_dataset needs dataset_config (path, type, max_length)")
+    if split is None:
+        split = getattr(dataset_config, "split", None) or "train"
+    ds_kwargs = dict(getattr(dataset_config, "dataset_kwargs", None) or {})
+    unknown = sorted(set(ds_kwargs) - {"name", "revision"})
+    if unknown:
+        raise ValueError(
+            f"dataset_kwargs {unknown} are not understood by this loader; allowed: 'name' "
+            "(hub subset directory), 'revision' (hub revision)"
+        )
     path = getattr(dataset_config, "path", None)
     dtype = getattr(dataset_config, "type", None) or "rl"
     max_length = getattr(dataset_config, "max_length", None)
@@ -85,6 +102,10 @@ def get_custom_dataset(
         return build_gsm8k_dataset(
             rows, dtype, tokenizer, max_length, prompt_suffix or "", source=f"{path}[{split}]"
         )
+    from areal.utils.hf_utils import is_hub_id, resolve_hub_path
+
+    if is_hub_id(path):
+        path = resolve_hub_path(path, "dataset", revision=ds_kwargs.get("revision"))
     return get_gsm8k_dataset(
         path,
         split,
@@ -93,4 +114,5 @@ def get_custom_dataset(
         max_length=max_length,
         max_bad_fraction=max_bad_fraction,
         prompt_suffix=prompt_suffix,
+        name=ds_kwargs.get("name"),
     )

@@ -29,7 +29,9 @@ logger = logging.getLogger("GSM8KDataset")
 GSM8K_PROMPT_SUFFIX = "\nPlease put your final answer within \\boxed{}."
 
 
-def _resolve_file(path: str, split: str) -> Path:
+def _resolve_file(path: str, split: str, subset: str | None = None) -> Path:
+    """The file of ``split``; in a directory also ``{subset}/{split}-*.parquet`` (the
+    layout of a hub dataset snapshot, e.g. ``main/train-00000-of-00001.parquet``)."""
     p = Path(path).expanduser()
     if p.is_file():
         return p
@@ -39,7 +41,8 @@ def _resolve_file(path: str, split: str) -> Path:
             p / f"{split}.json",
             p / f"{split}.parquet",
             *sorted(Path(x) for x in glob.glob(str(p / f"{split}-*.parquet"))),
-            *sorted(Path(x) for x in glob.glob(str(p / "main" / f"{split}-*.parquet"))),
+            *sorted(Path(x) for x in glob.glob(str(p / (subset or "main") / f"{split}-*.parquet"))),
+            *sorted(Path(x) for x in glob.glob(str(p / "data" / f"{split}-*.parquet"))),
         ]
         for c in candidates:
             if c.is_file():
@@ -53,12 +56,12 @@ def _resolve_file(path: str, split: str) -> Path:
     )
 
 
-def read_rows(path: str, split: str) -> tuple[list, int]:
+def read_rows(path: str, split: str, subset: str | None = None) -> tuple[list, int]:
     """Raw rows of a JSON-lines / JSON-array / parquet file; returns (rows, unparseable lines).
 
     Unparseable JSON lines are returned as ``None`` so that the caller counts them as bad.
     """
-    file = _resolve_file(path, split)
+    file = _resolve_file(path, split, subset)
     if file.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -189,9 +192,11 @@ def get_gsm8k_dataset(
     max_length: int | None = None,
     max_bad_fraction: float = 0.1,
     prompt_suffix: str | None = None,
+    name: str | None = None,
 ):
-    """GSM8K from a local file or directory (``{split}.jsonl`` / ``.parquet``)."""
-    rows, _ = read_rows(path, split)
+    """GSM8K from a local file or directory (``{split}.jsonl`` / ``.parquet``, or a hub
+    snapshot's ``{name}/{split}-*.parquet``, ``name`` defaulting to ``main``)."""
+    rows, _ = read_rows(path, split, name)
     source = f"{os.fspath(path)}[{split}]"
     good = clean_rows(rows, source, max_bad_fraction)
     suffix = (

@@ -20,10 +20,13 @@ class RunSetup:
 
 
 def setup_run(config: Any, train_dataset: Any, model_path: str) -> RunSetup:
-    """Seed everything, create the log dir (with ``config.yaml``), tokenizer, dataloader, FinetuneSpec."""
+    """Resolve hub ids, seed everything, create the log dir (with ``config.yaml``),
+    tokenizer, dataloader, FinetuneSpec."""
     from areal.utils.dataloader import create_dataloader
-    from areal.utils.hf_utils import load_hf_tokenizer
+    from areal.utils.hf_utils import load_hf_tokenizer, resolve_config_hub_paths
 
+    # Hub ids (actor.path: Qwen/...) -> local snapshots, once, before any worker starts.
+    resolve_config_hub_paths(config)
     set_random_seed(config.seed)
     log_dir = get_log_path(config)
     os.makedirs(log_dir, exist_ok=True)
