@@ -1,0 +1,555 @@
+"""Training-engine configs: micro-batching, normalisation, optimizer, FSDP (and the accepted Megatron / Archon / FP8 sections), worker scheduling, ``TrainEngineConfig``.
+
+Re-exported by ``areal.api.cli_args``; import from there or from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from enum import StrEnum
+
+from omegaconf import MISSING
+
+from areal.api.config_common import _NOT_ACTED, _check_choice, _check_range, _field
+
+_NORM_LEVELS = ["batch", "group", None]
+
+
+PACKING_ALGORITHMS = ["ffd", "kk"]
+
+
+@dataclass
+class NormConfig:
+    """Reward or advantage normalisation: subtract a mean, divide by a standard deviation."""
+
+    mean_level: str | None = _field(
+        "batch",
+        "Over which samples the mean is taken: 'batch' (whole batch), 'group' (the samples "
+        "of one prompt), or None / 'none' (no mean subtraction).",
+        choices=_NORM_LEVELS,
+    )
+    mean_leave1out: bool = _field(
+        False, "Leave-one-out mean: each sample's baseline excludes the sample itself (RLOO)."
+    )
+    std_level: str | None = _field(
+        "batch",
+        "Over which samples the standard deviation is taken: 'batch', 'group', or "
+        "None / 'none' (no division).",
+        choices=_NORM_LEVELS,
+    )
+    std_unbiased: bool = _field(True, "Use the unbiased (n-1) standard deviation estimator.")
+    eps: float = _field(1e-5, "Added to the standard deviation before dividing; > 0.")
+    group_size: int = _field(
+        1, "Samples per group for group-level statistics (usually gconfig.n_samples); >= 1."
+    )
+
+    def __post_init__(self):
+        owner = "NormConfig"
+        if isinstance(self.mean_level, str) and self.mean_level.lower() == "none":
+            self.mean_level = None
+        if isinstance(self.std_level, str) and self.std_level.lower() == "none":
+            self.std_level = None
+        _check_choice(owner, "mean_level", self.mean_level, ["batch", "group", "none", None])
+        _check_choice(owner, "std_level", self.std_level, ["batch", "group", "none", None])
+        _check_range(owner, "eps", self.eps, gt=0)
+        _check_range(owner, "group_size", self.group_size, ge=1)
+
+
+@dataclass
+class MicroBatchSpec:
+    """How one (mini-)batch is split into micro-batches for forward/backward passes.
+
+    With ``max_tokens_per_mb`` set, sequences are packed into micro-batches of at most
+    that many tokens (``packing_algorithm``: first-fit decreasing or Karmarkar-Karp),
+    and ``n_mbs`` is the minimum number of micro-batches.
+    """
+
+    n_mbs: int | None = _field(
+        1,
+        "Number of micro-batches; the minimum number when max_tokens_per_mb is set; >= 1.",
+    )
+    granularity: int = _field(
+        1,
+        "Adjacent sequences are kept together in groups of this size when splitting "
+        "(e.g. the samples of one prompt); >= 1.",
+    )
+    max_tokens_per_mb: int | None = _field(
+        None,
+        "Token budget of one micro-batch. None: split by n_mbs only.",
+    )
+    n_mbs_divisor: int = _field(
+        1,
+        "The number of micro-batches is rounded up to a multiple of this value "
+        "(e.g. the pipeline-parallel size); >= 1.",
+    )
+    packing_algorithm: str = _field(
+        "ffd",
+        "How sequences are assigned to micro-batches (and to data-parallel ranks): 'ffd' "
+        "(first-fit decreasing) or 'kk' (Karmarkar-Karp balanced partitioning: more even "
+        "token counts, slightly slower).",
+        choices=PACKING_ALGORITHMS,
+    )
+
+    def __post_init__(self):
+        owner = "MicroBatchSpec"
+        _check_choice(owner, "packing_algorithm", self.packing_algorithm, PACKING_ALGORITHMS)
+        _check_range(owner, "n_mbs", self.n_mbs, ge=1, optional=True)
+        _check_range(owner, "granularity", self.granularity, ge=1)
+        _check_range(owner, "max_tokens_per_mb", self.max_tokens_per_mb, ge=1, optional=True)
+        _check_range(owner, "n_mbs_divisor", self.n_mbs_divisor, ge=1)
+
+    @classmethod
+    def new(cls, mb_spec: MicroBatchSpec, **kwargs) -> MicroBatchSpec:
+        """Copy of ``mb_spec`` with some fields changed."""
+        args = {f.name: getattr(mb_spec, f.name) for f in fields(cls)}
+        unknown = set(kwargs) - set(args)
+        if unknown:
+            raise ValueError(
+                f"MicroBatchSpec has no field(s) {sorted(unknown)}; fields: {sorted(args)}"
+            )
+        args.update(kwargs)
+        return cls(**args)
+
+
+_DTYPES = ["float32", "bfloat16", "float16"]
+
+
+_ATTN_IMPLS = ["flash_attention_2", "flash_attention_3", "sdpa", "eager", "flex_attention"]
+
+
+@dataclass
+class OptimizerConfig:
+    """Optimizer and learning-rate schedule of a trained model."""
+
+    type: str = _field(
+        "adam",
+        "Optimizer: 'adam' (AdamW), 'sgd', or 'adam_bf16' (AdamW with bf16 states; GPU only).",
+        choices=["adam", "sgd", "adam_bf16"],
+    )
+    lr: float = _field(1e-3, "Peak learning rate; >= 0.")
+    weight_decay: float = _field(0.01, "Decoupled weight decay; >= 0.")
+    beta1: float = _field(0.9, "Adam beta1 (first-moment decay), in [0, 1).")
+    beta2: float = _field(0.999, "Adam beta2 (second-moment decay), in [0, 1).")
+    eps: float = _field(1e-8, "Adam epsilon; > 0.")
+    min_lr_ratio: float = _field(
+        0.0, "Final learning rate as a fraction of lr for the linear/cosine schedules, in [0, 1]."
+    )
+    lr_scheduler_type: str = _field(
+        "constant",
+        "Learning-rate schedule after warm-up: 'constant', 'linear' or 'cosine' decay.",
+        choices=["constant", "linear", "cosine"],
+    )
+    warmup_steps_proportion: float = _field(
+        0.001, "Fraction of all training steps spent in linear warm-up, in [0, 1]."
+    )
+    gradient_clipping: float = _field(1.0, "Clip the global gradient norm to this value; > 0.")
+    offload: bool = _field(False, "Keep optimizer states in CPU memory (GPU runs only).")
+    initial_loss_scale: float = _field(2**32, "Initial fp16 loss scale. " + _NOT_ACTED)
+    min_loss_scale: float = _field(1.0, "Minimum fp16 loss scale. " + _NOT_ACTED)
+    loss_scale_window: float = _field(5, "Steps between fp16 loss-scale increases. " + _NOT_ACTED)
+    hysteresis: int = _field(2, "fp16 loss-scale hysteresis. " + _NOT_ACTED)
+
+    def __post_init__(self):
+        owner = "OptimizerConfig"
+        _check_choice(owner, "type", self.type, ["adam", "sgd", "adam_bf16"])
+        _check_choice(
+            owner, "lr_scheduler_type", self.lr_scheduler_type, ["constant", "linear", "cosine"]
+        )
+        _check_range(owner, "lr", self.lr, ge=0)
+        _check_range(owner, "weight_decay", self.weight_decay, ge=0)
+        _check_range(owner, "beta1", self.beta1, ge=0, lt=1)
+        _check_range(owner, "beta2", self.beta2, ge=0, lt=1)
+        _check_range(owner, "eps", self.eps, gt=0)
+        _check_range(owner, "min_lr_ratio", self.min_lr_ratio, ge=0, le=1)
+        _check_range(owner, "warmup_steps_proportion", self.warmup_steps_proportion, ge=0, le=1)
+        _check_range(owner, "gradient_clipping", self.gradient_clipping, gt=0)
+
+
+@dataclass
+class FSDPWrapPolicy:
+    """Which modules FSDP shards as separate units."""
+
+    transformer_layer_cls_to_wrap: list[str] | None = _field(
+        None,
+        "Class names of the layers to shard separately. None: the model's decoder layers "
+        "(transformers' _no_split_modules).",
+    )
+
+
+@dataclass
+class FSDPEngineConfig:
+    """Options of the FSDP2 training backend."""
+
+    wrap_policy: FSDPWrapPolicy | None = _field(
+        None, "Sharding-unit policy; None uses the default."
+    )
+    offload_params: bool = _field(False, "Keep sharded parameters in CPU memory (GPU runs only).")
+    memory_efficient_load: bool = _field(
+        False, "Load pretrained weights on rank 0 only and broadcast after sharding. " + _NOT_ACTED
+    )
+    per_layer_optim_step: bool = _field(
+        False, "Layer-by-layer optimizer step on GPU. " + _NOT_ACTED
+    )
+    optim_step_prefetch_layers: int = _field(
+        1, "Layers prefetched by per_layer_optim_step. " + _NOT_ACTED
+    )
+    shard_vision_across_sp: bool = _field(
+        False, "Shard a vision encoder across sequence-parallel ranks. " + _NOT_ACTED
+    )
+
+
+@dataclass
+class FP8EngineConfig:
+    """FP8 training options of the Megatron backend. This project accepts it so AReaL YAMLs load, but does not act on it (no Megatron / FP8 hardware)."""
+
+    mode: str = _field("e4m3", "'e4m3' or 'hybrid' (e5m2 for output-activation gradients).")
+    recipe: str = _field(
+        "delayed", "Scaling recipe: 'tensorwise', 'delayed', 'mxfp8', 'blockwise'."
+    )
+    param: bool = _field(False, "Keep parameters in FP8.")
+    margin: int = _field(0, "Margin of the scaling-factor computation.")
+    amax_history_len: int = _field(1, "Length of the amax history window.")
+    amax_compute_algo: str = _field("most_recent", "'max' or 'most_recent'.")
+    wgrad: bool = _field(True, "FP8 weight gradients (False: higher precision).")
+    dot_product_attention: bool = _field(False, "FP8 dot-product attention.")
+    multi_head_attention: bool = _field(False, "FP8 multi-head attention.")
+    tp_only_amax_red: bool = _field(False, "Reduce amax only in the TP (or TP-CP) domain.")
+    first_last_layers_bf16: bool = _field(False, "Keep the first/last blocks in BF16.")
+    num_layers_at_start_in_bf16: int = _field(1, "Leading blocks kept in BF16.")
+    num_layers_at_end_in_bf16: int = _field(1, "Trailing blocks kept in BF16.")
+    direct_convert: bool = _field(True, "Convert FP8 parameters directly on weight update/save.")
+
+
+@dataclass
+class ArchonFP8Config:
+    """FP8 options of the Archon backend. This project accepts it so AReaL YAMLs load, but does not act on it (no Archon / FP8 hardware)."""
+
+    mode: str = _field(
+        "disabled",
+        "'disabled' or 'blockwise' (128x128 FP8 matmuls, Hopper GPUs).",
+        choices=["disabled", "blockwise"],
+    )
+    exclude_modules: list[str] = _field(
+        help="Name substrings of linear layers kept in BF16.",
+        factory=lambda: ["output", "router", "score"],
+    )
+    include_experts: bool = _field(False, "FP8 for MoE experts too.")
+    use_triton: bool = _field(True, "Triton GEMM kernels for blockwise FP8.")
+
+    def __post_init__(self):
+        _check_choice("ArchonFP8Config", "mode", self.mode, ["disabled", "blockwise"])
+
+
+@dataclass
+class ArchonEngineConfig:
+    """Archon training backend options. This project accepts it so AReaL YAMLs load, but does not act on it (no Archon backend)."""
+
+    attn_type: str = _field(
+        "varlen", "'varlen', 'sdpa' or 'tree'.", choices=["varlen", "sdpa", "tree"]
+    )
+    offload_params: bool = _field(False, "Offload FSDP parameters to CPU.")
+    enable_compile: bool = _field(False, "torch.compile the transformer blocks.")
+    ac_mode: str = _field(
+        "selective",
+        "Activation checkpointing: 'none', 'full', 'selective', 'memory_budget'.",
+        choices=["none", "full", "selective", "memory_budget"],
+    )
+    selective_ac_option: str = _field("op", "'op' or every N-th layer ('2').")
+    ac_memory_budget: float = _field(0.5, "Memory budget of 'memory_budget' checkpointing.")
+    ac_preserve_rng_state: bool = _field(False, "Preserve the RNG state in checkpointing.")
+    ac_debug: bool = _field(False, "Capture checkpointing debug information.")
+    pp_schedule: str = _field(
+        "Interleaved1F1B",
+        "Pipeline schedule.",
+        choices=["1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"],
+    )
+    pp_layers_per_stage: int | None = _field(None, "Layers per (virtual) pipeline stage.")
+    pp_first_stage_less_layers: int = _field(1, "Fewer layers in the first stage.")
+    pp_last_stage_less_layers: int = _field(1, "Fewer layers in the last stage.")
+    reshard_after_forward_policy: str = _field(
+        "default", "'default', 'always' or 'never'.", choices=["default", "always", "never"]
+    )
+    fp8_config: ArchonFP8Config = _field(help="FP8 training.", factory=ArchonFP8Config)
+    use_deterministic_algorithms: bool = _field(False, "Deterministic kernels.")
+    moe_router_dtype: str | None = _field(
+        "fp32", "Dtype of the MoE router GEMM ('fp32' or None).", choices=["fp32", None]
+    )
+
+
+@dataclass
+class DistributedDataParallelConfig:
+    """Megatron DistributedDataParallel options. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
+
+    grad_reduce_in_fp32: bool = _field(True, "Reduce gradients in fp32.")
+    overlap_grad_reduce: bool = _field(False, "Overlap gradient reduction with backward.")
+    overlap_param_gather: bool = _field(False, "Overlap parameter all-gather with forward.")
+    align_param_gather: bool = _field(False, "Align parameter all-gathers across pipeline stages.")
+    use_distributed_optimizer: bool = _field(
+        True, "Shard optimizer states across data-parallel ranks."
+    )
+    check_for_nan_in_grad: bool = _field(False, "Check gradients for NaN after reduction.")
+    bucket_size: int | None = _field(
+        None, "Gradient bucket size in elements; None for the default."
+    )
+    average_in_collective: bool = _field(False, "Average (not sum) inside the collective.")
+    fp8_param_gather: bool = _field(False, "All-gather parameters in fp8.")
+
+
+@dataclass
+class MegatronEngineConfig:
+    """Megatron-LM training backend options. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
+
+    wrap_with_ddp: bool = _field(True, "Wrap the model with Megatron DDP.")
+    use_torch_fsdp2: bool = _field(False, "Use torch FSDP2 inside Megatron.")
+    use_custom_fsdp: bool = _field(False, "Use Megatron's custom FSDP.")
+    ddp: DistributedDataParallelConfig = _field(
+        help="Megatron DDP options.", factory=DistributedDataParallelConfig
+    )
+    virtual_pipeline_parallel_size: int = _field(1, "Virtual pipeline stages per rank (1 = off).")
+    overlap_param_gather_with_optimizer_step: bool = _field(
+        False, "Overlap parameter gather with the optimizer step."
+    )
+    use_precision_aware_optimizer: bool = _field(False, "Precision-aware optimizer.")
+    main_grads_dtype: str = _field("float32", "Dtype of main gradients.")
+    main_params_dtype: str = _field("float32", "Dtype of main parameters.")
+    exp_avg_dtype: str = _field("float32", "Dtype of Adam first moments.")
+    exp_avg_sq_dtype: str = _field("float32", "Dtype of Adam second moments.")
+    async_save: bool = _field(False, "Save checkpoints asynchronously.")
+    use_checkpoint_opt_param_scheduler: bool = _field(
+        True, "Restore the LR scheduler from the checkpoint."
+    )
+    use_deterministic_algorithms: bool = _field(False, "Force deterministic kernels.")
+    recompute_granularity: str | None = _field("full", "Activation recomputation granularity.")
+    recompute_method: str | None = _field("uniform", "Activation recomputation method.")
+    recompute_num_layers: int | None = _field(1, "Layers per recomputation unit.")
+    distribute_saved_activations: bool | None = _field(
+        None, "Distribute saved activations over TP."
+    )
+    recompute_modules: list[str] | None = _field(None, "Modules to recompute.")
+    moe_router_dtype: str | None = _field("fp32", "Dtype of the MoE router computation.")
+    moe_shared_expert_overlap: bool = _field(False, "Overlap shared experts with dispatch.")
+    moe_enable_deepep: bool = _field(False, "Use DeepEP for MoE dispatch.")
+    moe_token_dispatcher_type: str = _field("alltoall", "MoE token dispatcher type.")
+    moe_permute_fusion: bool = _field(False, "Fuse MoE token permutation.")
+    fp8_config: FP8EngineConfig | None = _field(None, "FP8 training options.")
+    bridge_type: str = _field("mbridge", "HF <-> Megatron bridge: 'mbridge' or 'megatron-bridge'.")
+    use_mbridge_save: bool = _field(False, "Save weights with mbridge (less GPU memory).")
+
+
+class SchedulingStrategyType(StrEnum):
+    """Values of ``SchedulingStrategy.type``."""
+
+    separation = "separation"
+    colocation = "colocation"
+
+
+@dataclass
+class SchedulingStrategy:
+    """Whether a role gets its own workers or shares another role's workers."""
+
+    type: str = _field(
+        "separation",
+        "'separation': own workers; 'colocation': share the workers of `target`.",
+        choices=["separation", "colocation"],
+    )
+    target: str | None = _field(
+        None, "Role to colocate with (e.g. 'actor'); required for colocation."
+    )
+    fork: bool = _field(
+        True,
+        "With colocation, start a separate process on the target's devices instead of sharing it.",
+    )
+
+    def __post_init__(self):
+        _check_choice("SchedulingStrategy", "type", self.type, ["separation", "colocation"])
+        if self.type == "colocation" and not self.target:
+            raise ValueError(
+                "SchedulingStrategy.target is empty; 'colocation' needs the role to colocate with, e.g. 'actor'"
+            )
+
+
+@dataclass
+class SchedulingSpec:
+    """Resources and launch command of one kind of worker process."""
+
+    cpu: int = _field(8, "CPU cores per worker; >= 0.")
+    gpu: int = _field(0, "GPUs per worker; >= 0 (0 on CPU machines).")
+    mem: int = _field(32, "Memory per worker in GB; >= 0.")
+    port_count: int = _field(2, "Network ports reserved per worker; >= 0.")
+    image: str = _field(
+        "/storage/openpsi/images/areal-latest.sif",
+        "Container image (Slurm with apptainer only).",
+    )
+    task_type: str = _field(
+        "worker", "'worker' (RPC worker process) or 'engine'.", choices=["worker", "engine"]
+    )
+    env_vars: dict[str, str] = _field(
+        help="Extra environment variables of the worker.", factory=dict
+    )
+    cmd: str | None = _field(
+        None, "Command that starts the worker; None for the project's RPC worker."
+    )
+    srun_additional_args: str = _field(
+        "--unbuffered --mpi=pmi2 -K --chdir $PWD", "Extra `srun` arguments (Slurm only)."
+    )
+    additional_bash_cmds: list[str] | None = _field(
+        None, "Shell commands run before the worker starts (Slurm only)."
+    )
+    container_type: str = _field(
+        "apptainer",
+        "Container runtime on Slurm: 'apptainer' or 'none'.",
+        choices=["apptainer", "none"],
+    )
+    mount: str = _field("/storage:/storage", "Bind mount for the container (Slurm only).")
+    nodelist: str | None = _field(None, "`--nodelist` for sbatch/srun (Slurm only).")
+    exclude: str | None = _field(None, "`--exclude` for sbatch/srun (Slurm only).")
+    ray_placement_strategy: str = _field(
+        "shared",
+        "Ray placement groups: 'shared' (one for the role), 'separate' (one per worker), "
+        "'deferred' (like separate, accelerators assigned later).",
+        choices=["shared", "separate", "deferred"],
+    )
+
+    def __post_init__(self):
+        owner = "SchedulingSpec"
+        for name in ("cpu", "gpu", "mem", "port_count"):
+            _check_range(owner, name, getattr(self, name), ge=0)
+        _check_choice(owner, "task_type", self.task_type, ["worker", "engine"])
+        _check_choice(owner, "container_type", self.container_type, ["apptainer", "none"])
+        _check_choice(
+            owner,
+            "ray_placement_strategy",
+            self.ray_placement_strategy,
+            ["shared", "separate", "deferred"],
+        )
+
+
+def _default_scheduling_spec() -> list[SchedulingSpec]:
+    return [SchedulingSpec(cpu=1, mem=4)]
+
+
+@dataclass
+class TrainEngineConfig:
+    """A trained (or forward-only) model: where it comes from, precision, optimizer, backend."""
+
+    experiment_name: str = _field(
+        MISSING, "Experiment name; defaults to the top-level experiment_name."
+    )
+    trial_name: str = _field(MISSING, "Trial name; defaults to the top-level trial_name.")
+    path: str = _field(
+        "",
+        "HuggingFace checkpoint directory or hub name of the model (config + weights; only "
+        "the config when init_from_scratch).",
+    )
+    init_from_scratch: bool = _field(
+        False, "Randomly initialise the weights instead of loading them."
+    )
+    dtype: str = _field(
+        "bfloat16", "Parameter dtype: 'float32', 'bfloat16' or 'float16'.", choices=_DTYPES
+    )
+    optimizer: OptimizerConfig | None = _field(
+        None, "Optimizer; None means the model is not trained (e.g. the reference model)."
+    )
+    mb_spec: MicroBatchSpec = _field(
+        help="Micro-batch split of each forward/backward pass.", factory=MicroBatchSpec
+    )
+    backend: str = _field(
+        "",
+        "Training backend and parallel sizes, e.g. 'fsdp:d2'. Empty: taken from the "
+        "top-level allocation_mode.",
+    )
+    attn_impl: str = _field(
+        "flash_attention_2",
+        "transformers attention implementation. On CPU the engines use 'sdpa' instead of "
+        "flash attention.",
+        choices=_ATTN_IMPLS,
+    )
+    gradient_checkpointing: bool = _field(
+        False, "Recompute activations in backward to save memory."
+    )
+    disable_dropout: bool = _field(False, "Set every dropout probability to 0.")
+    temperature: float = _field(
+        1.0, "Sampling temperature the logits are divided by when computing logprobs; > 0."
+    )
+    weight_update_mode: str = _field(
+        "xccl",
+        "How new weights reach the inference servers: 'xccl' (collective broadcast: NCCL "
+        "on GPU, gloo on CPU) or 'disk' (safetensors + reload).",
+        choices=["disk", "xccl"],
+    )
+    weight_update_timeout: float = _field(
+        120.0,
+        "xccl only (this project's addition): seconds that the weight-update group join and "
+        "each broadcast may wait for the other side (trainer and inference servers) before "
+        "failing with an error; > 0.",
+    )
+    num_threads: int = _field(
+        1,
+        "CPU only (this project's addition): torch intra-op threads per training worker; >= 1. "
+        "One thread per process is fastest when processes share few cores.",
+    )
+    is_critic: bool = _field(False, "The model has a scalar value head (critic or reward model).")
+    pad_to_maximum: bool = _field(
+        False, "Pad every micro-batch to max_tokens_per_mb (steadier memory, slower)."
+    )
+    grad_reduce_dtype: str = _field("float32", "Dtype of gradient reduction.", choices=_DTYPES)
+    scheduling_spec: list[SchedulingSpec] = _field(
+        help="Worker resources: one spec (engine inside the worker) or two (worker, engine). "
+        "Used by the single-controller schedulers.",
+        factory=_default_scheduling_spec,
+    )
+    scheduling_strategy: SchedulingStrategy = _field(
+        help="Own workers ('separation') or another role's ('colocation').",
+        factory=SchedulingStrategy,
+    )
+    fsdp: FSDPEngineConfig = _field(help="FSDP2 backend options.", factory=FSDPEngineConfig)
+    megatron: MegatronEngineConfig = _field(
+        help="Megatron backend options. " + _NOT_ACTED, factory=MegatronEngineConfig
+    )
+    archon: ArchonEngineConfig = _field(
+        help="Archon backend options. " + _NOT_ACTED, factory=ArchonEngineConfig
+    )
+    offload: bool = _field(
+        False, "Offload parameters and optimizer states to CPU between uses (GPU). " + _NOT_ACTED
+    )
+    use_kernels: bool = _field(False, "Apply HuggingFace `kernels` to the model. " + _NOT_ACTED)
+    use_lora: bool = _field(False, "Train LoRA adapters. " + _NOT_ACTED)
+    lora_rank: int = _field(32, "LoRA rank. " + _NOT_ACTED)
+    lora_alpha: int = _field(16, "LoRA alpha. " + _NOT_ACTED)
+    target_modules: list[str] = _field(help="LoRA target modules. " + _NOT_ACTED, factory=list)
+    peft_type: str = _field("lora", "PEFT method. " + _NOT_ACTED)
+    enable_tree_training: bool = _field(False, "Tree training with flex attention. " + _NOT_ACTED)
+    _version: str = _field(
+        "v1",
+        "AReaL's train-controller version: 'v1' (this project's controller) or 'v2' (AReaL's "
+        "gateway controller). " + _NOT_ACTED,
+        choices=["v1", "v2"],
+    )
+    admin_api_key: str = _field("areal-admin-key", "Gateway admin key (v2). " + _NOT_ACTED)
+    log_level: str = _field("warning", "Gateway log level (v2). " + _NOT_ACTED)
+    request_timeout: float = _field(
+        3600.0, "Gateway request timeout in seconds (v2). " + _NOT_ACTED
+    )
+    setup_timeout: float = _field(3600.0, "Gateway setup timeout in seconds (v2). " + _NOT_ACTED)
+
+    def __post_init__(self):
+        owner = type(self).__name__
+        _check_choice(owner, "dtype", self.dtype, _DTYPES)
+        _check_choice(owner, "grad_reduce_dtype", self.grad_reduce_dtype, _DTYPES)
+        if self.attn_impl not in _ATTN_IMPLS and "/" not in self.attn_impl:
+            raise ValueError(
+                f"{owner}.attn_impl={self.attn_impl!r} is not allowed; choose one of {_ATTN_IMPLS} "
+                "or a kernels repo id 'org/repo'"
+            )
+        _check_choice(owner, "weight_update_mode", self.weight_update_mode, ["disk", "xccl"])
+        _check_range(owner, "weight_update_timeout", self.weight_update_timeout, gt=0)
+        _check_range(owner, "num_threads", self.num_threads, ge=1)
+        _check_range(owner, "temperature", self.temperature, gt=0)
+        if len(self.scheduling_spec) not in (1, 2):
+            raise ValueError(
+                f"{owner}.scheduling_spec has {len(self.scheduling_spec)} entries; must have 1 or 2"
+            )
+        if self.backend:
+            from areal.api.alloc_mode import ParallelStrategy
+
+            ParallelStrategy.parse_backend(self.backend, field_name=f"{owner}.backend")

@@ -1,0 +1,643 @@
+"""Inference configs: sampling (``GenerationHyperparameters``), vLLM / SGLang server arguments and commands, agent workflows, ``InferenceEngineConfig`` (rollout).
+
+Re-exported by ``areal.api.cli_args``; import from there or from here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING as _DC_MISSING
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from areal.api.config_common import (
+    _NOT_ACTED,
+    _check_choice,
+    _check_range,
+    _field,
+    _warn_once,
+    conf_as_dict,
+    logger,
+)
+from areal.api.engine_config import SchedulingSpec, SchedulingStrategy, _default_scheduling_spec
+
+
+@dataclass
+class GenerationHyperparameters:
+    """Sampling parameters for one generation request."""
+
+    n_samples: int = _field(1, "Number of sequences sampled per prompt (the GRPO group size).")
+    max_new_tokens: int = _field(16384, "Maximum number of generated tokens.")
+    min_new_tokens: int = _field(0, "Minimum number of generated tokens before a stop is allowed.")
+    max_tokens: int = _field(32768, "Maximum prompt + generated tokens.")
+    greedy: bool = _field(False, "Greedy decoding (argmax) instead of sampling.")
+    top_p: float = _field(1.0, "Nucleus sampling probability mass, in (0, 1].")
+    top_k: int = _field(int(1e8), "Keep only the k most likely tokens when sampling.")
+    temperature: float = _field(1.0, "Sampling temperature; > 0.")
+    stop_token_ids: list[int] = _field(
+        help="Token ids that end generation (EOS is always added by the engine).", factory=list
+    )
+    ignore_eos: bool = _field(False, "Keep generating after EOS.")
+    skip_special_tokens: bool = _field(True, "Skip special tokens when decoding text.")
+    stop: list[str] | None = _field(None, "Stop strings.")
+    frequency_penalty: float = _field(
+        0.0, "Frequency penalty (accepted; the built-in server ignores it)."
+    )
+    lora_name: str = _field(
+        "default_lora", "Name of the LoRA adapter used for this request. " + _NOT_ACTED
+    )
+    use_beam_search: bool = _field(False, "Beam search (vLLM only). " + _NOT_ACTED)
+
+    def __post_init__(self):
+        if self.n_samples < 1:
+            raise ValueError(f"gconfig.n_samples={self.n_samples}; must be >= 1")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"gconfig.max_new_tokens={self.max_new_tokens}; must be >= 1")
+        if self.min_new_tokens < 0 or self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"gconfig.min_new_tokens={self.min_new_tokens}; must be in [0, max_new_tokens={self.max_new_tokens}]"
+            )
+        if not self.temperature > 0:
+            raise ValueError(f"gconfig.temperature={self.temperature}; must be > 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"gconfig.top_p={self.top_p}; must be in (0, 1]")
+        if self.top_k < 1:
+            raise ValueError(f"gconfig.top_k={self.top_k}; must be >= 1")
+
+    def new(self, **kwargs) -> GenerationHyperparameters:
+        """Copy with some fields changed, e.g. ``gconfig.new(temperature=0.6)``."""
+        d = asdict(self)
+        unknown = set(kwargs) - {f.name for f in fields(self)}
+        if unknown:
+            raise ValueError(f"GenerationHyperparameters has no field(s) {sorted(unknown)}")
+        d.update(kwargs)
+        return GenerationHyperparameters(**d)
+
+    def new_with_stop_and_pad_token_ids(self, tokenizer: Any) -> GenerationHyperparameters:
+        """Copy whose ``stop_token_ids`` also hold the tokenizer's pad and EOS ids.
+
+        Ids already present are not repeated; a tokenizer without a pad (or EOS) token
+        (id ``None``) adds nothing for it.
+        """
+        stop_ids = list(self.stop_token_ids)
+        for token_id in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+            if token_id is not None and token_id not in stop_ids:
+                stop_ids.append(token_id)
+        return self.new(stop_token_ids=stop_ids)
+
+    def to_openai_args_dict(
+        self, exclude_args: list[str] | None = None, api_format: str = "completions"
+    ) -> dict[str, Any]:
+        """Keyword arguments for an OpenAI-style client call.
+
+        ``api_format``: 'completions' (``max_new_tokens`` -> ``max_completion_tokens``),
+        'responses' (-> ``max_output_tokens``) or 'openai-agents' (-> ``max_tokens``);
+        ``n_samples`` becomes ``n``. Fields OpenAI has no argument for
+        (``OPENAI_UNSUPPORTED_GCONFIG_ARGS``) and those in ``exclude_args`` are left out,
+        with a warning when they differ from their default.
+        """
+        renamed = {"n_samples": "n"}
+        max_new_key = _OPENAI_MAX_NEW_TOKENS_KEY.get(api_format)
+        if max_new_key is None:
+            raise ValueError(
+                f"api_format={api_format!r} is not allowed; choose one of "
+                f"{list(_OPENAI_MAX_NEW_TOKENS_KEY)}"
+            )
+        renamed["max_new_tokens"] = max_new_key
+        excluded = set(exclude_args or ()) | OPENAI_UNSUPPORTED_GCONFIG_ARGS
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in excluded:
+                default = f.default if f.default is not _DC_MISSING else f.default_factory()
+                if value != default:
+                    logger.warning(
+                        f"gconfig.{f.name}={value!r} has no OpenAI {api_format} argument; "
+                        "it is not sent"
+                    )
+                continue
+            key = renamed.get(f.name, f.name)
+            if key in out:
+                logger.warning(f"OpenAI argument {key!r} from gconfig.{f.name} overrides another")
+            out[key] = list(value) if isinstance(value, list) else value
+        return out
+
+    def to_openai_completions_args_dict(
+        self, exclude_args: list[str] | None = None
+    ) -> dict[str, Any]:
+        """``to_openai_args_dict(exclude_args, api_format='completions')``."""
+        return self.to_openai_args_dict(exclude_args=exclude_args, api_format="completions")
+
+    def to_openai_responses_args_dict(
+        self, exclude_args: list[str] | None = None
+    ) -> dict[str, Any]:
+        """``to_openai_args_dict(exclude_args, api_format='responses')``."""
+        return self.to_openai_args_dict(exclude_args=exclude_args, api_format="responses")
+
+    def to_openai_agents_model_settings_dict(
+        self, exclude_args: list[str] | None = None
+    ) -> dict[str, Any]:
+        """``to_openai_args_dict(exclude_args, api_format='openai-agents')``."""
+        return self.to_openai_args_dict(exclude_args=exclude_args, api_format="openai-agents")
+
+
+# Generation fields with no OpenAI-API argument (left out by to_openai_args_dict).
+OPENAI_UNSUPPORTED_GCONFIG_ARGS = frozenset(
+    {
+        "min_new_tokens",
+        "greedy",
+        "top_k",
+        "stop_token_ids",
+        "ignore_eos",
+        "skip_special_tokens",
+        "lora_name",
+        "use_beam_search",
+        "max_tokens",
+    }
+)
+
+
+_OPENAI_MAX_NEW_TOKENS_KEY = {
+    "completions": "max_completion_tokens",
+    "responses": "max_output_tokens",
+    "openai-agents": "max_tokens",
+}
+
+
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+SGLANG_SERVER_MODULE = "sglang.launch_server"
+
+
+def get_py_cmd(module: str, args: dict[str, Any], python: str = "python3") -> list[str]:
+    """``[python, -m, module]`` plus one ``--flag-name`` per argument.
+
+    ``None``, ``False``, ``""`` and ``[]`` are left out; ``True`` gives a bare flag; a
+    list gives the flag followed by its items; anything else the flag and ``str(value)``.
+    Underscores in names become dashes.
+    """
+    cmd = [python, "-m", module]
+    for name, value in args.items():
+        if (
+            value is None
+            or value is False
+            or value == ""
+            or (isinstance(value, (list, tuple)) and not value)
+        ):
+            continue
+        flag = "--" + name.replace("_", "-")
+        cmd.append(flag)
+        if value is True:
+            continue
+        if isinstance(value, (list, tuple)):
+            cmd.extend(str(v) for v in value)
+        else:
+            cmd.append(str(value))
+    return cmd
+
+
+def split_host_port(addr: str) -> tuple[str, int]:
+    """``'host:port'`` (or ``'[v6::addr]:port'``) -> ``(host, port)``; ValueError otherwise."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"address {addr!r} is not 'host:port'")
+    return host.strip("[]"), int(port)
+
+
+@dataclass
+class vLLMConfig:
+    """Arguments of vLLM servers (backend 'vllm'), passed on as `--flag value`."""
+
+    model: str = _field("", "Model directory or hub name served by vLLM (usually ${actor.path}).")
+    seed: int = _field(1, "Random seed of the server.")
+    skip_tokenizer_init: bool = _field(False, "Do not load a tokenizer (requests carry token ids).")
+    enforce_eager: bool = _field(False, "Disable CUDA graphs / compilation.")
+    dtype: str = _field("bfloat16", "Model dtype in the server.")
+    distributed_executor_backend: str = _field("mp", "vLLM executor for multi-GPU: 'mp' or 'ray'.")
+    max_num_seqs: int = _field(256, "Maximum concurrent sequences per server.")
+    block_size: int = _field(16, "KV-cache block size in tokens.")
+    swap_space: int = _field(4, "CPU swap space per GPU in GiB.")
+    cpu_offload_gb: float = _field(0, "GiB of weights offloaded to CPU.")
+    disable_sliding_window: bool = _field(True, "Disable sliding-window attention.")
+    max_model_len: int | None = _field(32768, "Context length; None for the model's own.")
+    no_enable_chunked_prefill: bool = _field(False, "Pass --no-enable-chunked-prefill.")
+    no_enable_prefix_caching: bool = _field(
+        True,
+        "Pass --no-enable-prefix-caching (stale cache entries after weight updates otherwise).",
+    )
+    gpu_memory_utilization: float = _field(0.9, "Fraction of GPU memory vLLM may use.")
+    worker_extension_cls: str = _field(
+        "", "Import path of a vLLM worker extension class (weight updates); empty: none."
+    )
+    enable_sleep_mode: bool = _field(False, "Allow the server to release GPU memory while idle.")
+    uvicorn_log_level: str = _field("warning", "Log level of the HTTP server.")
+    enable_lora: bool = _field(False, "Serve LoRA adapters. " + _NOT_ACTED)
+    max_lora_rank: int = _field(16, "Maximum LoRA rank. " + _NOT_ACTED)
+    max_loras: int = _field(8, "Maximum LoRA adapters at once. " + _NOT_ACTED)
+    lora_modules: list[str] | None = _field(None, "LoRA modules to serve. " + _NOT_ACTED)
+
+    @staticmethod
+    def build_args(
+        vllm_config: vLLMConfig,
+        tp_size: int,
+        pp_size: int,
+        host: str | None = None,
+        port: int | None = None,
+        dist_init_addr: str | None = None,
+        n_nodes: int = 1,
+        node_rank: int = 0,
+    ) -> dict[str, Any]:
+        """Server arguments (``{name: value}``) of one vLLM server for this config.
+
+        Every field of the config, plus the tokenizer (= ``model``), ``load_format='auto'``,
+        ``trust_remote_code``, the tensor/pipeline-parallel sizes, host and port; with
+        ``n_nodes > 1`` also ``nnodes``, ``node_rank``, ``master_addr`` / ``master_port``
+        (from ``dist_init_addr`` 'host:port') and ``headless`` on non-zero ranks.
+        """
+        args: dict[str, Any] = {
+            "tokenizer": vllm_config.model,
+            "load_format": "auto",
+            "trust_remote_code": True,
+            "tensor_parallel_size": tp_size,
+            "pipeline_parallel_size": pp_size,
+        }
+        args.update(conf_as_dict(vllm_config))
+        if port is not None:
+            args["port"] = port
+        if host is not None:
+            args["host"] = host
+        if n_nodes > 1:
+            args["nnodes"] = n_nodes
+            args["node_rank"] = node_rank
+            if dist_init_addr is not None:
+                master_host, master_port = split_host_port(dist_init_addr)
+                args["master_addr"] = master_host
+                args["master_port"] = str(master_port)
+            if node_rank > 0:
+                args["headless"] = True
+        return args
+
+    @staticmethod
+    def build_cmd_from_args(args: dict[str, Any], python: str = "python3") -> list[str]:
+        """``[python, -m, vllm.entrypoints.openai.api_server, --flag, value, ...]``."""
+        return get_py_cmd(VLLM_SERVER_MODULE, args, python=python)
+
+    @staticmethod
+    def build_cmd(
+        vllm_config: vLLMConfig,
+        tp_size: int,
+        pp_size: int,
+        host: str | None = None,
+        port: int | None = None,
+        dist_init_addr: str | None = None,
+        n_nodes: int = 1,
+        node_rank: int = 0,
+    ) -> list[str]:
+        """Command line of one vLLM server: ``build_cmd_from_args(build_args(...))``."""
+        args = vLLMConfig.build_args(
+            vllm_config=vllm_config,
+            tp_size=tp_size,
+            pp_size=pp_size,
+            host=host,
+            port=port,
+            dist_init_addr=dist_init_addr,
+            n_nodes=n_nodes,
+            node_rank=node_rank,
+        )
+        return vLLMConfig.build_cmd_from_args(args)
+
+
+@dataclass
+class SGLangConfig:
+    """Arguments of SGLang servers (backend 'sglang'), passed on as `--flag value`."""
+
+    model_path: str = _field(
+        "", "Model directory or hub name served by SGLang (usually ${actor.path})."
+    )
+    random_seed: int = _field(1, "Random seed of the server.")
+    skip_tokenizer_init: bool = _field(False, "Do not load a tokenizer (requests carry token ids).")
+    disable_cuda_graph: bool = _field(False, "Disable CUDA graphs.")
+    disable_radix_cache: bool = _field(True, "Disable the prefix (radix) cache.")
+    disable_cuda_graph_padding: bool = _field(False, "Disable CUDA-graph padding.")
+    enable_nccl_nvls: bool = _field(False, "Enable NCCL NVLS.")
+    disable_outlines_disk_cache: bool = _field(False, "Disable the outlines disk cache.")
+    disable_custom_all_reduce: bool = _field(False, "Disable the custom all-reduce kernel.")
+    disable_overlap_schedule: bool = _field(False, "Disable the overlap scheduler.")
+    enable_mixed_chunk: bool = _field(False, "Mix prefill and decode in one batch.")
+    enable_dp_attention: bool = _field(False, "Data-parallel attention.")
+    enable_ep_moe: bool = _field(False, "Expert-parallel MoE.")
+    enable_torch_compile: bool = _field(False, "torch.compile the model.")
+    torch_compile_max_bs: int = _field(32, "Maximum batch size compiled.")
+    cuda_graph_max_bs: int | None = _field(None, "Maximum CUDA-graph batch size.")
+    cuda_graph_bs: list[int] | None = _field(None, "CUDA-graph batch sizes.")
+    torchao_config: str = _field("", "torchao quantisation config.")
+    enable_nan_detection: bool = _field(False, "Detect NaNs in sampling.")
+    enable_p2p_check: bool = _field(False, "Check GPU peer-to-peer access.")
+    triton_attention_reduce_in_fp32: bool = _field(False, "fp32 reduction in triton attention.")
+    triton_attention_num_kv_splits: int = _field(8, "KV splits of triton attention.")
+    num_continuous_decode_steps: int = _field(1, "Decode steps per scheduling round.")
+    enable_memory_saver: bool = _field(False, "Allow releasing GPU memory while idle.")
+    allow_auto_truncate: bool = _field(False, "Truncate over-long prompts instead of failing.")
+    attention_backend: str | None = _field("fa3", "Attention backend.")
+    enable_multimodal: bool = _field(False, "Enable multimodal inputs.")
+    sampling_backend: str | None = _field(None, "Sampling backend.")
+    context_length: int | None = _field(32768, "Context length; None for the model's own.")
+    mem_fraction_static: float | None = _field(
+        0.9, "Fraction of GPU memory for weights + KV cache."
+    )
+    max_running_requests: int | None = _field(None, "Maximum concurrent requests.")
+    chunked_prefill_size: int | None = _field(-1, "Chunked prefill size; -1 disables.")
+    max_prefill_tokens: int = _field(32768, "Maximum tokens of one prefill batch.")
+    schedule_policy: str = _field("lpm", "Request scheduling policy of the server.")
+    schedule_conservativeness: float = _field(1.0, "Scheduling conservativeness.")
+    cpu_offload_gb: int = _field(0, "GiB of weights offloaded to CPU.")
+    dtype: str = _field("bfloat16", "Model dtype in the server.")
+    kv_cache_dtype: str = _field("auto", "KV-cache dtype.")
+    dp_size: int = _field(1, "Data-parallel size for DP attention.")
+    ep_size: int = _field(1, "Expert-parallel size.")
+    enable_lora: bool | None = _field(None, "Serve LoRA adapters. " + _NOT_ACTED)
+    max_lora_rank: int | None = _field(None, "Maximum LoRA rank. " + _NOT_ACTED)
+    max_loaded_loras: int = _field(8, "Maximum loaded LoRA adapters. " + _NOT_ACTED)
+    lora_paths: list[str] | None = _field(None, "LoRA adapter paths. " + _NOT_ACTED)
+    lora_backend: str = _field("triton", "LoRA kernel backend. " + _NOT_ACTED)
+    log_level: str = _field("warning", "Server log level.")
+    log_level_http: str | None = _field("warning", "HTTP log level.")
+    log_requests: bool = _field(False, "Log every request.")
+    log_requests_level: int = _field(0, "Verbosity of request logging.")
+    show_time_cost: bool = _field(False, "Log time costs.")
+    enable_metrics: bool = _field(True, "Export Prometheus metrics.")
+    decode_log_interval: int = _field(1, "Decode iterations between throughput logs.")
+    enable_multithread_load: bool = _field(False, "Multi-threaded weight loading.")
+    enable_return_routed_experts: bool = _field(False, "Return MoE routing (internal).")
+
+    @staticmethod
+    def build_args(
+        sglang_config: SGLangConfig,
+        tp_size: int,
+        base_gpu_id: int,
+        host: str | None = None,
+        port: int | None = None,
+        dist_init_addr: str | None = None,
+        n_nodes: int = 1,
+        node_rank: int = 0,
+        pp_size: int = 1,
+    ) -> dict[str, Any]:
+        """Server arguments (``{name: value}``) of one SGLang server for this config.
+
+        Every field of the config (``enable_multithread_load`` becomes the JSON
+        ``model_loader_extra_config``), plus ``tokenizer_path`` (= ``model_path``),
+        ``tokenizer_mode`` / ``load_format`` 'auto', ``trust_remote_code``,
+        ``is_embedding=False``, ``tp_size``, ``base_gpu_id``, ``nnodes``, ``node_rank``,
+        ``dist_init_addr``, and ``pp_size`` (when > 1), host and port when given.
+        """
+        fields_ = conf_as_dict(sglang_config)
+        multithread = fields_.pop("enable_multithread_load", False)
+        if multithread:
+            fields_["model_loader_extra_config"] = json.dumps(
+                {"enable_multithread_load": True}, separators=(",", ":")
+            )
+        args: dict[str, Any] = {
+            "tokenizer_path": sglang_config.model_path,
+            "tokenizer_mode": "auto",
+            "load_format": "auto",
+            "trust_remote_code": True,
+            "is_embedding": False,
+            "tp_size": tp_size,
+            "base_gpu_id": base_gpu_id,
+            "nnodes": n_nodes,
+            "node_rank": node_rank,
+            "dist_init_addr": dist_init_addr,
+        }
+        args.update(fields_)
+        if pp_size > 1:
+            args["pp_size"] = pp_size
+        if host is not None:
+            args["host"] = host
+        if port is not None:
+            args["port"] = port
+        return args
+
+    @staticmethod
+    def build_cmd_from_args(args: dict[str, Any], python: str = "python3") -> list[str]:
+        """``[python, -m, sglang.launch_server, --flag, value, ...]``."""
+        return get_py_cmd(SGLANG_SERVER_MODULE, args, python=python)
+
+    @staticmethod
+    def build_cmd(
+        sglang_config: SGLangConfig,
+        tp_size: int,
+        base_gpu_id: int,
+        host: str | None = None,
+        port: int | None = None,
+        dist_init_addr: str | None = None,
+        n_nodes: int = 1,
+        node_rank: int = 0,
+        pp_size: int = 1,
+    ) -> list[str]:
+        """Command line of one SGLang server: ``build_cmd_from_args(build_args(...))``."""
+        args = SGLangConfig.build_args(
+            sglang_config=sglang_config,
+            tp_size=tp_size,
+            base_gpu_id=base_gpu_id,
+            host=host,
+            port=port,
+            dist_init_addr=dist_init_addr,
+            n_nodes=n_nodes,
+            node_rank=node_rank,
+            pp_size=pp_size,
+        )
+        return SGLangConfig.build_cmd_from_args(args)
+
+
+def _default_agent_scheduling_spec() -> list[SchedulingSpec]:
+    return [SchedulingSpec(cpu=1, gpu=0, mem=4)]
+
+
+_AGENT_MODES = ["inline", "subproc", "online"]
+
+
+@dataclass
+class AgentConfig:
+    """Agent workflows: the OpenAI-compatible proxy they talk to and the agent service.
+
+    Holds what AReaL's earlier ``rollout.openai`` (OpenAIProxyConfig) section held, plus
+    the agent class and the agent-service workers.
+    """
+
+    agent_cls_path: str = _field(
+        "", "Import path ('pkg.module.Class') of the agent implementation; empty: none."
+    )
+    admin_api_key: str = _field(
+        "areal-admin-key",
+        "Admin key of the proxy and agent service (management calls only; each session "
+        "gets its own key). Change it for anything beyond localhost.",
+    )
+    scheduling_spec: list[SchedulingSpec] = _field(
+        help="Resources of the agent-service worker; exactly one spec.",
+        factory=_default_agent_scheduling_spec,
+    )
+    mode: str = _field(
+        "inline",
+        "'inline' (agent runs in the rollout process), 'subproc' (in a worker process "
+        "pool) or 'online' (external users drive sessions through the proxy).",
+        choices=_AGENT_MODES,
+    )
+    tool_call_parser: str = _field("qwen", "Parser of tool calls in model output.")
+    reasoning_parser: str = _field("qwen3", "Parser of reasoning content (<think> tags).")
+    chat_template_type: str = _field(
+        "hf",
+        "'hf' (the tokenizer's chat template) or 'concat' (multi-turn concatenation).",
+        choices=["hf", "concat"],
+    )
+    engine_max_tokens: int | None = _field(
+        None, "Maximum prompt + completion tokens of one call; None: no limit."
+    )
+    turn_discount: float = _field(1.0, "Reward discount per turn of a multi-turn episode.")
+    export_style: str = _field(
+        "individual",
+        "'individual': every interaction is a training sample; 'concat': only the final "
+        "concatenated conversation (linear histories only).",
+        choices=["individual", "concat"],
+    )
+    subproc_max_workers: int = _field(4, "Worker processes in 'subproc' mode; >= 1.")
+    session_timeout_seconds: int = _field(3600, "Sessions idle longer than this are dropped; > 0.")
+    set_reward_finish_timeout: float = _field(
+        0.0, "Seconds to wait for further reward updates before a session is final; >= 0."
+    )
+
+    def __post_init__(self):
+        owner = "AgentConfig"
+        _check_choice(owner, "mode", self.mode, _AGENT_MODES)
+        _check_choice(owner, "chat_template_type", self.chat_template_type, ["hf", "concat"])
+        _check_choice(owner, "export_style", self.export_style, ["individual", "concat"])
+        if len(self.scheduling_spec) != 1:
+            raise ValueError(
+                f"{owner}.scheduling_spec has {len(self.scheduling_spec)} entries; must have exactly 1"
+            )
+        if not self.admin_api_key or not self.admin_api_key.strip():
+            raise ValueError(f"{owner}.admin_api_key is empty; it must be a non-blank string")
+        _check_range(owner, "subproc_max_workers", self.subproc_max_workers, ge=1)
+        _check_range(owner, "session_timeout_seconds", self.session_timeout_seconds, gt=0)
+        _check_range(owner, "set_reward_finish_timeout", self.set_reward_finish_timeout, ge=0)
+        _check_range(owner, "engine_max_tokens", self.engine_max_tokens, ge=1, optional=True)
+
+
+# Earlier AReaL name of the proxy section (rollout.openai); its fields are AgentConfig's.
+OpenAIProxyConfig = AgentConfig
+
+
+@dataclass
+class InferenceEngineConfig:
+    """Rollout: inference servers, request policy and staleness control."""
+
+    experiment_name: str | None = _field(
+        None, "Experiment name; defaults to the top-level experiment_name."
+    )
+    trial_name: str | None = _field(None, "Trial name; defaults to the top-level trial_name.")
+    backend: str = _field(
+        "",
+        "Inference backend and parallel sizes, e.g. 'local:d1', 'vllm:d2t2', 'sglang:d4'. "
+        "Empty: taken from the top-level allocation_mode.",
+    )
+    max_concurrent_rollouts: int | None = _field(
+        None, "Maximum rollouts in flight at once; None: consumer_batch_size; >= 1."
+    )
+    queue_size: int | None = _field(
+        None, "Capacity of the input/output rollout queues; None: unbounded-ish default; >= 1."
+    )
+    consumer_batch_size: int = _field(
+        1, "Trajectories the trainer takes per step (usually ${train_dataset.batch_size}); >= 1."
+    )
+    max_head_offpolicyness: int = _field(
+        0,
+        "Maximum staleness: a rollout may start only while its policy version is at most "
+        "this many versions behind the trainer; 0 = synchronous RL; >= 0.",
+    )
+    enable_rollout_tracing: bool = _field(False, "Log every generation request verbosely.")
+    check_trajectory_format: bool = _field(
+        False, "Check the tensors each workflow returns (for debugging workflows)."
+    )
+    schedule_policy: str = _field(
+        "round_robin", "How requests are spread over servers.", choices=["round_robin"]
+    )
+    fileroot: str | None = _field(
+        None, "Root directory of trajectory dumps (usually ${cluster.fileroot})."
+    )
+    tokenizer_path: str = _field("", "Tokenizer used to decode dumped trajectories.")
+    dump_to_file: bool = _field(False, "Dump every trajectory as text under fileroot.")
+    setup_timeout: float = _field(300.0, "Seconds to wait for servers to become healthy; > 0.")
+    request_timeout: float = _field(
+        3600, "Seconds before an HTTP generation request times out; > 0."
+    )
+    request_retries: int = _field(3, "Retries of a failed request; >= 0.")
+    pause_grace_period: float = _field(
+        0.0, "Seconds to wait after pausing servers before weights are updated; >= 0."
+    )
+    scheduling_spec: list[SchedulingSpec] = _field(
+        help="Worker resources of the rollout role (single-controller schedulers).",
+        factory=_default_scheduling_spec,
+    )
+    scheduling_strategy: SchedulingStrategy = _field(
+        help="Own workers ('separation') or another role's ('colocation').",
+        factory=SchedulingStrategy,
+    )
+    use_lora: bool = _field(False, "Serve LoRA adapters. " + _NOT_ACTED)
+    agent: AgentConfig = _field(
+        help="Agent workflows: OpenAI-compatible proxy and agent service.", factory=AgentConfig
+    )
+    openai: AgentConfig | None = _field(
+        None,
+        "DEPRECATED (AReaL's earlier name of `agent`): moved into rollout.agent with a warning.",
+    )
+    return_routed_experts: bool = _field(False, "Return MoE routing (SGLang). " + _NOT_ACTED)
+    _version: str = _field(
+        "v1",
+        "AReaL's rollout-controller version: 'v1' (this project's controller) or 'v2' (AReaL's "
+        "inference-service gateway). " + _NOT_ACTED,
+        choices=["v1", "v2"],
+    )
+    model: str = _field("default", "Model name exposed by the gateway (v2). " + _NOT_ACTED)
+    routing_strategy: str = _field("round_robin", "Gateway routing (v2). " + _NOT_ACTED)
+    poll_interval: float = _field(5.0, "Gateway health-poll seconds (v2). " + _NOT_ACTED)
+    admin_api_key: str = _field("areal-admin-key", "Gateway admin key (v2). " + _NOT_ACTED)
+    api_url: str | None = _field(
+        None, "External OpenAI-compatible base URL (v2 external model). " + _NOT_ACTED
+    )
+    provider_api_key: str | None = _field(
+        None, "API key of the external provider (v2). " + _NOT_ACTED
+    )
+
+    def __post_init__(self):
+        owner = "InferenceEngineConfig"
+        if self.openai is not None:
+            if self.agent != AgentConfig() and self.agent != self.openai:
+                raise ValueError(
+                    f"{owner}: both the deprecated `openai` section and `agent` are set and "
+                    "disagree; keep only `agent`"
+                )
+            self.agent = self.openai
+            _warn_once(
+                "rollout-openai",
+                "rollout.openai is deprecated; its settings were moved to rollout.agent. "
+                "Rename the section to `agent`.",
+            )
+        _check_range(
+            owner, "max_concurrent_rollouts", self.max_concurrent_rollouts, ge=1, optional=True
+        )
+        _check_range(owner, "queue_size", self.queue_size, ge=1, optional=True)
+        _check_range(owner, "consumer_batch_size", self.consumer_batch_size, ge=1)
+        _check_range(owner, "max_head_offpolicyness", self.max_head_offpolicyness, ge=0)
+        _check_choice(owner, "schedule_policy", self.schedule_policy, ["round_robin"])
+        _check_range(owner, "setup_timeout", self.setup_timeout, gt=0)
+        _check_range(owner, "request_timeout", self.request_timeout, gt=0)
+        _check_range(owner, "request_retries", self.request_retries, ge=0)
+        _check_range(owner, "pause_grace_period", self.pause_grace_period, ge=0)
+        if len(self.scheduling_spec) not in (1, 2):
+            raise ValueError(
+                f"{owner}.scheduling_spec has {len(self.scheduling_spec)} entries; must have 1 or 2"
+            )
+        if self.backend:
+            from areal.api.alloc_mode import ParallelStrategy
+
+            ParallelStrategy.parse_backend(self.backend, field_name=f"{owner}.backend")
