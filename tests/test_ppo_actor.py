@@ -532,6 +532,10 @@ def test_loglinear_update_without_prox_forward_equals_recompute_in_one_minibatch
     d = {k: v.clone() for k, v in data.items() if k != "versions"}
     with pytest.raises(ValueError, match="versions"):
         PPOActor(c, copy.deepcopy(eng)).compute_advantages(d)
+    # a recomputed prox_logp given anyway is used as it is (as AReaL)
+    d["prox_logp"] = exact.clone()
+    PPOActor(c, copy.deepcopy(eng)).compute_advantages(d)
+    assert torch.equal(d["prox_logp"], exact)
 
 
 def test_train_step_loglinear_skips_compute_logp_recompute_calls_it_once(tmp_path):

@@ -183,15 +183,15 @@ class PPOActor:
         # ---- logprobs: behaviour (old) and proximal
         behav = torch.where(loss_mask, data["logprobs"].float(), 0.0)
         prox = data.get("prox_logp")
-        approx_prox = cfg.use_decoupled_loss and self.prox_logp_method == "loglinear"
-        if approx_prox:
-            # approximated inside the loss from the versions: no proximal forward pass
-            if data.get("versions") is None:
-                raise ValueError(
-                    "actor.prox_logp_method='loglinear' needs per-token 'versions' in the batch"
-                )
-            prox = None
-            data.pop("prox_logp", None)
+        # loglinear: approximated inside the loss from the versions (no proximal forward
+        # pass); a recomputed prox_logp, when given anyway, is used as it is (as AReaL)
+        approx_prox = (
+            cfg.use_decoupled_loss and self.prox_logp_method == "loglinear" and prox is None
+        )
+        if approx_prox and data.get("versions") is None:
+            raise ValueError(
+                "actor.prox_logp_method='loglinear' needs per-token 'versions' in the batch"
+            )
         if cfg.use_decoupled_loss:
             if prox is None and not approx_prox:
                 raise ValueError(
@@ -277,7 +277,7 @@ class PPOActor:
         perm = torch.randperm(bs, generator=gen).to(data["attention_mask"].device)
         train_data = {k: data[k] for k in _TRAIN_KEYS if k in data}
         prox_method = self.prox_logp_method if cfg.use_decoupled_loss else "recompute"
-        approx_prox = prox_method == "loglinear"
+        approx_prox = prox_method == "loglinear" and "prox_logp" not in data
         if approx_prox and current_version is None:
             raise ValueError(
                 "actor.prox_logp_method='loglinear' needs the engine's policy version "
