@@ -31,7 +31,8 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup demo test test-all lint docs docs-build docs-serve cli-docs lock lock-check build clean
+.PHONY: setup demo test test-all lint docs docs-build docs-serve cli-docs lock lock-check build clean \
+	gpu-wheels gpu-check
 
 setup: $(STAMP)
 
@@ -91,6 +92,17 @@ lock-check: $(UV)
 # Wheel + sdist into dist/.
 build: setup
 	$(PY) -m build --outdir dist .
+
+# GPU check, in one call on a lent GPU machine as it is (its own Python/torch/transformers,
+# no network): the gpu-marked tests (bf16 FSDP2 over NCCL, the built-in server on CUDA)
+# and 20 demo steps on the GPU; JSON to $$OUT/gpu_check.json. `make gpu-wheels` (here,
+# with registry access) fills .gpu-wheels/ with cp312 wheels of what that machine lacks
+# (~51 MiB; carry it with the tree).
+gpu-wheels: setup
+	$(PY) tools/gpu_check.py --download-wheels --wheels .gpu-wheels
+
+gpu-check:
+	python3 tools/gpu_check.py --wheels .gpu-wheels
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache site dist build
