@@ -58,3 +58,54 @@ def test_every_reachable_class_has_a_section():
     assert GRPOConfig in classes
     for cls in classes:
         assert f"## {cls.__name__}\n" in text
+
+
+def test_generator_covers_every_config_module():
+    modules = {f"areal.api.{p.stem}" for p in (REPO / "areal" / "api").glob("*_config.py")}
+    assert set(gen.CONFIG_MODULES) == modules
+
+
+def test_every_dataclass_of_every_config_module_has_a_section():
+    import dataclasses
+    import importlib
+
+    text = render()
+    count = 0
+    for name in gen.CONFIG_MODULES:
+        module = importlib.import_module(name)
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and dataclasses.is_dataclass(value)
+                and value.__module__ == name
+                and not value.__name__.startswith("_")
+            ):
+                assert f"## {value.__name__}\n" in text, (name, value.__name__)
+                assert f"Defined in `{name}`." in text
+                count += 1
+    assert count >= 40
+
+
+def test_every_public_config_name_importable_from_cli_args():
+    import ast
+    import importlib
+
+    from areal.api import cli_args
+
+    checked = 0
+    for name in gen.CONFIG_MODULES + ["areal.api.config_loader", "areal.api.config_common"]:
+        module = importlib.import_module(name)
+        tree = ast.parse(Path(module.__file__).read_text())
+        for node in tree.body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+                attr = node.name
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+                attr = getattr(target, "id", "")
+            else:
+                continue
+            if attr.startswith("_") or attr in ("logger", "ConfigT"):
+                continue
+            assert getattr(cli_args, attr, None) is getattr(module, attr), f"cli_args.{attr}"
+            checked += 1
+    assert checked >= 60
