@@ -63,9 +63,14 @@ test: setup
 test-all: setup
 	$(PY) -m pytest -q
 
+# Markdown pages checked by mdformat (the same set as the pre-commit hook).
+MD_PAGES := docs/index.md docs/benchmarks.md docs/tutorial docs/customization \
+	docs/best_practices CONTRIBUTING.md CHANGELOG.md .agents/skills
+
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mdformat --check $(MD_PAGES)
 
 # The documentation site: regenerate the CLI reference, then build with warnings as
 # errors (mkdocs --strict also fails on broken internal links and anchors; mkdocs.yml
