@@ -102,3 +102,28 @@ def test_parse_backend_requires_single_prefixed_component():
 def test_parallel_strategy_rejects_zero():
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         ParallelStrategy(tensor_parallel_size=0)
+
+
+def test_model_allocation_from_str_with_name_as_areal():
+    from areal.api.alloc_mode import FSDPParallelStrategy, ModelAllocation
+    from areal.api.cli_args import SchedulingStrategy
+
+    a = ModelAllocation.from_str("sglang:d4t2", name="rollout")
+    assert (a.backend, a.name, a.parallel.dp_size, a.parallel.tp_size) == (
+        "sglang",
+        "rollout",
+        4,
+        2,
+    )
+    assert a.world_size == 8 and a.scheduling_strategy is None
+    # the name argument wins over a name in the spec
+    assert ModelAllocation.from_str("fsdp[critic]:d2", name="actor").name == "actor"
+    co = ModelAllocation.from_str(
+        "fsdp:d2",
+        name="ref",
+        scheduling_strategy=SchedulingStrategy(type="colocation", target="actor"),
+    )
+    assert co.world_size == 0  # colocated: no devices of its own
+    with pytest.raises(ValueError, match="one component"):
+        ModelAllocation.from_str("sglang:d2+fsdp:d2")
+    assert isinstance(FSDPParallelStrategy(data_parallel_size=2).dp_size, int)

@@ -43,11 +43,7 @@ FORBIDDEN: dict[str, set[str]] = {
 SHARED_LEAF = "areal.utils.logging"
 # Known violations waiting for a move (file, imported module prefix). Keep this empty:
 # each entry names what has to change.
-KNOWN_VIOLATIONS: set[tuple[str, str]] = {
-    # WorkflowExecutor wraps workflows n_samples times with GroupedRolloutWorkflow; the
-    # wrapper is generic machinery and belongs in areal/infra (areal.workflow may re-export it).
-    ("areal/infra/workflow_executor.py", "areal.workflow.grouped"),
-}
+KNOWN_VIOLATIONS: set[tuple[str, str]] = set()
 
 
 def _imports(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[tuple[int, str]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 INFERENCE_BACKENDS = ("local", "sglang", "vllm")
 TRAIN_BACKENDS = ("fsdp", "megatron", "archon")
@@ -169,12 +170,23 @@ class ParallelStrategy:
 
 
 @dataclass
+class FSDPParallelStrategy(ParallelStrategy):
+    """AReaL's name for the parallel sizes of an FSDP component (same fields)."""
+
+
+@dataclass
 class ModelAllocation:
-    """One component: backend, optional name, parallel sizes."""
+    """One component: backend, optional name, parallel sizes, scheduling (AReaL's fields).
+
+    ``scheduling_strategy`` is a ``SchedulingStrategy`` (``type`` separation|colocation,
+    ``target``) or ``None`` (separation); a colocated component needs no devices of its
+    own, so its ``world_size`` is 0 as in AReaL.
+    """
 
     backend: str | None
-    parallel: ParallelStrategy
     name: str | None = None
+    parallel: ParallelStrategy = field(default_factory=ParallelStrategy)
+    scheduling_strategy: Any = None
 
     @property
     def is_inference(self) -> bool:
@@ -182,12 +194,40 @@ class ModelAllocation:
 
     @property
     def world_size(self) -> int:
+        if getattr(self.scheduling_strategy, "type", None) == "colocation":
+            return 0
         return self.parallel.world_size
 
     @classmethod
-    def from_str(cls, spec: str, *, context: str | None = None) -> ModelAllocation:
-        """``'vllm:d2t2'``, ``'fsdp[actor]:d4'``, ``'sglang.d4'`` or bare ``'d4'`` (backend None)."""
+    def from_str(
+        cls,
+        spec: str,
+        name: str | None = None,
+        scheduling_strategy: Any = None,
+        *,
+        context: str | None = None,
+    ) -> ModelAllocation:
+        """``'vllm:d2t2'``, ``'fsdp[actor]:d4'``, ``'sglang.d4'`` or bare ``'d4'`` (backend None).
+
+        As AReaL: ``name`` (e.g. ``"rollout"``) overrides a name in the spec, and
+        ``scheduling_strategy`` is attached as given (``None``: separation); a spec with
+        ``'+'`` (several components) is refused: parse it with ``AllocationMode``.
+        """
         context = context or f"allocation component {spec!r}"
+        if "+" in spec:
+            raise InvalidAllocationModeError(
+                f"{context}: ModelAllocation.from_str takes one component; split "
+                "'a+b' into per-engine backend fields (actor.backend='fsdp:d4', "
+                "rollout.backend='sglang:d4') or use AllocationMode.from_str"
+            )
+        alloc = cls._parse(spec, context)
+        if name is not None:
+            alloc.name = name
+        alloc.scheduling_strategy = scheduling_strategy
+        return alloc
+
+    @classmethod
+    def _parse(cls, spec: str, context: str) -> ModelAllocation:
         spec = spec.strip()
         if not spec:
             raise InvalidAllocationModeError(f"{context}: empty component")

@@ -1,7 +1,7 @@
 """What a running workflow episode may know about itself (``contextvars``, per task).
 
 The executor sets a :class:`WorkflowContext` before it calls ``arun_episode``; the trainer
-does the same for evaluation episodes; :class:`~areal.workflow.grouped.GroupedRolloutWorkflow`
+does the same for evaluation episodes; :class:`~areal.infra.grouped_workflow.GroupedRolloutWorkflow`
 sets ``sample_index`` for each member of a group. Every asyncio task has its own copy of
 the context, so concurrent episodes never see each other's values.
 

@@ -22,7 +22,7 @@ returning ``None`` or a result refused by ``should_accept_fn`` is counted as rej
 executor itself keeps running.
 
 Groups: with ``group_size = n`` the workflow is wrapped in
-:class:`~areal.workflow.grouped.GroupedRolloutWorkflow` (run ``n`` times per data item,
+:class:`~areal.infra.grouped_workflow.GroupedRolloutWorkflow` (run ``n`` times per data item,
 results concatenated), and ``should_accept_fn`` sees the whole group: it is AReaL's
 ``dynamic_filter_fn``. A workflow may return a dict of interactions (values with a
 ``to_tensor_dict()`` method, e.g. the agent client's ``InteractionWithTokenLogpReward``):
@@ -46,15 +46,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from areal.infra import workflow_context
-from areal.infra.staleness_manager import RolloutStat, StalenessManager
-from areal.utils import logging
-from areal.utils.batch import concat_padded_tensors
-from areal.utils.dynamic_import import import_from_string
-from areal.workflow.grouped import (
+from areal.infra.grouped_workflow import (
     GroupedRolloutWorkflow,
     interactions_to_tensor_dict,
     is_interaction_dict,
 )
+from areal.infra.staleness_manager import RolloutStat, StalenessManager
+from areal.utils import logging
+from areal.utils.batch import concat_padded_tensors
+from areal.utils.dynamic_import import import_from_string
 
 if TYPE_CHECKING:
     from areal.api.cli_args import InferenceEngineConfig

@@ -520,7 +520,7 @@ class PPOTrainer:
         import asyncio
 
         from areal.infra import workflow_context
-        from areal.workflow.grouped import (
+        from areal.infra.grouped_workflow import (
             GroupedRolloutWorkflow,
             interactions_to_tensor_dict,
             is_interaction_dict,

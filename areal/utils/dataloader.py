@@ -54,18 +54,40 @@ class ResumableDistributedSampler(StatefulDistributedSampler):
 
 def create_dataloader(
     dataset: Any,
-    dataset_config: Any,
-    rank: int = 0,
-    world_size: int = 1,
-    seed: int = 0,
-    collate_fn=list_collate,
+    dataset_config: Any = None,
+    rank: Any = 0,
+    world_size: Any = 1,
+    seed: Any = None,
+    collate_fn=None,
 ) -> StatefulDataLoader:
     """A resumable, sharded ``StatefulDataLoader`` over ``dataset``.
 
     Reads ``batch_size``, ``shuffle``, ``drop_last``, ``num_workers`` (and ``pin_memory``
     when present) from ``dataset_config``. ``rank``/``world_size`` shard the rows (each
-    rank gets a disjoint slice of every epoch's permutation).
+    rank gets a disjoint slice of every epoch's permutation). ``seed`` defaults to the
+    base seed of :func:`areal.utils.seeding.set_random_seed` (0 when unset);
+    ``collate_fn`` to :func:`list_collate`.
+
+    AReaL's positional order ``create_dataloader(dataset, rank, world_size,
+    dataset_config, collate_fn)`` is accepted too (recognised by an int second argument).
     """
+    if isinstance(dataset_config, int) and not isinstance(dataset_config, bool):
+        # AReaL's order: (dataset, rank, world_size, dataset_config, collate_fn)
+        dataset_config, rank, world_size, collate_fn, seed = (
+            world_size,
+            dataset_config,
+            rank,
+            seed,
+            None,
+        )
+    if dataset_config is None:
+        raise ValueError("create_dataloader needs dataset_config (batch_size, shuffle, ...)")
+    if seed is None:
+        from areal.utils.seeding import get_base_seed
+
+        seed = get_base_seed() or 0
+    if collate_fn is None:
+        collate_fn = list_collate
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank={rank}, world_size={world_size}; need 0 <= rank < world_size")
     batch_size = int(getattr(dataset_config, "batch_size", 1))

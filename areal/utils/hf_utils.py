@@ -146,6 +146,29 @@ def resolve_config_hub_paths(config: Any) -> dict[str, str]:
     return changed
 
 
+def apply_chat_template(
+    tokenizer: Any, messages: list[dict[str, Any]], *, tokenize: bool = True, **kwargs: Any
+):
+    """``tokenizer.apply_chat_template`` returning ``list[int]`` when ``tokenize`` (AReaL's helper).
+
+    transformers 5 returns a dict (``input_ids`` ...) or a tensor for ``tokenize=True``;
+    this always gives a flat list of ids. ``enable_thinking=False`` is dropped (templates
+    without thinking support ignore it anyway).
+    """
+    if kwargs.get("enable_thinking") is False:
+        kwargs.pop("enable_thinking")
+    out = tokenizer.apply_chat_template(messages, tokenize=tokenize, **kwargs)
+    if not tokenize:
+        return out
+    if hasattr(out, "keys") and "input_ids" in out:
+        out = out["input_ids"]
+    if hasattr(out, "tolist"):
+        out = out.tolist()
+    if out and isinstance(out[0], list):
+        out = out[0]
+    return [int(t) for t in out]
+
+
 @lru_cache(maxsize=8)
 def _load_tokenizer_cached(path: str, fast_tokenizer: bool, padding_side: str | None):
     from transformers import AutoTokenizer

@@ -59,3 +59,21 @@ def getLogger(name: str) -> logging.Logger:  # noqa: N802 - AReaL's public name
     """Return the logger of one component, e.g. ``getLogger("FSDPEngine")``."""
     _configure_root()
     return logging.getLogger(f"{_ROOT}.{name}")
+
+
+def setup_file_logging(log_dir: str, filename: str = "main.log", level: int | str = "INFO") -> str:
+    """Also write every ``areal`` log record to ``{log_dir}/{filename}`` (AReaL's name).
+
+    Idempotent per file; returns the file's path.
+    """
+    root = _configure_root()
+    os.makedirs(log_dir, exist_ok=True)
+    path = os.path.abspath(os.path.join(log_dir, filename))
+    for h in root.handlers:
+        if isinstance(h, logging.FileHandler) and h.baseFilename == path:
+            return path
+    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    handler.setFormatter(_ComponentFormatter(color=False))
+    handler.setLevel(level.upper() if isinstance(level, str) else level)
+    root.addHandler(handler)
+    return path

@@ -26,11 +26,20 @@ def find_free_ports(
     return ports
 
 
-def gethostip() -> str:
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """One port that was free when probed."""
+    return find_free_ports(1, host)[0]
+
+
+def gethostname() -> str:
+    return socket.gethostname()
+
+
+def gethostip(probe_host: str = "10.255.255.255", probe_port: int = 1) -> str:
     """This machine's outward-facing IPv4 address (no packet is sent); 127.0.0.1 as fallback."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        s.connect(("10.255.255.255", 1))
+        s.connect((probe_host, probe_port))
         return s.getsockname()[0]
     except OSError:
         return "127.0.0.1"

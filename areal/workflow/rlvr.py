@@ -18,7 +18,7 @@ One episode (one call of ``arun_episode``), as in AReaL:
 
 Groups: the trainer (and ``submit``/``prepare_batch`` with ``group_size``) runs the
 episode ``gconfig.n_samples`` times per prompt through
-:class:`~areal.workflow.grouped.GroupedRolloutWorkflow` and concatenates the group, so a
+:class:`~areal.infra.grouped_workflow.GroupedRolloutWorkflow` and concatenates the group, so a
 group of ``n`` rows is produced exactly once. ``gconfig.n_samples`` is not read here.
 
 Rollout stats (``reward``, ``prompt_len``, ``completion_len``, ``no_eos``) go to the
