@@ -15,8 +15,6 @@ __version__ = "0.1.0"
 _LAZY = {
     "PPOTrainer": "areal.trainer",
     "SFTTrainer": "areal.trainer",
-    "RWTrainer": "areal.trainer",
-    "DPOTrainer": "areal.trainer",
     "RWTrainer": "areal.trainer.rw_trainer",
     "DPOTrainer": "areal.trainer.dpo_trainer",
     "RolloutController": "areal.infra.controller.rollout_controller",
