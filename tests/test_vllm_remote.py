@@ -57,14 +57,16 @@ def _hf_greedy(model_dir: str, prompt: list[int], n: int) -> tuple[list[int], to
     return out, lp[len(prompt) - 1 : -1].gather(1, torch.tensor(out).unsqueeze(1)).squeeze(1)
 
 
-def test_vllm_greedy_pause_reload_matches_hf(tmp_path):
-    # vLLM's CPU attention supports head dims 32, 64, 80, ... (not the default tiny model's 16);
-    # untied: a tied lm_head stays stale after an in-place reload on CPU (docs/inference.md).
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_vllm_greedy_pause_reload_matches_hf(tmp_path, tie):
+    # vLLM's CPU attention supports head dims 32, 64, 80, ... (not the default tiny model's 16).
+    # Tied: vLLM's own reload leaves the CPU-packed lm_head stale; areal's worker extension
+    # (areal.engine.vllm_ext, on by default) re-packs it, so both must match HF.
     v0 = build_tiny_qwen2(
-        str(tmp_path / "v0"), seed=0, num_attention_heads=2, num_key_value_heads=1
+        str(tmp_path / "v0"), seed=0, tie=tie, num_attention_heads=2, num_key_value_heads=1
     )
     v1 = build_tiny_qwen2(
-        str(tmp_path / "v1"), seed=1, num_attention_heads=2, num_key_value_heads=1
+        str(tmp_path / "v1"), seed=1, tie=tie, num_attention_heads=2, num_key_value_heads=1
     )
     prompt, n = [11, 12, 13, 14], 16
     ref0, ref0_lp = _hf_greedy(v0, prompt, n)

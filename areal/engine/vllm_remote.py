@@ -35,6 +35,7 @@ logger = logging.getLogger("RemotevLLMEngine")
 ENV_VLLM_PYTHON = "AREAL_VLLM_PYTHON"  # interpreter that starts the vLLM server
 # vLLMConfig fields (AReaL's schema) that vLLM's V1 server refuses as flags.
 _REMOVED_VLLM_FLAGS = ("swap_space",)
+_CPU_BLOCK_MULTIPLE = 32  # KV block size granularity of vLLM's CPU attention
 
 
 def _token_id(tok: str) -> int:
@@ -107,9 +108,9 @@ class RemotevLLMEngine(RemoteInfEngine):
         cls, config: Any, model_path: str | None = None, tp_size: int = 1, pp_size: int = 1
     ) -> dict[str, Any]:
         """Flags of a vLLM server from an experiment config: every ``config.vllm`` field
-        (``vLLMConfig.build_args``), the model (``vllm.model`` or the actor's path), and
-        ``max_model_len`` clamped to the model's ``max_position_embeddings`` (vLLM refuses
-        a longer one)."""
+        (``vLLMConfig.build_args``) and the model (``vllm.model`` or the actor's path).
+        With ``cluster.n_gpus_per_node=0`` the KV ``block_size`` is rounded up to a
+        multiple of 32 (what vLLM's CPU attention takes)."""
         from areal.api.cli_args import vLLMConfig
 
         vcfg = getattr(config, "vllm", None) or vLLMConfig()
@@ -124,15 +125,17 @@ class RemotevLLMEngine(RemoteInfEngine):
             args.pop(gone, None)
         if args.get("tokenizer") in (None, "") or args.get("tokenizer") == vcfg.model:
             args["tokenizer"] = model
-        limit = _max_position_embeddings(model)
-        if limit is not None and (args.get("max_model_len") or 0) > limit:
+        cluster = getattr(config, "cluster", None)
+        on_cpu = cluster is not None and int(getattr(cluster, "n_gpus_per_node", 1) or 0) == 0
+        block = int(args.get("block_size") or 0)
+        if on_cpu and block % _CPU_BLOCK_MULTIPLE:
+            # vLLM's CPU attention needs KV blocks of a multiple of 32 tokens (AReaL's GPU
+            # default is 16): a GPU config then runs on CPU unchanged.
+            new = max(_CPU_BLOCK_MULTIPLE, -(-block // _CPU_BLOCK_MULTIPLE) * _CPU_BLOCK_MULTIPLE)
             logger.info(
-                "vllm.max_model_len=%s exceeds the model's max_position_embeddings=%d; using %d",
-                args["max_model_len"],
-                limit,
-                limit,
+                "cluster.n_gpus_per_node=0: vllm.block_size %d -> %d (vLLM CPU)", block, new
             )
-            args["max_model_len"] = limit
+            args["block_size"] = new
         return args
 
     @classmethod
@@ -145,7 +148,8 @@ class RemotevLLMEngine(RemoteInfEngine):
         server gets areal's worker extension (``--worker-extension-cls``; it reloads weights
         and refreshes tied/pre-packed output layers, see ``areal.engine.vllm_ext``) and
         ``--logprobs-mode processed_logprobs`` (logprobs after temperature, the convention
-        of the rest of areal)."""
+        of the rest of areal); ``max_model_len`` is clamped to the model's
+        ``max_position_embeddings`` (vLLM refuses a longer one)."""
         from areal.api.cli_args import vLLMConfig
         from areal.engine import vllm_ext
         from areal.engine.inference_backends import escape_braces
@@ -156,6 +160,17 @@ class RemotevLLMEngine(RemoteInfEngine):
             args["model"] = args.pop("model_path")
         if not args.get("model"):
             raise ValueError("server_args['model'] is required for a vLLM server")
+        if not args.get("tokenizer"):
+            args["tokenizer"] = args["model"]
+        limit = _max_position_embeddings(args["model"])
+        if limit is not None and (args.get("max_model_len") or 0) > limit:
+            logger.info(
+                "vllm.max_model_len=%s exceeds the model's max_position_embeddings=%d; using %d",
+                args["max_model_len"],
+                limit,
+                limit,
+            )
+            args["max_model_len"] = limit
         for k in ("host", "port"):
             args.pop(k, None)
         if not args.get("worker_extension_cls"):
