@@ -14,7 +14,7 @@ import pytest
 import torch
 from _local_engine import local_engine
 
-pytestmark = [pytest.mark.slow, pytest.mark.ci_slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx2")

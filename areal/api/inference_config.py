@@ -505,6 +505,12 @@ class AgentConfig:
     set_reward_finish_timeout: float = _field(
         0.0, "Seconds to wait for further reward updates before a session is final; >= 0."
     )
+    proxy_host: str = _field(
+        "127.0.0.1",
+        "Address the trainer's OpenAI-compatible proxy binds to; '0.0.0.0' exposes it "
+        "(online mode with clients on other machines: change admin_api_key too).",
+    )
+    proxy_port: int = _field(0, "Port of the trainer's proxy; 0 = a free port (logged); >= 0.")
 
     def __post_init__(self):
         owner = "AgentConfig"
@@ -521,6 +527,9 @@ class AgentConfig:
         _check_range(owner, "session_timeout_seconds", self.session_timeout_seconds, gt=0)
         _check_range(owner, "set_reward_finish_timeout", self.set_reward_finish_timeout, ge=0)
         _check_range(owner, "engine_max_tokens", self.engine_max_tokens, ge=1, optional=True)
+        _check_range(owner, "proxy_port", self.proxy_port, ge=0)
+        if not self.proxy_host or not self.proxy_host.strip():
+            raise ValueError(f"{owner}.proxy_host is empty; give an address such as '127.0.0.1'")
 
 
 # Earlier AReaL name of the proxy section (rollout.openai); its fields are AgentConfig's.

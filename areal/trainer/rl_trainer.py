@@ -63,6 +63,9 @@ class PPOTrainer:
         self.config = config
         self._closed = False
         self.alloc_mode = resolve_allocation(config)
+        self._proxy = None  # the OpenAI-compatible proxy of agent workflows (started lazily)
+        if train_dataset is None and config.rollout.agent.mode == "online":
+            train_dataset = _online_dataset(config)
         run = setup_run(config, train_dataset, model_path=config.actor.path)
         self.log_dir, self.tokenizer = run.log_dir, run.tokenizer
         self.train_dataloader, self.ft_spec = run.train_dataloader, run.ft_spec
@@ -185,6 +188,8 @@ class PPOTrainer:
         if self._closed:
             return
         self._closed = True
+        if getattr(self, "_proxy", None) is not None:
+            self._proxy.stop()
         for name in ("rollout", "critic", "ref", "actor"):
             comp = getattr(self, name, None)
             if comp is None:
@@ -233,9 +238,17 @@ class PPOTrainer:
         measured from the first step.
         """
         config = self.config
-        if workflow is None:
+        online = config.rollout.agent.mode == "online"
+        if workflow is None and not online:
             raise ValueError(
-                "train(workflow=...) is required: an instance, a class or an import string"
+                "train(workflow=...) is required: an instance, a class or an import string "
+                "(or rollout.agent.mode='online', where external clients drive the episodes)"
+            )
+        # Agents (objects with `async def run(data, **extra_kwargs)`) run through the proxy.
+        workflow, workflow_kwargs = self._agent_workflow(workflow, workflow_kwargs)
+        if eval_workflow is not None:
+            eval_workflow, eval_workflow_kwargs = self._agent_workflow(
+                eval_workflow, eval_workflow_kwargs, for_eval=True
             )
         if dynamic_filter_fn is not None and should_accept_fn is not None:
             raise ValueError(
@@ -510,6 +523,73 @@ class PPOTrainer:
                 stats[f"staleness/hist/{k}"] = c / versions.numel()
         return stats
 
+    # ------------------------------------------------------------------ agents
+    @property
+    def proxy_addr(self) -> str | None:
+        """Base URL of the OpenAI-compatible proxy (None until an agent workflow starts it)."""
+        return None if self._proxy is None else self._proxy.base_url
+
+    def _agent_workflow(
+        self, workflow: Any, workflow_kwargs: dict[str, Any] | None, for_eval: bool = False
+    ) -> tuple[Any, dict[str, Any] | None]:
+        """Wrap an agent (``async def run(data, **extra_kwargs)``) in ``OpenAIProxyWorkflow``.
+
+        An agent is an instance, a class (instantiated with ``workflow_kwargs``) or an
+        import string of either. Rollout workflows are returned unchanged. In online mode
+        (``rollout.agent.mode='online'``) the training workflow is always the online one.
+        """
+        from areal.experimental.openai.proxy.workflow import OpenAIProxyWorkflow, is_agent
+        from areal.utils.dynamic_import import import_from_string
+
+        cfg = self.config.rollout.agent
+        online = cfg.mode == "online" and not for_eval
+        agent = None
+        if not online:
+            obj = import_from_string(workflow) if isinstance(workflow, str) else workflow
+            if not is_agent(obj):
+                return workflow, workflow_kwargs
+            agent = obj(**(workflow_kwargs or {})) if isinstance(obj, type) else obj
+        elif workflow is not None:
+            logger.warning("rollout.agent.mode='online': train(workflow=...) is ignored")
+        mode = "online" if online else ("inline" if cfg.mode == "online" else cfg.mode)
+        wf = OpenAIProxyWorkflow(
+            mode=mode,
+            agent=agent,
+            proxy_addr=self._ensure_proxy(),
+            admin_api_key=cfg.admin_api_key,
+            discount=cfg.turn_discount,
+            export_style=cfg.export_style,
+            subproc_max_workers=cfg.subproc_max_workers,
+            request_timeout=self.config.rollout.request_timeout,
+        )
+        return wf, None
+
+    def _ensure_proxy(self) -> str:
+        """Start the proxy (once) in this process, in front of the rollout engine."""
+        if self._proxy is None:
+            from areal.experimental.openai import ArealOpenAI
+            from areal.experimental.openai.proxy import ProxyServer
+
+            cfg = self.config.rollout.agent
+            client = ArealOpenAI(
+                self.rollout,
+                self.tokenizer,
+                tool_call_parser=cfg.tool_call_parser,
+                reasoning_parser=cfg.reasoning_parser,
+                engine_max_tokens=cfg.engine_max_tokens,
+                chat_template_type=cfg.chat_template_type,
+            )
+            self._proxy = ProxyServer(
+                client,
+                admin_api_key=cfg.admin_api_key,
+                host=cfg.proxy_host,
+                port=cfg.proxy_port,
+                session_timeout_seconds=cfg.session_timeout_seconds,
+                capacity_control=cfg.mode == "online",
+            ).start()
+            logger.info(f"OpenAI-compatible proxy ({cfg.mode} mode) at {self._proxy.base_url}")
+        return self._proxy.base_url
+
     # ------------------------------------------------------------------ eval
     def _evaluate(self, eval_workflow, eval_workflow_kwargs, global_step: int) -> dict[str, float]:
         """Evaluation over the whole valid set through the servers.
@@ -566,6 +646,17 @@ class PPOTrainer:
         )
         self.eval_history.append({"global_step": global_step, **res})
         return res
+
+
+def _online_dataset(config: PPOConfig) -> list[dict[str, Any]]:
+    """Online mode: empty rows (one per episode slot); episodes come from external clients."""
+    if config.total_train_steps is None:
+        raise ValueError(
+            "rollout.agent.mode='online' without a train_dataset needs total_train_steps"
+        )
+    epochs = max(1, int(config.total_train_epochs or 1))
+    per_epoch = max(1, -(-int(config.total_train_steps) // epochs))
+    return [{} for _ in range(per_epoch * config.train_dataset.batch_size)]
 
 
 def _resolve_workflow(workflow: Any, kwargs: dict[str, Any] | None) -> RolloutWorkflow:

@@ -1,0 +1,232 @@
+"""Agent programs (``async def run(data, **extra_kwargs)``) trained through the proxy.
+
+Real pieces only: a built-in inference server with a tiny model, the proxy on
+127.0.0.1, agents written against the official ``openai`` SDK (and ``openai-agents``),
+and for the trainer test a real PPOTrainer with its workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from _local_engine import local_engine
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+from areal.experimental.openai import ArealOpenAI  # noqa: E402
+from areal.experimental.openai.proxy import OpenAIProxyWorkflow, ProxyServer  # noqa: E402
+
+ADMIN = "agent-test-admin"
+DATA = {
+    "messages": [{"role": "user", "content": "Tom has 3 pens. He buys 4 more. How many?"}],
+    "answer": "#### 7",
+}
+
+
+class TwoTurnAgent:
+    """Asks, asks again, returns a float reward (AReaL's agent contract)."""
+
+    def __init__(self, reward: float = 1.0, by_id: bool = False, crash_after_first: bool = False):
+        self.reward = reward
+        self.by_id = by_id
+        self.crash_after_first = crash_after_first
+
+    async def run(self, data, **extra_kwargs):
+        from openai import AsyncOpenAI
+
+        client = AsyncOpenAI(
+            base_url=extra_kwargs.get("base_url"),
+            api_key=extra_kwargs.get("api_key"),
+            http_client=extra_kwargs.get("http_client"),
+        )
+        messages = list(data["messages"])
+        first = await client.chat.completions.create(model="m", messages=messages, max_tokens=6)
+        if self.crash_after_first:
+            raise RuntimeError("agent crashed mid-session")
+        messages += [
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "Are you sure?"},
+        ]
+        second = await client.chat.completions.create(model="m", messages=messages, max_tokens=6)
+        if self.by_id:
+            return {first.id: 0.25, second.id: self.reward}
+        return self.reward
+
+
+class EnvAgent:
+    """A subproc-mode agent: reads OPENAI_BASE_URL / OPENAI_API_KEY from the environment."""
+
+    async def run(self, data):
+        from openai import AsyncOpenAI
+
+        async with AsyncOpenAI() as client:  # base URL and key from the environment
+            await client.chat.completions.create(model="m", messages=data["messages"], max_tokens=5)
+        return float(os.getpid() != int(data["parent_pid"]))  # 1.0: it ran in another process
+
+
+@pytest.fixture(scope="module")
+def proxy(tiny_lm_dir):
+    from areal.utils.hf_utils import load_hf_tokenizer
+
+    with local_engine(tiny_lm_dir) as eng:
+        client = ArealOpenAI(eng, load_hf_tokenizer(tiny_lm_dir), engine_max_tokens=256)
+        with ProxyServer(client, admin_api_key=ADMIN) as srv:
+            yield srv
+
+
+def _workflow(proxy, agent, mode="inline", discount=1.0):
+    return OpenAIProxyWorkflow(
+        mode=mode, agent=agent, proxy_addr=proxy.base_url, admin_api_key=ADMIN, discount=discount
+    )
+
+
+def test_inline_agent_float_reward_goes_to_last_call_with_discount(proxy):
+    out = asyncio.run(_workflow(proxy, TwoTurnAgent(1.0), discount=0.5).arun_episode(None, DATA))
+    assert len(out) == 2
+    first, second = out.values()
+    assert (first.reward, second.reward) == (0.5, 1.0)
+    row = second.to_tensor_dict()
+    assert row["loss_mask"].sum() >= 1 and row["versions"][0, -1] >= 0
+    assert len(proxy.state.sessions) == 0  # exported sessions are forgotten
+
+
+def test_inline_agent_dict_reward_sets_each_call(proxy):
+    out = asyncio.run(_workflow(proxy, TwoTurnAgent(2.0, by_id=True)).arun_episode(None, DATA))
+    # The export always propagates rewards backwards (discount 1.0 here): 0.25 + 2.0.
+    assert [it.reward for it in out.values()] == [2.25, 2.0]
+
+
+def test_agent_crash_mid_session_raises_and_discards_session(proxy):
+    from areal.utils import stats_tracker
+
+    stats_tracker.get("rollout").export()  # reset
+    wf = _workflow(proxy, TwoTurnAgent(crash_after_first=True))
+    with pytest.raises(RuntimeError, match="crashed mid-session"):
+        asyncio.run(wf.arun_episode(None, DATA))
+    assert len(proxy.state.sessions) == 0
+    stats = stats_tracker.get("rollout").export()
+    assert stats["rollout/agent_failed"] == 1.0
+
+
+def test_agent_returning_wrong_type_is_rejected(proxy):
+    class Bad:
+        async def run(self, data, **kw):
+            return "great"
+
+    with pytest.raises(TypeError, match="expected a float"):
+        asyncio.run(_workflow(proxy, Bad()).arun_episode(None, DATA))
+    with pytest.raises(TypeError, match="async"):
+
+        class Sync:
+            def run(self, data, **kw):
+                return 1.0
+
+        _workflow(proxy, Sync())
+
+
+def test_subproc_agent_runs_in_another_process_with_env_credentials(proxy):
+    data = dict(DATA, parent_pid=str(os.getpid()))
+    out = asyncio.run(_workflow(proxy, EnvAgent(), mode="subproc").arun_episode(None, data))
+    (it,) = out.values()
+    assert it.reward == 1.0
+
+
+def test_openai_agents_sdk_agent_with_function_tool_runs_through_proxy(proxy):
+    agents = pytest.importorskip("agents")
+    from openai import AsyncOpenAI
+
+    agents.set_tracing_disabled(True)
+
+    @agents.function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    class SdkAgent:
+        async def run(self, data, **kw):
+            client = AsyncOpenAI(
+                base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw["http_client"]
+            )
+            agent = agents.Agent(
+                name="calc",
+                instructions="Use the add tool.",
+                tools=[add],
+                model=agents.OpenAIChatCompletionsModel(model="tiny", openai_client=client),
+                model_settings=agents.ModelSettings(max_tokens=8, temperature=1.0),
+            )
+            result = await agents.Runner.run(agent, data["messages"][0]["content"], max_turns=3)
+            assert isinstance(result.final_output, str)
+            return 1.0
+
+    out = asyncio.run(_workflow(proxy, SdkAgent()).arun_episode(None, DATA))
+    assert len(out) >= 1
+    last = list(out.values())[-1]
+    assert last.reward == 1.0 and last.to_tensor_dict()["loss_mask"].sum() >= 1
+
+
+# ----------------------------------------------------------------------------- trainer
+class CrashyMathAgent:
+    """Answers with the OpenAI SDK; crashes mid-session on every third question."""
+
+    def __init__(self, max_tokens: int = 12):
+        self.max_tokens = max_tokens
+
+    async def run(self, data, **extra_kwargs):
+        from openai import AsyncOpenAI
+
+        from areal.reward.gsm8k import gsm8k_reward_fn
+
+        client = AsyncOpenAI(
+            base_url=extra_kwargs["base_url"],
+            api_key=extra_kwargs["api_key"],
+            http_client=extra_kwargs["http_client"],
+        )
+        out = await client.chat.completions.create(
+            model="m", messages=data["messages"], max_tokens=self.max_tokens
+        )
+        if len(data["messages"][0]["content"]) % 3 == 0:
+            raise RuntimeError("agent crashed")
+        return gsm8k_reward_fn(None, out.choices[0].message.content, None, None, data["answer"])
+
+
+@pytest.mark.ci_slow
+def test_ppo_trainer_trains_agent_through_proxy_crashes_counted_batch_completes(
+    tiny_lm_dir, tmp_path
+):
+    from test_rl_trainer import _grpo_config, _rows
+
+    from areal import PPOTrainer
+    from areal.dataset import get_custom_dataset
+    from areal.utils.hf_utils import load_hf_tokenizer
+
+    cfg = _grpo_config(
+        tiny_lm_dir,
+        str(tmp_path),
+        "total_train_steps=2",
+        "allocation_mode=local:d1+fsdp:d1",
+        "gconfig.n_samples=2",
+        "rollout.max_head_offpolicyness=1",
+        "rollout.agent.turn_discount=0.9",
+    )
+    tok = load_hf_tokenizer(cfg.tokenizer_path)
+    train = get_custom_dataset("train", cfg.train_dataset, tok)
+    crashy = sum(len(r["messages"][0]["content"]) % 3 == 0 for r in train)
+    assert 0 < crashy < len(train)
+    with PPOTrainer(cfg, train_dataset=train) as trainer:
+        result = trainer.train(workflow=CrashyMathAgent())
+        assert trainer.proxy_addr.startswith("http://127.0.0.1:")
+        rejected = trainer.rollout.workflow_executor.rejection_reasons
+        assert trainer.rollout.get_version() == 2
+    assert result["steps_done"] == 2
+    assert rejected.get("error", 0) >= 1, rejected
+    rows = _rows(result["log_dir"])
+    assert [r["batch/n_seqs"] for r in rows] == [8, 8]  # 4 groups x 2 samples, one call each
+    assert all(r["staleness/max"] <= 1 for r in rows)
+    failed = [r.get("rollout/agent_failed") for r in rows]
+    assert any(f is not None and f > 0 for f in failed), failed
+    assert all(r["update_successful"] == 1.0 for r in rows)
