@@ -188,3 +188,14 @@ def test_async_reward_wrapper_unpicklable_fn_raises_clear_error():
         AsyncRewardWrapper(ok_reward, timeout_seconds=0)
     with pytest.raises(ValueError, match="no 'nope'"):
         AsyncRewardWrapper("areal.reward.gsm8k.nope")
+
+
+async def test_async_reward_wrapper_calls_queued_behind_a_timeout_are_retried(wrapper_cleanup):
+    """One worker: calls waiting behind a hanging one lose their pool when it is replaced;
+    they must be retried on the new pool, not fail the episode with CancelledError."""
+    hang = AsyncRewardWrapper(sleepy_reward, timeout_seconds=2.0, max_workers=1)
+    ok = AsyncRewardWrapper(sleepy_reward, timeout_seconds=60, max_workers=1, max_retries=3)
+    assert await ok(0, seconds=0) == 0.0  # pool warm
+    results = await asyncio.gather(hang(9, seconds=60), *[ok(i, seconds=0) for i in range(1, 6)])
+    assert results == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert ok.stats()["n_errors"] == 0

@@ -247,8 +247,14 @@ class AsyncRewardWrapper:
                 self._count("_n_errors")
                 logger.warning("Reward %s raised %r; reward 0.0", name, e)
                 return 0.0
-            except asyncio.CancelledError:
-                raise
+            except asyncio.CancelledError as e:
+                task = asyncio.current_task()
+                if (task is not None and task.cancelling()) or attempt >= self.max_retries:
+                    raise  # this episode itself is being cancelled
+                # The pool was replaced under this call (another call timed out) and its
+                # queued work cancelled: retry on the new pool.
+                last_error = e
+                continue
             except Exception as e:
                 self._count("_n_errors")
                 logger.warning("Reward %s raised %r; reward 0.0", name, e)
