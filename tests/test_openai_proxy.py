@@ -356,3 +356,57 @@ def test_set_reward_after_end_and_unknown_session_export_are_client_errors(proxy
     assert _export(proxy, s["session_id"]) == {}
     r = _admin_post(proxy, "export_trajectories", {"session_id": s["session_id"]})
     assert r.status_code == 404
+
+
+# ----------------------------------------------------------------------------- own process
+def test_proxy_process_entry_point_serves_sdk_and_stops_on_sigterm(engine, tiny_lm_dir, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    addr_file = tmp_path / "proxy_addr"
+    env = dict(os.environ, AREAL_PROXY_ADMIN_KEY="proc-admin")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "areal.experimental.openai.proxy",
+            "--server-addrs",
+            ",".join(engine.engine.addresses),
+            "--tokenizer",
+            tiny_lm_dir,
+            "--addr-file",
+            str(addr_file),
+        ],
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not addr_file.exists():
+            assert proc.poll() is None, "the proxy process exited"
+            assert time.monotonic() < deadline, "the proxy process did not come up"
+            time.sleep(0.2)
+        base = addr_file.read_text()
+        assert base.startswith("http://127.0.0.1:")
+        r = httpx.post(
+            f"{base}/rl/start_session",
+            json={"task_id": "p"},
+            headers={"Authorization": "Bearer proc-admin"},
+        )
+        assert r.status_code == 200, r.text
+        key = r.json()["api_key"]
+        out = openai.OpenAI(base_url=base, api_key=key).chat.completions.create(
+            model="m", messages=QUESTION, max_tokens=4
+        )
+        assert out.usage.completion_tokens >= 1
+        assert (
+            httpx.post(
+                f"{base}/rl/start_session", json={}, headers={"x-api-key": ADMIN}
+            ).status_code
+            == 401
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0

@@ -5,6 +5,8 @@
 - :class:`InteractionCache` (``cache.py``) and :class:`InteractionWithTokenLogpReward`
   (``types.py``): what every call records, rewards, export.
 - ``tool_call_parser.py``: ``<tool_call>`` JSON and ``<think>`` parsing.
+- ``proxy/``: the OpenAI-compatible HTTP proxy for agent programs (:class:`ProxyServer`,
+  :class:`OpenAIProxyClient`, :class:`OpenAIProxyWorkflow`).
 
 Names resolve lazily, so that the parser is importable without the ``openai`` SDK.
 """
@@ -21,6 +23,10 @@ _EXPORTS = {
     "process_tool_calls": "areal.experimental.openai.tool_call_parser",
     "parse_tool_calls": "areal.experimental.openai.tool_call_parser",
     "parse_reasoning": "areal.experimental.openai.tool_call_parser",
+    # the proxy for agent programs (proxy/)
+    "OpenAIProxyWorkflow": "areal.experimental.openai.proxy.workflow",
+    "OpenAIProxyClient": "areal.experimental.openai.proxy.client_session",
+    "ProxyServer": "areal.experimental.openai.proxy.server",
 }
 
 __all__ = sorted(_EXPORTS)
