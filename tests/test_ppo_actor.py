@@ -751,3 +751,49 @@ def test_fsdp_loglinear_one_minibatch_same_update_as_recompute(tmp_path):
     assert rc_stats["ppo_actor/update/rs_filtered_fraction/avg"] > 0
     for k, v in rc.items():
         torch.testing.assert_close(ll[k], v, atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_grpo_trainer_loglinear_kk_stale_steps_without_proximal_forward(
+    tiny_lm_dir, tmp_path, monkeypatch
+):
+    """The GRPO preset with prox_logp_method=loglinear and kk packing, 3 asynchronous
+    steps (staleness up to 2) through the real trainer, servers and workers."""
+    from test_presets_train import ROOT, _cpu_overrides
+
+    from areal import PPOTrainer
+    from areal.api import cli_args
+    from areal.dataset import get_custom_dataset
+    from areal.utils.hf_utils import load_hf_tokenizer
+
+    monkeypatch.setenv("MODEL_PATH", tiny_lm_dir)
+    overrides = _cpu_overrides(tmp_path) + [
+        "actor.prox_logp_method=loglinear",
+        "actor.mb_spec.packing_algorithm=kk",
+        "actor.mb_spec.max_tokens_per_mb=256",
+        "rollout.max_head_offpolicyness=2",
+        "total_train_steps=3",
+    ]
+    preset = str(ROOT / "examples/math/gsm8k_grpo.yaml")
+    cfg, _ = cli_args.load_expr_config(["--config", preset, *overrides], cli_args.GRPOConfig)
+    train = get_custom_dataset("train", cfg.train_dataset, load_hf_tokenizer(cfg.tokenizer_path))
+    with PPOTrainer(cfg, train_dataset=train) as trainer:
+        calls = []
+        compute_logp = trainer.actor.compute_logp
+        trainer.actor.compute_logp = lambda *a, **k: calls.append(1) or compute_logp(*a, **k)
+        trainer.train(
+            workflow="areal.workflow.rlvr.RLVRWorkflow",
+            workflow_kwargs=dict(
+                reward_fn="areal.reward.gsm8k.gsm8k_reward_fn",
+                gconfig=cfg.gconfig,
+                tokenizer=cfg.tokenizer_path,
+            ),
+        )
+        rows = trainer.stats_logger.history
+    assert calls == []
+    assert [r["global_step"] for r in rows] == [0, 1, 2]
+    assert max(r["staleness/max"] for r in rows) >= 1  # stale tokens were interpolated
+    for r in rows:
+        assert r["update_successful"] == 1.0
+        w = r["ppo_actor/update/compute_logp/loglinear/importance_weight/avg"]
+        assert 0.9 < w < 1.1
