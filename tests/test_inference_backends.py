@@ -93,6 +93,7 @@ def test_server_command_vllm_flags_from_config_fields(monkeypatch):
     assert "--enforce-eager" in argv and "--no-enable-prefix-caching" in argv
     assert "--swap-space" not in argv  # refused by vLLM's V1 server
     assert "--block-size 32" in joined  # n_gpus_per_node=0: vLLM CPU needs multiples of 32
+    assert "--no-enable-chunked-prefill" in argv  # seeded requests + chunked prefill crash it
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["PYTHONPATH"].split(os.pathsep)[0].endswith(os.path.join("engine", "vllm_ext"))
 

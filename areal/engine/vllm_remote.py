@@ -109,8 +109,9 @@ class RemotevLLMEngine(RemoteInfEngine):
     ) -> dict[str, Any]:
         """Flags of a vLLM server from an experiment config: every ``config.vllm`` field
         (``vLLMConfig.build_args``) and the model (``vllm.model`` or the actor's path).
-        With ``cluster.n_gpus_per_node=0`` the KV ``block_size`` is rounded up to a
-        multiple of 32 (what vLLM's CPU attention takes)."""
+        With ``cluster.n_gpus_per_node=0`` (vLLM CPU) the KV ``block_size`` is rounded up
+        to a multiple of 32 and chunked prefill is turned off (seeded requests in a chunked
+        prefill crash vLLM CPU 0.32)."""
         from areal.api.cli_args import vLLMConfig
 
         vcfg = getattr(config, "vllm", None) or vLLMConfig()
@@ -136,6 +137,11 @@ class RemotevLLMEngine(RemoteInfEngine):
                 "cluster.n_gpus_per_node=0: vllm.block_size %d -> %d (vLLM CPU)", block, new
             )
             args["block_size"] = new
+        if on_cpu and not args.get("no_enable_chunked_prefill"):
+            # vLLM CPU crashes ("CPU Generator does not use offset") when a request with a
+            # sampling seed (areal sends one per request) is in a chunked prefill.
+            logger.info("cluster.n_gpus_per_node=0: --no-enable-chunked-prefill (vLLM CPU)")
+            args["no_enable_chunked_prefill"] = True
         return args
 
     @classmethod
