@@ -400,9 +400,9 @@ def apply_rejection_sampling(
     ``RejectionSamplingConfig``, any object or dict with those names). With
     ``log r = proximal - old`` per token (``r = pi_prox / pi_behave``; non-finite values
     count as 0) the metric is ``r`` (``ratio``), ``log r`` (``kl_k1``), ``(log r)^2 / 2``
-    (``kl_k2``) or ``r - log r - 1`` written for ``pi_behave`` samples, i.e.
-    ``1/r - 1 + log r`` (``kl_k3``, :func:`kl_estimator` ``k3`` of (prox, old)). A value is
-    in bounds when ``<= upper`` and, if ``lower`` is set, ``>= lower``.
+    (``kl_k2``) or ``1/r - 1 + log r`` (``kl_k3``: :func:`kl_estimator` ``k3`` of
+    (proximal, old), as AReaL). A value is in bounds when ``<= upper`` and, if ``lower``
+    is set, ``>= lower``.
 
     * ``level="token"``: each loss token is judged on its own metric; its weight is ``r``.
     * ``level="sequence"``: the metric is aggregated over the loss tokens of each sequence
