@@ -87,6 +87,9 @@ actor:
   kl_ctl: 0.0
   recompute_logprob: true
   use_decoupled_loss: true
+  rejection_sampling:
+    metric: ratio
+    upper: 5.0
   dynamic_sampling: true
   reward_norm:
     mean_level: group
