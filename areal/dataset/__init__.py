@@ -13,8 +13,11 @@ Dispatch on ``dataset_config.path``:
   directory is ``dataset_kwargs["name"]`` (default ``main``, as AReaL loads GSM8K).
 
 ``dataset_config.type`` selects the row format: ``"rl"`` -> ``messages`` + ``answer``;
-``"sft"`` -> ``input_ids`` + ``loss_mask``. ``dataset_config.max_length`` drops longer
-rows (counted in the log). ``split`` defaults to ``dataset_config.split``;
+``"sft"`` -> ``input_ids`` + ``loss_mask``; ``"rw"`` / ``"dpo"`` -> preference pairs
+(``chosen_ids`` / ``rejected_ids``, plus ``*_loss_mask`` for DPO) from HH-RLHF files
+(:mod:`areal.dataset.hhrlhf`) or ``synthetic://arith_pref?...`` (correct vs off-by-one
+answers to the synthetic problems, prompt rendered by the tokenizer's chat template).
+``dataset_config.max_length`` drops longer rows (counted in the log). ``split`` defaults to ``dataset_config.split``;
 ``dataset_config.dataset_kwargs`` may hold ``name`` (hub subset) and ``revision``.
 """
 
@@ -28,12 +31,18 @@ from areal.dataset.synthetic import (
     generate_arith_problems,
     is_synthetic_path,
     parse_synthetic_path,
+    synthetic_kind,
 )
 from areal.utils import logging
 
 logger = logging.getLogger("Dataset")
 
-VALID_DATASETS = ["gsm8k (local file/dir)", "synthetic://arith?..."]
+VALID_DATASETS = [
+    "gsm8k (local file/dir)",
+    "synthetic://arith?...",
+    "hh-rlhf (local file/dir, type rw|dpo)",
+    "synthetic://arith_pref?... (type rw|dpo)",
+]
 
 __all__ = [
     "ArithSpec",
@@ -94,9 +103,18 @@ def get_custom_dataset(
         raise ValueError(
             f"dataset path={path!r}; must be a local file/directory or 'synthetic://...'"
         )
-    if dtype not in ("rl", "sft"):
-        raise ValueError(f"dataset type={dtype!r}; allowed: 'rl', 'sft'")
+    if dtype not in ("rl", "sft", "rw", "dpo"):
+        raise ValueError(f"dataset type={dtype!r}; allowed: 'rl', 'sft', 'rw', 'dpo'")
+    if dtype in ("rw", "dpo"):
+        return _get_preference_dataset(
+            path, split, dtype, tokenizer, max_length, max_bad_fraction, ds_kwargs
+        )
     if is_synthetic_path(path):
+        if synthetic_kind(path) != "arith":
+            raise ValueError(
+                f"dataset path={path!r} holds preference pairs; use type 'rw' or 'dpo' "
+                f"(got type={dtype!r})"
+            )
         spec = parse_synthetic_path(path)
         rows = generate_arith_problems(spec, split=split)
         return build_gsm8k_dataset(
@@ -115,4 +133,35 @@ def get_custom_dataset(
         max_bad_fraction=max_bad_fraction,
         prompt_suffix=prompt_suffix,
         name=ds_kwargs.get("name"),
+    )
+
+
+def _get_preference_dataset(path, split, dtype, tokenizer, max_length, max_bad_fraction, kw):
+    from areal.dataset.hhrlhf import build_preference_dataset, get_hhrlhf_dataset
+
+    if is_synthetic_path(path):
+        if synthetic_kind(path) != "arith_pref":
+            raise ValueError(
+                f"type={dtype!r} needs preference pairs: use 'synthetic://arith_pref?...' "
+                f"(got {path!r})"
+            )
+        from areal.dataset.synthetic import generate_arith_preference_pairs
+
+        if tokenizer is None:
+            raise ValueError(f"{path}: type={dtype!r} needs a tokenizer")
+        pairs = []
+        for r in generate_arith_preference_pairs(parse_synthetic_path(path), split):
+            prompt = tokenizer.apply_chat_template(
+                [{"role": "user", "content": r["question"]}],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+            pairs.append((prompt, r["chosen"], r["rejected"]))
+        return build_preference_dataset(pairs, dtype, tokenizer, max_length, f"{path}[{split}]")
+    from areal.utils.hf_utils import is_hub_id, resolve_hub_path
+
+    if is_hub_id(path):
+        path = resolve_hub_path(path, "dataset", revision=kw.get("revision"))
+    return get_hhrlhf_dataset(
+        path, split, dtype, tokenizer, max_length=max_length, max_bad_fraction=max_bad_fraction
     )

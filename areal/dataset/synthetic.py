@@ -23,6 +23,9 @@ As a dataset path (``DatasetConfig.path``), the spec is written as a URL::
     synthetic://arith?digits=1&steps=2&ops=add,sub&n=5000&seed=0
 
 (any field may be omitted; defaults are those of :class:`ArithSpec`).
+``synthetic://arith_pref?...`` (same fields) gives preference pairs on the same problems:
+the correct answer chosen, the off-by-one answer (last line and final number ``N + 1``)
+rejected; see :func:`generate_arith_preference_pairs`.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from urllib.parse import parse_qs, urlparse
 
 VALID_OPS = ("add", "sub", "mul")
 SCHEME = "synthetic://"
+# arith: problems (question/answer); arith_pref: preference pairs on the same problems
+SYNTHETIC_KINDS = ("arith", "arith_pref")
 
 _NAMES = [
     ("Mia", "She"),
@@ -87,14 +92,24 @@ def is_synthetic_path(path: str | None) -> bool:
     return isinstance(path, str) and path.startswith(SCHEME)
 
 
+def synthetic_kind(path: str) -> str:
+    """``"arith"`` or ``"arith_pref"`` (validated by :func:`parse_synthetic_path`)."""
+    parse_synthetic_path(path)
+    url = urlparse(path)
+    return url.netloc or url.path.strip("/")
+
+
 def parse_synthetic_path(path: str) -> ArithSpec:
     """``synthetic://arith?digits=1&steps=2&...`` -> :class:`ArithSpec` (clear errors)."""
     if not is_synthetic_path(path):
         raise ValueError(f"not a synthetic dataset path: {path!r} (expected '{SCHEME}arith?...')")
     url = urlparse(path)
     kind = url.netloc or url.path.strip("/")
-    if kind != "arith":
-        raise ValueError(f"synthetic dataset kind {kind!r} in {path!r}; only 'arith' exists")
+    if kind not in SYNTHETIC_KINDS:
+        raise ValueError(
+            f"synthetic dataset kind {kind!r} in {path!r}; only 'arith' (problems) and "
+            "'arith_pref' (preference pairs) exist"
+        )
     query = parse_qs(url.query, keep_blank_values=True)
     fields = {f.name for f in dataclasses.fields(ArithSpec)}
     unknown = set(query) - fields
@@ -157,3 +172,27 @@ def generate_arith_problems(spec: ArithSpec, split: str = "train") -> list[dict]
     """``spec.n`` rows of ``{"question", "answer", "result"}``; deterministic in (spec, split)."""
     rng = _split_rng(spec, split)
     return [make_problem(rng, spec) for _ in range(spec.n)]
+
+
+def off_by_one_answer(answer: str, result: int) -> str:
+    """``answer`` with its last reasoning line and final line off by one (``N + 1``): the
+    error the demo's imperfect base model makes."""
+    lines = answer.split("\n")
+    last = lines[-2]
+    head, _, _ = last.rpartition("= ")
+    lines[-2] = f"{head}= {result + 1}"
+    lines[-1] = f"#### {result + 1}"
+    return "\n".join(lines)
+
+
+def generate_arith_preference_pairs(spec: ArithSpec, split: str = "train") -> list[dict]:
+    """Preference pairs on the arithmetic problems of ``(spec, split)``: ``question``,
+    ``chosen`` (the correct answer) and ``rejected`` (:func:`off_by_one_answer`)."""
+    return [
+        {
+            "question": r["question"],
+            "chosen": r["answer"],
+            "rejected": off_by_one_answer(r["answer"], r["result"]),
+        }
+        for r in generate_arith_problems(spec, split)
+    ]

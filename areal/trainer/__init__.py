@@ -1,4 +1,5 @@
-"""Trainers: ``PPOTrainer`` (RL) and ``SFTTrainer``; PPO actor/critic code in ``ppo/``."""
+"""Trainers: ``PPOTrainer`` (RL), ``SFTTrainer``, ``RWTrainer`` and ``DPOTrainer``; algorithm
+code in ``ppo/``, ``rw/`` and ``dpo/``."""
 
 from __future__ import annotations
 
@@ -14,4 +15,12 @@ def __getattr__(name: str) -> Any:
         from areal.trainer.sft_trainer import SFTTrainer
 
         return SFTTrainer
+    if name == "RWTrainer":
+        from areal.trainer.rw_trainer import RWTrainer
+
+        return RWTrainer
+    if name == "DPOTrainer":
+        from areal.trainer.dpo_trainer import DPOTrainer
+
+        return DPOTrainer
     raise AttributeError(name)

@@ -1,0 +1,5 @@
+"""Direct Preference Optimization: loss, engine and controller (see ``dpo_engine``)."""
+
+from areal.trainer.dpo.dpo_engine import DPOController, DPOEngine, compute_dpo_loss
+
+__all__ = ["DPOController", "DPOEngine", "compute_dpo_loss"]

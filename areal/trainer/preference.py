@@ -1,0 +1,225 @@
+"""What ``RWTrainer`` and ``DPOTrainer`` share: pair collation and the training loop.
+
+Preference rows (:mod:`areal.dataset.hhrlhf`, ``synthetic://arith_pref``) hold
+``chosen_ids`` / ``rejected_ids`` (and ``*_loss_mask`` for DPO). :func:`collate_pairs`
+turns ``N`` rows into one right-padded batch of ``2N`` sequences, chosen and rejected
+adjacent (``[c0, r0, c1, r1, ...]``), which the engines keep together on one
+data-parallel rank and in one micro-batch.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from areal.api.alloc_mode import AllocationMode
+from areal.api.io_struct import SaveLoadMeta, StepInfo
+from areal.trainer.common import make_scheduler, setup_run
+from areal.utils import logging
+from areal.utils.evaluator import Evaluator
+from areal.utils.recover import RecoverHandler
+from areal.utils.saver import Saver
+from areal.utils.stats_logger import StatsLogger
+
+logger = logging.getLogger("PreferenceTrainer")
+
+
+def collate_pairs(rows: list[dict[str, Any]], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """Rows of pairs -> ``input_ids`` / ``attention_mask`` / ``loss_mask`` ``[2N, T]``.
+
+    ``loss_mask`` is the row's ``*_loss_mask`` when present, else 1 on every token.
+    """
+    if not rows:
+        raise ValueError("collate_pairs got no rows")
+    seqs: list[list[int]] = []
+    masks: list[list[int]] = []
+    for i, row in enumerate(rows):
+        for side in ("chosen", "rejected"):
+            ids = row.get(f"{side}_ids")
+            if ids is None or len(ids) == 0:
+                raise ValueError(f"preference row {i} has no {side}_ids")
+            ids = list(ids)
+            mask = row.get(f"{side}_loss_mask")
+            mask = [1] * len(ids) if mask is None else list(mask)
+            if len(mask) != len(ids):
+                raise ValueError(
+                    f"preference row {i}: {side}_loss_mask has {len(mask)} entries for "
+                    f"{len(ids)} tokens"
+                )
+            seqs.append(ids)
+            masks.append(mask)
+    T = max(len(s) for s in seqs)
+    B = len(seqs)
+    input_ids = torch.full((B, T), int(pad_token_id), dtype=torch.long)
+    attention_mask = torch.zeros((B, T), dtype=torch.bool)
+    loss_mask = torch.zeros((B, T), dtype=torch.long)
+    for b, (s, m) in enumerate(zip(seqs, masks, strict=True)):
+        input_ids[b, : len(s)] = torch.tensor(s, dtype=torch.long)
+        attention_mask[b, : len(s)] = True
+        loss_mask[b, : len(m)] = torch.tensor(m, dtype=torch.long)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+
+
+class PreferenceTrainer:
+    """The loop of a pairwise trainer; subclasses say which engine and which calls.
+
+    Subclass hooks: ``_scope`` (stats prefix), ``_make_controller()``,
+    ``_init_kwargs()``, ``_train_batch(batch)`` and ``_eval_batch(batch)`` (a metrics dict
+    with ``n_pairs``).
+    """
+
+    _scope = "pref"
+
+    def __init__(self, config: Any, train_dataset: Any, valid_dataset: Any = None):
+        from areal.utils.dataloader import create_dataloader
+
+        self.config = config
+        self._closed = False
+        run = setup_run(config, train_dataset, model_path=config.actor.path)
+        self.log_dir, self.tokenizer = run.log_dir, run.tokenizer
+        self.train_dataloader, self.ft_spec = run.train_dataloader, run.ft_spec
+        self.alloc_mode = AllocationMode.from_str(
+            config.allocation_mode or (config.actor.backend or "fsdp:d1")
+        )
+        self.train_dataset = train_dataset
+        self.valid_dataset = valid_dataset
+        self.valid_dataloader = (
+            create_dataloader(valid_dataset, config.valid_dataset, seed=config.seed)
+            if valid_dataset is not None and config.valid_dataset is not None
+            else None
+        )
+        self.pad_token_id = (
+            self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        )
+        try:
+            self.scheduler = make_scheduler(config)
+            self.actor = self._make_controller()
+            self.actor.initialize(
+                role="actor",
+                alloc_mode=self.alloc_mode,
+                ft_spec=self.ft_spec,
+                seed=config.seed,
+                **self._init_kwargs(),
+            )
+        except BaseException:
+            self.close()
+            raise
+        self.saver = Saver(config.saver, self.ft_spec)
+        self.evaluator = Evaluator(config.evaluator, self.ft_spec)
+        self.stats_logger = StatsLogger(config.stats_logger, self.ft_spec)
+        self.recover_handler = RecoverHandler(config.recover, self.ft_spec)
+
+    # ------------------------------------------------------------------ hooks
+    def _make_controller(self) -> Any:
+        raise NotImplementedError
+
+    def _init_kwargs(self) -> dict[str, Any]:
+        return {}
+
+    def _train_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        raise NotImplementedError
+
+    def _eval_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def model(self) -> Any:
+        """Alias of ``actor`` (the trained model's controller)."""
+        return self.actor
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        actor = getattr(self, "actor", None)
+        if actor is not None:
+            try:
+                actor.destroy()
+            except Exception as e:
+                logger.warning(f"destroy failed: {e}")
+        sched = getattr(self, "scheduler", None)
+        if sched is not None:
+            sched.delete_workers(None)
+        sl = getattr(self, "stats_logger", None)
+        if sl is not None:
+            sl.close()
+
+    # ------------------------------------------------------------------ loop
+    def collate(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        return collate_pairs(rows, self.pad_token_id)
+
+    def evaluate_dataset(self, dataset: Any, batch_size: int = 64) -> dict[str, float]:
+        """Metrics over every pair of ``dataset`` (weighted by pairs)."""
+        rows = [dataset[i] for i in range(len(dataset))]
+        return self._evaluate_rows(
+            [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
+        )
+
+    def evaluate(self) -> dict[str, float]:
+        """Metrics over the validation set (``{}`` without one)."""
+        if self.valid_dataloader is None:
+            return {}
+        return self._evaluate_rows(list(self.valid_dataloader))
+
+    def _evaluate_rows(self, batches: list[list[dict[str, Any]]]) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        n = 0.0
+        for rows in batches:
+            if len(rows) < self.alloc_mode.train.dp_size:
+                continue  # every rank needs a pair
+            m = self._eval_batch(self.collate(rows))
+            k = m.pop("n_pairs")
+            n += k
+            for key, v in m.items():
+                totals[key] = totals.get(key, 0.0) + v * k
+        return {key: v / n for key, v in totals.items()} if n else {}
+
+    def train(self) -> dict[str, Any]:
+        total = self.ft_spec.total_train_steps
+        spe = self.ft_spec.steps_per_epoch
+        info = self.recover_handler.load(
+            self.actor, self.saver, self.evaluator, self.stats_logger, self.train_dataloader
+        )
+        start = 0 if info is None else info.last_step_info.next().global_step
+        losses: list[float] = []
+        history: list[dict[str, float]] = []
+        data_iter = iter(self.train_dataloader)
+        for global_step in range(start, total):
+            epoch, step = divmod(global_step, spe)
+            try:
+                rows = next(data_iter)
+            except StopIteration:
+                data_iter = iter(self.train_dataloader)
+                rows = next(data_iter)
+            t0 = time.monotonic()
+            train_stats = self._train_batch(self.collate(rows))
+            self.actor.step_lr_scheduler()
+            # the engine's per-pair stats and step scalars, under "<scope>/"
+            stats = dict(self.actor.export_stats())
+            stats["time/train_step"] = time.monotonic() - t0
+            losses.append(float(train_stats.get("loss", float("nan"))))
+            si = StepInfo(epoch, step, global_step, spe)
+            ev = self.evaluator.evaluate(self.evaluate, epoch, step, global_step)
+            if ev:
+                stats.update({f"{self._scope}-eval/{k}": v for k, v in ev.items()})
+                history.append({"step": global_step + 1, **ev})
+            self.saver.save(self.actor, epoch, step, global_step, tokenizer=self.tokenizer)
+            self.recover_handler.dump(
+                self.actor, si, self.saver, self.evaluator, self.stats_logger, self.train_dataloader
+            )
+            self.stats_logger.commit(epoch, step, global_step, stats)
+            if global_step % 10 == 0:
+                logger.info(f"step {global_step}/{total} loss {losses[-1]:.4f}")
+        return {"losses": losses, "eval_history": history, "log_dir": self.log_dir}
+
+    def save_hf(self, path: str) -> None:
+        self.actor.save(SaveLoadMeta(path=path, weight_format="hf", tokenizer=self.tokenizer))
