@@ -8,6 +8,7 @@ and for the trainer test a real PPOTrainer with its workers.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 import pytest
@@ -230,3 +231,151 @@ def test_ppo_trainer_trains_agent_through_proxy_crashes_counted_batch_completes(
     failed = [r.get("rollout/agent_failed") for r in rows]
     assert any(f is not None and f > 0 for f in failed), failed
     assert all(r["update_successful"] == 1.0 for r in rows)
+
+
+# ----------------------------------------------------------------------------- tool calls
+@pytest.fixture(scope="module")
+def tool_proxy():
+    """The proxy in front of a server serving the shipped tiny tool-calling checkpoint."""
+    from areal.models import tiny_tool
+    from areal.utils.hf_utils import load_hf_tokenizer
+
+    try:
+        path = tiny_tool.get_tiny_tool_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    with local_engine(path) as eng:
+        client = ArealOpenAI(eng, load_hf_tokenizer(path), engine_max_tokens=512)
+        with ProxyServer(client, admin_api_key=ADMIN) as srv:
+            yield srv
+
+
+TOOL_QUESTION = (
+    "Mia has 31 apples. She buys 45 more apples. Then she gives away 12 apples. "
+    "How many apples does Mia have now?"
+)
+
+
+class CalculatorAgent:
+    """Plain OpenAI SDK: offer the calculator, run the model's call, read its answer."""
+
+    async def run(self, data, **kw):
+        from openai import AsyncOpenAI
+
+        from areal.models.tiny_tool import CALCULATOR_TOOL, run_calculator_call
+
+        client = AsyncOpenAI(
+            base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw["http_client"]
+        )
+        messages = [{"role": "user", "content": data["question"]}]
+        first = await client.chat.completions.create(
+            model="tiny-tool",
+            messages=messages,
+            tools=[CALCULATOR_TOOL],
+            temperature=0,
+            max_tokens=48,
+        )
+        msg = first.choices[0].message
+        assert first.choices[0].finish_reason == "tool_calls", msg
+        (call,) = msg.tool_calls
+        result = run_calculator_call(call.function.arguments)
+        data["trace"] += [call.function.name, call.function.arguments, result]
+        messages += [
+            msg.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": result},
+        ]
+        second = await client.chat.completions.create(
+            model="tiny-tool",
+            messages=messages,
+            tools=[CALCULATOR_TOOL],
+            temperature=0,
+            max_tokens=24,
+        )
+        data["trace"].append(second.choices[0].message.content)
+        return 1.0 if result in (second.choices[0].message.content or "") else 0.0
+
+
+def test_tool_call_round_trip_with_the_tiny_tool_models_own_output(tool_proxy):
+    data = {"question": TOOL_QUESTION, "trace": []}
+    out = asyncio.run(_workflow(tool_proxy, CalculatorAgent()).arun_episode(None, data))
+    name, arguments, result, final = data["trace"]
+    assert name == "calculator"
+    assert "expression" in json.loads(arguments)
+    assert result.lstrip("-").isdigit()  # the model's expression evaluated
+    assert final.startswith("The answer is")
+    assert len(out) == 2
+    first, second = out.values()
+    # the second prompt holds the first call's output and the tool result
+    assert (
+        second.to_tensor_dict()["input_ids"].shape[1] > first.to_tensor_dict()["input_ids"].shape[1]
+    )
+
+
+def test_anthropic_sdk_tool_use_block_from_the_tiny_tool_model(tool_proxy):
+    anthropic = pytest.importorskip("anthropic")
+    from areal.models.tiny_tool import CALCULATOR_TOOL
+
+    r = asyncio.run(_start_session(tool_proxy))
+    client = anthropic.Anthropic(base_url=tool_proxy.base_url, api_key=r["api_key"])
+    fn = CALCULATOR_TOOL["function"]
+    msg = client.messages.create(
+        model="tiny-tool",
+        max_tokens=48,
+        extra_body={"temperature": 0},  # this SDK version has no temperature argument
+        tools=[
+            {"name": fn["name"], "description": fn["description"], "input_schema": fn["parameters"]}
+        ],
+        messages=[{"role": "user", "content": TOOL_QUESTION}],
+    )
+    assert msg.stop_reason == "tool_use"
+    (block,) = [b for b in msg.content if b.type == "tool_use"]
+    assert block.name == "calculator" and "expression" in block.input
+
+
+async def _start_session(proxy):
+    from areal.experimental.openai.proxy.client_session import import_httpx
+
+    async with import_httpx().AsyncClient() as http:
+        r = await http.post(
+            f"{proxy.base_url}/rl/start_session",
+            json={},
+            headers={"Authorization": f"Bearer {ADMIN}"},
+        )
+        return r.json()
+
+
+def test_openai_agents_sdk_calls_the_function_tool_through_proxy(tool_proxy):
+    agents = pytest.importorskip("agents")
+    from openai import AsyncOpenAI
+
+    from areal.models.tiny_tool import calculator as calc
+
+    agents.set_tracing_disabled(True)
+    calls = []
+
+    @agents.function_tool
+    def calculator(expression: str) -> str:
+        """Evaluate an arithmetic expression with + - * / and parentheses."""
+        calls.append(expression)
+        return calc(expression)
+
+    class SdkToolAgent:
+        async def run(self, data, **kw):
+            client = AsyncOpenAI(
+                base_url=kw["base_url"], api_key=kw["api_key"], http_client=kw["http_client"]
+            )
+            agent = agents.Agent(
+                name="calc",
+                tools=[calculator],
+                model=agents.OpenAIChatCompletionsModel(model="tiny-tool", openai_client=client),
+                model_settings=agents.ModelSettings(max_tokens=48, temperature=0.0),
+            )
+            result = await agents.Runner.run(agent, data["question"], max_turns=3)
+            data["final"] = result.final_output
+            return 1.0
+
+    data = {"question": TOOL_QUESTION}
+    out = asyncio.run(_workflow(tool_proxy, SdkToolAgent()).arun_episode(None, data))
+    assert len(calls) == 1 and calls[0]  # the model's own call ran the Python tool
+    assert data["final"].startswith("The answer is")
+    assert len(out) == 2  # the call turn and the answer turn, both recorded
