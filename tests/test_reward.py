@@ -14,9 +14,8 @@ from areal.api.reward_api import AsyncRewardWrapper
 from areal.reward import extract_answer, parse_number
 from areal.reward.gsm8k import gsm8k_reward_fn
 
-GSM8K_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
-if not GSM8K_TEST.exists():  # checkouts elsewhere: ../shared relative to the repo
-    GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared/data/gsm8k/test.jsonl"
+# The GSM8K test split is vendored in the repository (MIT licence, tests/data/gsm8k).
+GSM8K_TEST = Path(__file__).resolve().parent / "data" / "gsm8k" / "test.jsonl"
 
 
 def _r(completion: str, answer: str) -> float:
@@ -24,7 +23,6 @@ def _r(completion: str, answer: str) -> float:
 
 
 # --------------------------------------------------------------------- gsm8k reward
-@pytest.mark.skipif(not GSM8K_TEST.exists(), reason="GSM8K test split not available")
 def test_gsm8k_reward_gold_solutions_all_correct_and_off_by_one_wrong():
     rows = [json.loads(line) for line in GSM8K_TEST.read_text().splitlines() if line.strip()]
     assert len(rows) == 1319
