@@ -98,4 +98,12 @@ def test_vllm_demo_reloads_every_step_serves_new_weights_and_learns(tmp_path):
         assert r["consistency/logp_absdiff_max"] < 1e-3, r
     before = float(stdout.split("held-out accuracy before RL:")[1].split()[0])
     after = float(stdout.split("held-out accuracy after  RL:")[1].split()[0])
+    for r in steps:  # the figures of docs/inference.md (visible with pytest -s)
+        print(
+            f"step {r['global_step']}: reward {r['batch/reward']:.3f} fresh tokens "
+            f"{r.get('consistency/fresh_tokens', 0):.0f} max|dlogp| "
+            f"{r.get('consistency/logp_absdiff_max', float('nan')):.2g} "
+            f"elapsed {r['time/elapsed']:.1f}s"
+        )
+    print(f"held-out greedy accuracy {before:.3f} -> {after:.3f}")
     assert after > before + 0.1, (before, after)
