@@ -148,3 +148,35 @@ def test_areal_style_workflow_trains_in_whole_groups_with_filter(tiny_lm_dir, tm
     assert rejected >= 0
     # evaluation: eval_gconfig.n_samples runs per validation prompt
     assert result["final_eval"]["eval/n"] == 3 * 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sync_training_dynamic_bs_trains_fewer_whole_groups(tiny_lm_dir, tmp_path):
+    """async_training=false + dynamic_bs: rejected groups shrink the batch, never split it."""
+    from areal import PPOTrainer
+    from areal.dataset import get_custom_dataset
+    from areal.utils.hf_utils import load_hf_tokenizer
+
+    cfg = _config(tiny_lm_dir, str(tmp_path), "async_training=false", "dynamic_bs=true")
+    tok = load_hf_tokenizer(cfg.tokenizer_path)
+    train = get_custom_dataset("train", cfg.train_dataset, tok)
+    seen: list[dict] = []
+    with PPOTrainer(cfg, train_dataset=train) as trainer:
+        inner = trainer.actor.compute_advantages
+
+        def spy(batch):
+            out = inner(batch)
+            seen.append({k: v.clone() for k, v in out.items() if isinstance(v, torch.Tensor)})
+            return out
+
+        trainer.actor.compute_advantages = spy
+        trainer.train(ParityWorkflow(cfg.gconfig, tok), dynamic_filter_fn=not_all_equal)
+    assert len(seen) == 2
+    for batch in seen:
+        rows = batch["input_ids"].shape[0]
+        assert 0 < rows <= BS * N and rows % N == 0
+        groups = _group_rows(batch)
+        assert all(len(set(g)) == 1 for g in groups)
+        for r in batch["rewards"].float().view(-1, N):
+            assert bool((r != r[0]).any())

@@ -75,7 +75,11 @@ class PPOTrainer:
         try:
             self.scheduler = make_scheduler(config)
             # Training workers first, then the inference servers and the rollout client.
-            self.actor = TrainController(ACTOR_ENGINE, config.actor, self.scheduler)
+            # The trainer forms groups of gconfig.n_samples rows: the data-parallel split
+            # keeps each group on one rank (group normalisation needs the whole group).
+            self.actor = TrainController(
+                ACTOR_ENGINE, config.actor, self.scheduler, group_size=_dispatch_group_size(config)
+            )
             self.actor.initialize(
                 role="actor", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec, seed=config.seed
             )
@@ -657,6 +661,13 @@ def _online_dataset(config: PPOConfig) -> list[dict[str, Any]]:
     epochs = max(1, int(config.total_train_epochs or 1))
     per_epoch = max(1, -(-int(config.total_train_steps) // epochs))
     return [{} for _ in range(per_epoch * config.train_dataset.batch_size)]
+
+
+def _dispatch_group_size(config: PPOConfig) -> int:
+    """Rows that travel together to one data-parallel rank: ``actor.group_size`` when
+    set (> 1), else ``gconfig.n_samples`` (AReaL YAMLs leave ``actor.group_size`` unset)."""
+    gs = int(getattr(config.actor, "group_size", 1) or 1)
+    return gs if gs > 1 else int(config.gconfig.n_samples)
 
 
 def _resolve_workflow(workflow: Any, kwargs: dict[str, Any] | None) -> RolloutWorkflow:
