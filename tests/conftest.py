@@ -31,6 +31,17 @@ def _fail_skip(report, reason: str) -> None:
     report.longrepr = f"CI is set: a missing Slurm/Ray/data prerequisite is a failure: {reason}"
 
 
+def pytest_configure(config):
+    """One run secret for the whole test session (as a controller creates one per run).
+
+    Every worker and server a test starts inherits it, whatever the test order; tests that
+    call control endpoints by hand send it (``auth_headers(get_run_secret())``).
+    """
+    from areal.utils.auth import ensure_run_secret
+
+    ensure_run_secret()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

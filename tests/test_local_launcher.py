@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+import time
 
 from areal.infra.launcher.local import main, read_recover_settings
 
@@ -39,22 +40,18 @@ def test_read_recover_settings_overrides_beat_yaml(tmp_path):
     )
 
 
-def test_launcher_crash_twice_with_auto_recover_relaunches_until_success(tmp_path, monkeypatch):
-    import areal.infra.launcher.local as launcher
-
-    monkeypatch.setattr(launcher.time, "sleep", lambda s: None)
+def test_launcher_crash_twice_with_auto_recover_relaunches_until_success(tmp_path):
     script = _flaky_script(tmp_path, fail_times=2)
-    rc = main([script, "--config", _yaml(tmp_path, "auto", 3)])
+    t0 = time.monotonic()
+    rc = main([script, "--config", _yaml(tmp_path, "auto", 3)], backoff_s=0.5)
     assert rc == 0
     assert (tmp_path / "attempts").read_text() == "3"
+    assert time.monotonic() - t0 >= 2 * 0.5  # the back-off ran before each relaunch
 
 
-def test_launcher_retries_exhausted_returns_failure_code(tmp_path, monkeypatch):
-    import areal.infra.launcher.local as launcher
-
-    monkeypatch.setattr(launcher.time, "sleep", lambda s: None)
+def test_launcher_retries_exhausted_returns_failure_code(tmp_path):
     script = _flaky_script(tmp_path, fail_times=5)
-    rc = main([script, "--config", _yaml(tmp_path, "auto", 1)])
+    rc = main([script, "--config", _yaml(tmp_path, "auto", 1)], backoff_s=0.0)
     assert rc == 1
     assert (tmp_path / "attempts").read_text() == "2"
 

@@ -13,8 +13,13 @@ import torch
 from areal.engine.local_server.core import GenerationCore, RequestError, SamplingParams
 from areal.engine.local_server.launch import launch_local_server
 from areal.infra.launcher.server_process import launch_server_process
+from areal.utils.auth import SERVER_API_KEY_ENV, auth_headers, get_run_secret
 
 EOS = 2
+
+# Control endpoints need the run secret (the session's, set in conftest.py).
+CTL = requests.Session()
+CTL.headers.update(auth_headers(get_run_secret()))
 
 
 def _hf(model_dir):
@@ -57,7 +62,7 @@ def server(tiny_model_dir):
 
 
 def _generate(addr, input_ids, **sp):
-    r = requests.post(
+    r = CTL.post(
         f"http://{addr}/generate", json={"input_ids": input_ids, "sampling_params": sp}, timeout=60
     )
     assert r.status_code == 200, r.text
@@ -190,11 +195,11 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(server):
         ("/update_weights_from_distributed", {"json": {"names": []}}),
     ]
     for path, kw in cases:
-        r = requests.post(base + path, timeout=30, **kw)
+        r = CTL.post(base + path, timeout=30, **kw)
         assert 400 <= r.status_code < 500, (path, kw, r.status_code, r.text)
         assert "message" in r.json(), r.text
-    assert requests.post(base + "/no_such_endpoint", json={}, timeout=10).status_code == 404
-    long = requests.post(base + "/generate", json={"input_ids": [5] * 600}, timeout=30).json()
+    assert CTL.post(base + "/no_such_endpoint", json={}, timeout=10).status_code == 404
+    long = CTL.post(base + "/generate", json={"input_ids": [5] * 600}, timeout=30).json()
     assert "context length" in long["message"]
     assert _generate(server, [5, 6, 7], max_new_tokens=3, greedy=True)["output_ids"]
 
@@ -202,7 +207,7 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(server):
 def test_openai_completions_return_token_ids_and_logprobs(server, tiny_model_dir):
     model = _hf(tiny_model_dir)
     p = [7, 8, 9, 10]
-    r = requests.post(
+    r = CTL.post(
         f"http://{server}/v1/completions",
         json={
             "prompt": p,
@@ -238,7 +243,7 @@ def test_pause_interrupts_inflight_and_continue_serves_again(server):
         assert time.time() < deadline
         time.sleep(0.01)
     time.sleep(0.05)
-    assert requests.post(f"http://{server}/pause", timeout=30).json()["paused"]
+    assert CTL.post(f"http://{server}/pause", timeout=30).json()["paused"]
     t.join(30)
     r = res["r"]
     assert r["finish_reason"] == "abort" and 0 < len(r["output_ids"]) < 500
@@ -251,7 +256,7 @@ def test_pause_interrupts_inflight_and_continue_serves_again(server):
     time.sleep(0.3)
     assert "r2" not in res
     assert requests.get(f"http://{server}/metrics", timeout=10).json()["num_requests_waiting"] == 1
-    requests.post(f"http://{server}/continue", timeout=30)
+    CTL.post(f"http://{server}/continue", timeout=30)
     t2.join(30)
     assert len(res["r2"]["output_ids"]) == 2
 
@@ -260,7 +265,7 @@ def test_abort_request_by_rid_returns_partial_output(server):
     res: dict = {}
 
     def go():
-        r = requests.post(
+        r = CTL.post(
             f"http://{server}/generate",
             json={
                 "rid": "abort-me",
@@ -274,7 +279,7 @@ def test_abort_request_by_rid_returns_partial_output(server):
     t = threading.Thread(target=go)
     t.start()
     deadline = time.time() + 30
-    while not requests.post(
+    while not CTL.post(
         f"http://{server}/abort_request", json={"rid": "abort-me"}, timeout=10
     ).json()["success"]:
         assert time.time() < deadline
@@ -285,9 +290,7 @@ def test_abort_request_by_rid_returns_partial_output(server):
 
 def test_set_version_is_reported_with_tokens(server):
     assert (
-        requests.post(f"http://{server}/set_version", json={"version": 7}, timeout=10).json()[
-            "version"
-        ]
+        CTL.post(f"http://{server}/set_version", json={"version": 7}, timeout=10).json()["version"]
         == 7
     )
     try:
@@ -295,22 +298,32 @@ def test_set_version_is_reported_with_tokens(server):
         assert r["output_versions"] == [7, 7, 7]
         assert requests.get(f"http://{server}/version", timeout=10).json()["version"] == 7
     finally:
-        requests.post(f"http://{server}/set_version", json={"version": 0}, timeout=10)
+        CTL.post(f"http://{server}/set_version", json={"version": 0}, timeout=10)
 
 
 def test_launch_bad_model_path_raises_with_log_tail(tmp_path):
-    with pytest.raises(RuntimeError, match="exited with code"):
+    with pytest.raises(RuntimeError, match="exited with code") as ei:
         launch_local_server(str(tmp_path / "missing-model"), timeout=60)
+    msg = str(ei.value)
+    tail = msg.split("ends with:", 1)[1]  # the server's own log, not our message
+    assert "Traceback" in tail and "missing-model" in tail, msg
 
 
 def test_launch_server_process_timeout_kills_process(tmp_path):
-    import sys
+    import psutil
 
-    with pytest.raises(TimeoutError):
-        sp = launch_server_process(
-            [sys.executable, "-c", "import time; time.sleep(60)"], "127.0.0.1:1", timeout=1.0
-        )
-        sp.stop()
+    pids = tmp_path / "pids"
+    # a server that never becomes healthy, with a child of its own (same process group)
+    script = f"echo $$ > {pids}; sleep 300 & echo $! >> {pids}; wait"
+    with pytest.raises(TimeoutError, match="not healthy"):
+        launch_server_process(["sh", "-c", script], "127.0.0.1:1", timeout=3.0)
+    got = [int(x) for x in pids.read_text().split()]
+    assert len(got) == 2, got
+    for pid in got:  # the server and its child are gone (no zombie left either)
+        try:
+            assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
+        except psutil.NoSuchProcess:
+            pass
 
 
 async def test_chat_and_text_completions_with_tokenizer_in_process():
@@ -365,3 +378,50 @@ async def test_chat_and_text_completions_with_tokenizer_in_process():
         assert r.status == 200 and len(body["choices"]) == 2
     finally:
         await client.close()
+
+
+# ------------------------------------------------------------------------- authentication
+def test_server_control_endpoints_without_run_secret_401_and_change_nothing(server):
+    before = requests.get(f"http://{server}/version", timeout=10).json()["version"]
+    for path, body in (
+        ("/set_version", {"version": before + 5}),
+        ("/pause", {}),
+        ("/update_weights_from_disk", {"model_path": "/nonexistent"}),
+        ("/init_weights_update_group", {}),
+        ("/abort_request", {"rid": "x"}),
+    ):
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = requests.post(f"http://{server}{path}", json=body, headers=headers, timeout=10)
+            assert r.status_code == 401, (path, r.status_code, r.text)
+    assert requests.get(f"http://{server}/version", timeout=10).json()["version"] == before
+    assert not requests.get(f"http://{server}/is_paused", timeout=10).json()["is_paused"]
+    # generation stays open when no API key is configured
+    assert _generate(server, [5, 6], max_new_tokens=2)["output_ids"]
+
+
+async def test_server_api_key_guards_generation_run_secret_guards_control(
+    tiny_model_dir, monkeypatch
+):
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from areal.engine.local_server.app import LocalInferenceServer
+
+    torch.set_num_threads(1)
+    monkeypatch.setenv(SERVER_API_KEY_ENV, "sk-gen-key")
+    srv = LocalInferenceServer.from_pretrained(tiny_model_dir)
+    secret = get_run_secret()
+    gen = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}}
+    async with TestClient(TestServer(srv.build_app())) as client:
+        assert (await client.post("/generate", json=gen)).status == 401
+        r = await client.post("/generate", json=gen, headers={"x-api-key": "sk-gen-key"})
+        assert r.status == 200
+        r = await client.post("/generate", json=gen, headers=auth_headers(secret))
+        assert r.status == 200  # the controller's secret is accepted everywhere
+        assert (await client.get("/health")).status == 200
+        # the generation key is not a control key
+        r = await client.post(
+            "/set_version", json={"version": 3}, headers=auth_headers("sk-gen-key")
+        )
+        assert r.status == 401
+        r = await client.post("/set_version", json={"version": 3}, headers=auth_headers(secret))
+        assert r.status == 200 and srv.core.version == 3

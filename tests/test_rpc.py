@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -10,11 +11,15 @@ import time
 
 import psutil
 import pytest
+import requests
 import torch
 from aiohttp.test_utils import TestClient, TestServer
 
+from areal.infra.rpc import rpc_server
+from areal.infra.rpc.client import RPCClient
 from areal.infra.rpc.rpc_server import EngineHost, build_app, import_from_path
 from areal.infra.rpc.serialization import CONTENT_TYPE, deserialize, serialize
+from areal.utils.auth import RUN_SECRET_ENV
 
 # In-process: pytest puts tests/ on sys.path (rootdir-relative imports).
 ECHO = "_rpc_engines.EchoEngine"
@@ -41,7 +46,7 @@ async def _post(client: TestClient, path: str, payload: dict):
 
 async def test_rpc_app_create_call_attribute_and_errors():
     host = EngineHost()
-    async with TestClient(TestServer(build_app(host))) as client:
+    async with TestClient(TestServer(build_app(host, None))) as client:
         resp = await client.get("/health")
         assert resp.status == 200 and (await resp.json())["engines"] == []
         status, out = await _post(client, "/call", {"method": "add", "args": (1, 2)})
@@ -77,7 +82,7 @@ async def test_rpc_app_calls_run_on_one_thread_in_order():
         return orig(kind, body)
 
     host.run = spy
-    async with TestClient(TestServer(build_app(host))) as client:
+    async with TestClient(TestServer(build_app(host, None))) as client:
         await _post(client, "/create_engine", {"engine": ECHO})
         import asyncio
 
@@ -98,6 +103,102 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _worker_env(secret: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != RUN_SECRET_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+    if secret is not None:
+        env[RUN_SECRET_ENV] = secret
+    return env
+
+
+class _MakeFile:
+    """Unpickling this object creates ``path`` (what an attacker would send)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.fixture(scope="module")
+def secured_worker(tmp_path_factory):
+    """A real RPC worker process started with a run secret; yields (address, secret, log)."""
+    secret = "test-secret-" + str(os.getpid())
+    port = _free_port()
+    log = tmp_path_factory.mktemp("rpcw") / "worker.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "areal.infra.rpc.rpc_server", "--port", str(port)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=_worker_env(secret),
+        )
+    addr = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                RPCClient(addr, secret=secret).health(timeout=2)
+                break
+            except requests.RequestException:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+        yield addr, secret, log
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("key", [None, "wrong-secret"])
+def test_rpc_worker_unauthenticated_pickle_payload_is_not_unpickled_401(
+    secured_worker, tmp_path, key
+):
+    addr, _, log = secured_worker
+    target = tmp_path / "pwned"
+    body = serialize({"method": "x", "args": (_MakeFile(str(target)),)})
+    assert not target.exists()
+    headers = {"Content-Type": CONTENT_TYPE}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    for path in ("/call", "/create_engine"):
+        r = requests.post(f"http://{addr}{path}", data=body, headers=headers, timeout=30)
+        assert r.status_code == 401, (path, r.status_code, r.text)
+        assert "unauthorized" in r.json()["error"]["message"]
+    r = requests.post(f"http://{addr}/set_env", json={"env": {"X": "1"}}, timeout=30)
+    assert r.status_code == 401
+    time.sleep(0.5)  # nothing runs later either
+    assert not target.exists()
+    text = log.read_text()
+    assert "RPC worker 401 POST /call" in text and ("missing" if key is None else "wrong") in text
+    assert (key or "test-secret") not in text  # keys are never logged
+
+
+def test_rpc_worker_with_secret_executes_payload_and_client_sends_it(secured_worker, tmp_path):
+    addr, secret, _ = secured_worker
+    target = tmp_path / "made"
+    client = RPCClient(addr, secret=secret)
+    client.create_engine(ECHO, engine_name="e")
+    assert client.call("add", 1, 2, engine_name="e") == 3.0
+    # the same kind of payload as above is executed once authenticated: the 401 was the guard
+    body = serialize({"method": "x", "args": (_MakeFile(str(target)),)})
+    headers = {"Content-Type": CONTENT_TYPE, "Authorization": f"Bearer {secret}"}
+    requests.post(f"http://{addr}/call", data=body, headers=headers, timeout=30)
+    assert target.exists()
+
+
+def test_rpc_worker_without_secret_refuses_to_start():
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal.infra.rpc.rpc_server", "--port", str(_free_port())],
+        env=_worker_env(None),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == rpc_server.EXIT_NO_SECRET
+    assert "AREAL_RUN_SECRET is not set" in proc.stderr + proc.stdout
+
+
 def test_rpc_server_exits_when_parent_pid_gone():
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     port = _free_port()
@@ -114,10 +215,14 @@ def test_rpc_server_exits_when_parent_pid_gone():
             str(parent.pid),
         ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_worker_env("s"),
     )
     try:
-        assert server.wait(timeout=30) == 1
+        # its own exit code, not 1 (which any uncaught exception gives)
+        assert server.wait(timeout=30) == rpc_server.EXIT_PARENT_GONE
+        assert f"Parent process {parent.pid} is gone" in server.stderr.read()
     finally:
         for p in (server, parent):
             if p.poll() is None:

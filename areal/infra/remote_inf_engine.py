@@ -46,6 +46,7 @@ from areal.api.cli_args import InferenceEngineConfig
 from areal.api.engine_api import InferenceEngine
 from areal.api.io_struct import ModelRequest, ModelResponse, ParamSpec, WeightUpdateMeta
 from areal.utils import logging
+from areal.utils.auth import auth_headers, get_run_secret
 
 logger = logging.getLogger("RemoteInfEngine")
 
@@ -339,6 +340,7 @@ class RemoteInfEngine(InferenceEngine):
             call.method,
             f"http://{addr}{call.path}",
             json=call.payload,
+            headers=auth_headers(get_run_secret()),
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as resp:
             if resp.status >= 400:
@@ -353,6 +355,7 @@ class RemoteInfEngine(InferenceEngine):
             call.method,
             f"http://{addr}{call.path}",
             json=call.payload,
+            headers=auth_headers(get_run_secret()),
             timeout=timeout or self.config.request_timeout,
         )
         if r.status_code >= 400:

@@ -244,3 +244,62 @@ def _path_predicate(protected: Callable[[str], bool] | Iterable[str] | None) -> 
         return protected
     paths = frozenset(protected)
     return lambda path: path in paths
+
+
+#: Environment variable with the API key generation endpoints of the built-in server
+#: require (``InferenceEngineConfig.api_key_env`` names where the controller reads it).
+SERVER_API_KEY_ENV = "AREAL_SERVER_API_KEY"
+
+
+def check_secret_or_key(
+    headers: Mapping[str, str], secret: str | None, api_key: str | None
+) -> AuthResult:
+    """Accept the run secret (scope ``admin``) or ``api_key`` (scope ``session``).
+
+    With ``api_key=None`` the check passes every request (generation left open).
+    """
+    if api_key is None:
+        return AuthResult(True, scope=SESSION)
+    key = extract_key(headers)
+    if key is None:
+        return AuthResult(False, reason="missing API key")
+    if keys_equal(key, secret):
+        return AuthResult(True, scope=ADMIN)
+    if keys_equal(key, api_key):
+        return AuthResult(True, scope=SESSION)
+    return AuthResult(False, reason="wrong API key")
+
+
+def server_middleware(
+    control_paths: Iterable[str],
+    secret: str | None,
+    api_key: str | None = None,
+    surface: str = "",
+):
+    """aiohttp middleware of an inference server: control paths need the run secret; all
+    other paths except ``/health``, ``/metrics`` and the version reads need ``api_key``
+    (or the run secret) when ``api_key`` is set."""
+    control = frozenset(control_paths)
+    open_paths = frozenset({"/health", "/metrics", "/version", "/get_version", "/is_paused"})
+
+    def check(headers: Mapping[str, str], path: str) -> AuthResult:
+        if path in control:
+            return check_secret(headers, secret)
+        if path in open_paths:
+            return AuthResult(True)
+        return check_secret_or_key(headers, secret, api_key)
+
+    from aiohttp import web
+
+    @web.middleware
+    async def middleware(request, handler):
+        result = check(request.headers, request.path)
+        if not result.ok:
+            log_rejection(request.method, request.path, request.remote, result.reason, surface)
+            return web.json_response(
+                {"error": {"message": f"unauthorized: {result.reason}", "code": 401}},
+                status=401,
+            )
+        return await handler(request)
+
+    return middleware

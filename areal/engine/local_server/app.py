@@ -25,6 +25,22 @@ logger = logging.getLogger("LocalServer")
 
 _error = error_response
 
+#: Endpoints that change the server's state (weights, versions, pausing, aborts): they
+#: require the run secret (``AREAL_RUN_SECRET``) whenever the server was started with one.
+CONTROL_PATHS = (
+    "/set_version",
+    "/abort_request",
+    "/pause",
+    "/pause_generation",
+    "/resume",
+    "/continue",
+    "/continue_generation",
+    "/update_weights_from_disk",
+    "/init_weights_update_group",
+    "/update_weights_from_distributed",
+    "/weights_fingerprint",
+)
+
 
 def resolve_device(device: str) -> Any:
     """``auto`` -> ``cuda`` when available, else ``cpu``; anything else as given (validated)."""
@@ -96,7 +112,16 @@ class LocalInferenceServer(OpenAIRoutes):
     def build_app(self):
         from aiohttp import web
 
-        app = web.Application(client_max_size=256 * 1024 * 1024)
+        from areal.utils import auth
+
+        # control endpoints need the run secret; generation needs the API key when one is set
+        middleware = auth.server_middleware(
+            CONTROL_PATHS,
+            auth.get_run_secret(),
+            os.environ.get(auth.SERVER_API_KEY_ENV) or None,
+            surface="inference server",
+        )
+        app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[middleware])
         r = app.router
         r.add_get("/health", self.health)
         r.add_get("/metrics", self.metrics)

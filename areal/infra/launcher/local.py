@@ -81,7 +81,11 @@ def run_with_retries(cmd: list[str], mode: str, retries: int, backoff_s: float =
             signal.signal(s, h)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, backoff_s: float = 2.0) -> int:
+    """Parse ``SCRIPT [--config FILE] [overrides]`` and run it with retries.
+
+    ``backoff_s``: pause between a crash and the relaunch.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m areal.infra.launcher.local",
         description="Run an areal controller script locally; relaunch after crashes (recover.retries).",
@@ -92,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     mode, retries = read_recover_settings(args.script_args)
-    return run_with_retries([sys.executable, args.script, *args.script_args], mode, retries)
+    return run_with_retries(
+        [sys.executable, args.script, *args.script_args], mode, retries, backoff_s=backoff_s
+    )
 
 
 if __name__ == "__main__":

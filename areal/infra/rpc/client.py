@@ -11,6 +11,7 @@ import requests
 
 from areal.api.scheduler_api import RemoteCallError
 from areal.infra.rpc.serialization import CONTENT_TYPE, deserialize, serialize
+from areal.utils.auth import auth_headers, get_run_secret
 
 
 def spawn_daemon(fn: Callable[..., Any], *args, name: str = "rpc-call", **kwargs) -> Future:
@@ -38,12 +39,20 @@ class RPCClient:
 
     ``timeout`` (seconds) bounds every call; ``None`` waits for as long as the method
     runs (callers such as ``LocalScheduler`` watch the worker's liveness meanwhile).
+    ``secret``: the run secret sent with every request (default: ``AREAL_RUN_SECRET``).
     """
 
-    def __init__(self, address: str, worker_id: str = "", connect_timeout: float = 10.0):
+    def __init__(
+        self,
+        address: str,
+        worker_id: str = "",
+        connect_timeout: float = 10.0,
+        secret: str | None = None,
+    ):
         self.address = address
         self.worker_id = worker_id or address
         self.connect_timeout = connect_timeout
+        self._headers = auth_headers(secret or get_run_secret())
 
     @property
     def url(self) -> str:
@@ -55,14 +64,16 @@ class RPCClient:
         return resp.json()
 
     def set_env(self, env: dict[str, str], timeout: float = 30.0) -> None:
-        resp = requests.post(f"{self.url}/set_env", json={"env": env}, timeout=timeout)
+        resp = requests.post(
+            f"{self.url}/set_env", json={"env": env}, headers=self._headers, timeout=timeout
+        )
         resp.raise_for_status()
 
     def _post(self, path: str, payload: dict, what: str, timeout: float | None) -> Any:
         resp = requests.post(
             f"{self.url}{path}",
             data=serialize(payload),
-            headers={"Content-Type": CONTENT_TYPE},
+            headers={"Content-Type": CONTENT_TYPE, **self._headers},
             timeout=(self.connect_timeout, timeout),
         )
         if resp.headers.get("Content-Type", "").startswith(CONTENT_TYPE):

@@ -2,7 +2,11 @@
 
 Start: ``python -m areal.infra.rpc.rpc_server --port N [--host 127.0.0.1]``.
 
-Endpoints (bodies are pickle bytes, see ``serialization``; trusted peers only):
+Endpoints (bodies are pickle bytes, see ``serialization``). Every endpoint except
+``/health`` requires the run secret (``AREAL_RUN_SECRET`` in the worker's environment,
+sent as ``Authorization: Bearer``; ``areal.utils.auth``): a request without it is answered
+401 and logged before its body is read, so nothing is unpickled or executed. The worker
+refuses to start without a secret unless ``--insecure-no-auth`` is given.
 
 - ``GET /health`` -> JSON ``{"status": "ok", "pid", "engines", "busy"}``; answers
   even while a call runs.
@@ -18,8 +22,9 @@ Every engine construction and call runs on ONE dedicated thread, in arrival orde
 the controller calls all ranks concurrently. ``torch.set_num_threads`` defaults to 1
 (``--num-threads`` / ``AREAL_WORKER_NUM_THREADS``).
 
-The process exits by itself when its parent (the controller) dies, and exits at once
-on SIGTERM (engines hold no state worth a graceful shutdown; checkpoints are explicit).
+The process exits by itself (code ``EXIT_PARENT_GONE``) when its parent (the controller)
+dies, and exits at once on SIGTERM (engines hold no state worth a graceful shutdown;
+checkpoints are explicit).
 """
 
 from __future__ import annotations
@@ -39,11 +44,18 @@ from typing import Any
 from aiohttp import web
 
 from areal.infra.rpc.serialization import CONTENT_TYPE, deserialize, serialize
-from areal.utils import logging
+from areal.utils import auth, logging
 
 logger = logging.getLogger("RPCServer")
 
 MAX_BODY_BYTES = 64 * 1024**3
+
+#: Exit code of a worker whose controller is gone (distinct from a crash, which exits 1).
+EXIT_PARENT_GONE = 86
+#: Exit code when started without a run secret (and without ``--insecure-no-auth``).
+EXIT_NO_SECRET = 87
+
+_FROM_ENV = object()
 
 
 def import_from_path(path: str) -> Any:
@@ -111,8 +123,17 @@ class EngineHost:
                 return 500, serialize(err)
 
 
-def build_app(host: EngineHost) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+def build_app(host: EngineHost, secret: Any = _FROM_ENV) -> web.Application:
+    """The worker's aiohttp app; ``secret`` defaults to the run secret of the environment
+    (``None``: no authentication, for in-process tests only)."""
+    if secret is _FROM_ENV:
+        secret = auth.get_run_secret()
+    middleware = auth.aiohttp_middleware(
+        lambda headers: auth.check_secret(headers, secret),
+        protected=lambda path: path != "/health",
+        surface="RPC worker",
+    )
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[middleware])
     routes = web.RouteTableDef()
 
     @routes.get("/health")
@@ -170,7 +191,7 @@ def _watch_parent(parent_pid: int, interval: float = 1.0) -> None:
         time.sleep(interval)
         if os.getppid() != parent_pid:
             logger.warning(f"Parent process {parent_pid} is gone; exiting")
-            _hard_exit(1)
+            _hard_exit(EXIT_PARENT_GONE)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,7 +207,19 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="exit when this process is no longer our parent (default: the current parent)",
     )
+    parser.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help=f"serve without {auth.RUN_SECRET_ENV} (anyone reaching the port can run code)",
+    )
     args = parser.parse_args(argv)
+    secret = auth.get_run_secret()
+    if secret is None and not args.insecure_no_auth:
+        logger.error(
+            f"{auth.RUN_SECRET_ENV} is not set: refusing to serve pickled calls without "
+            "authentication (the controller's scheduler sets it; --insecure-no-auth overrides)"
+        )
+        _hard_exit(EXIT_NO_SECRET)
 
     import torch
 
@@ -201,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     host = EngineHost()
     logger.info(f"RPC worker pid {os.getpid()} serving on {args.host}:{args.port}")
     web.run_app(
-        build_app(host),
+        build_app(host, secret),
         host=args.host,
         port=args.port,
         print=None,

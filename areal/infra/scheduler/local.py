@@ -54,6 +54,7 @@ from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, Work
 from areal.infra.rpc.client import RPCClient, spawn_daemon
 from areal.infra.scheduler.base import RPCEngineMixin
 from areal.utils import logging
+from areal.utils.auth import ensure_run_secret
 from areal.utils.name_resolve import FileNameRecordRepository
 from areal.utils.network import find_free_ports
 
@@ -147,6 +148,8 @@ class LocalScheduler(RPCEngineMixin, Scheduler):
         gpu_devices: list[int] | None = None,
         host: str = "127.0.0.1",
     ):
+        # the per-run secret every worker/server we start inherits (environment only)
+        ensure_run_secret()
         cluster = getattr(exp_config, "cluster", None)
         self.fileroot = (
             fileroot

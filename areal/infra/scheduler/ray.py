@@ -61,6 +61,7 @@ from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, Work
 from areal.infra.rpc.client import RPCClient, spawn_daemon
 from areal.infra.scheduler.base import RPCEngineMixin
 from areal.utils import logging
+from areal.utils.auth import RUN_SECRET_ENV, ensure_run_secret
 from areal.utils.network import find_free_ports
 
 logger = logging.getLogger("RayScheduler")
@@ -572,7 +573,9 @@ class RayScheduler(RPCEngineMixin, Scheduler):
                 )
             starts = []
             for i, w in enumerate(workers):
-                env = {}
+                # Ray workers do not inherit our environment: the run secret travels with
+                # the (Ray-internal) start call
+                env = {RUN_SECRET_ENV: ensure_run_secret()}
                 if dist_env:
                     same_node = sum(1 for j in range(i) if infos[j]["ip"] == infos[i]["ip"])
                     env.update(

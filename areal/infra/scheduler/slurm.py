@@ -53,6 +53,7 @@ from areal.infra.rpc.client import RPCClient
 from areal.infra.scheduler.base import RPCEngineMixin
 from areal.infra.scheduler.ray import call_with_liveness, format_command, read_log_tail
 from areal.utils import logging
+from areal.utils.auth import ensure_run_secret
 from areal.utils.name_resolve import FileNameRecordRepository, NameEntryNotFoundError
 from areal.utils.network import find_free_ports, gethostip
 
@@ -118,6 +119,9 @@ class SlurmScheduler(RPCEngineMixin, Scheduler):
         )
         self.trial_name = trial_name or getattr(exp_config, "trial_name", None) or "trial0"
         self.partition = partition
+        # the per-run secret reaches the jobs through sbatch's environment (never the
+        # batch script, which is a file on disk)
+        ensure_run_secret()
         self.env = dict(os.environ)
         if slurm_conf:
             self.env["SLURM_CONF"] = slurm_conf
