@@ -85,6 +85,8 @@ async def test_one_call_generates_one_trajectory_whatever_n_samples(tokenizer):
     wf = RLVRWorkflow("areal.reward.gsm8k.gsm8k_reward_fn", gconfig, tokenizer)
     out = await wf.arun_episode(engine, DATA)
     assert len(engine.requests) == 1 and engine.requests[0].gconfig.n_samples == 1
+    # as AReaL: the tokenizer's EOS (and pad) stop generation
+    assert tokenizer.eos_token_id in engine.requests[0].gconfig.stop_token_ids
     assert out["input_ids"].shape[0] == 1 and out["rewards"].tolist() == [1.0]
 
 

@@ -145,6 +145,9 @@ class RLVRWorkflow(RolloutWorkflow):
         if isinstance(data_extract_prompt_fn, str):
             data_extract_prompt_fn = import_from_string(data_extract_prompt_fn)
         self.reward_fn = reward_fn
+        # As AReaL: generation also stops at the tokenizer's pad and EOS tokens.
+        if hasattr(gconfig, "new_with_stop_and_pad_token_ids"):
+            gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer)
         self.gconfig = gconfig.new(n_samples=1)
         self.tokenizer = tokenizer
         self.enable_thinking = enable_thinking
