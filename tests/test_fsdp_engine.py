@@ -256,6 +256,7 @@ def _two_rank_session(rank, world_size, path, out_dir, spec_q, ack_q, wu_port):
     res["stats_step2_resumed"] = fresh.train_batch(batch2, loss_fn, loss_weight_fn)
     p2r = full_params(fresh)
     if rank == 0:
+        res["step2_params"] = p2
         res["resume_max_diff"] = max((p2[k] - p2r[k]).abs().max().item() for k in p2)
         res["resume_keys_equal"] = sorted(p2) == sorted(p2r)
     del fresh
@@ -385,12 +386,16 @@ def test_train_batch_two_ranks_equal_one_rank(two_rank, one_rank_warmup):
             assert st[k] == pytest.approx(ref["stats"][k], abs=ATOL), k
     assert ref["stats"]["lr"] == pytest.approx(1e-3)  # warm-up step 1 of 2
     assert ref["stats"]["grad_norm"] > 1.0  # clipping was active
-    changed = 0
     for k, v in ref["params"].items():
         torch.testing.assert_close(two_rank[0]["params"][k], v, atol=ATOL, rtol=0)
-    for k, v in ref["params"].items():
-        changed += int(not torch.equal(v, two_rank[0]["export_params"][k]))
-    assert changed > 0
+    # The export (after step 2) is the current weights, and step 2 moved EVERY tensor: an
+    # export that silently sent step-1 (or partially stale) weights fails here.
+    export, step2 = two_rank[0]["export_params"], two_rank[0]["step2_params"]
+    assert sorted(export) == sorted(step2) == sorted(ref["params"])
+    for k, v in step2.items():
+        assert torch.equal(export[k], v), k
+    unchanged = [k for k, v in ref["params"].items() if torch.equal(v, export[k])]
+    assert not unchanged, unchanged
     # forward on each half equals the 1-rank forward of those rows
     both = torch.cat([two_rank[0]["fwd"], two_rank[1]["fwd"]])
     torch.testing.assert_close(both, one_rank_warmup["fwd"], atol=ATOL, rtol=0)
