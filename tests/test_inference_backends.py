@@ -233,3 +233,49 @@ def test_trainer_launches_and_speaks_allocation_backend(tmp_path, fake_backends,
             "/continue_generation",
         ]
         assert reqs[2]["body"]["model_path"] == str(tmp_path / "w1")
+
+
+# ------------------------------------------------------------------ as_controller
+class _EchoWorkflow:
+    """Generates 2 greedy tokens and records their count as the reward."""
+
+    async def arun_episode(self, engine, data):
+        from areal.utils import stats_tracker
+
+        g = GenerationHyperparameters(max_new_tokens=2, greedy=True)
+        resp = await engine.agenerate(ModelRequest(input_ids=data["ids"], gconfig=g))
+        stats_tracker.get("rollout").scalar(reward=float(len(resp.output_tokens)))
+        return {"tokens": resp.output_tokens}
+
+
+@pytest.mark.timeout(120)
+def test_as_controller_vllm_starts_server_submit_wait_export_stats(tmp_path, fake_backends):
+    from areal.api.cli_args import vLLMConfig
+    from areal.api.workflow_api import RolloutWorkflow
+    from areal.infra.controller.rollout_controller import RolloutController
+    from areal.infra.scheduler.local import LocalScheduler
+
+    wf = type("EchoWorkflow", (_EchoWorkflow, RolloutWorkflow), {})()
+    c = _config()
+    c.rollout.backend = "vllm:d1"
+    c.rollout.max_head_offpolicyness = int(1e12)  # evaluation: no staleness bound
+    sched = LocalScheduler(fileroot=str(tmp_path / "sched"), startup_timeout=60)
+    rollout = RemotevLLMEngine.as_controller(c.rollout, sched)
+    assert isinstance(rollout, RolloutController)
+    try:
+        args = vLLMConfig.build_args(vllm_config=c.vllm, tp_size=1, pp_size=1)
+        args["model"] = "/models/eval"
+        rollout.initialize(role="eval-rollout", server_args=args)
+        for i in range(3):
+            rollout.submit({"ids": [10 + i, 20 + i]}, workflow=wf)
+        results = rollout.wait(3, timeout=60)
+        stats = rollout.export_stats()
+    finally:
+        rollout.destroy()
+        sched.delete_workers(None)
+    assert sorted(r["tokens"] for r in results) == [[21, 22], [22, 23], [23, 24]]
+    assert stats["rollout/reward"] == 2.0
+    recs = _records(str(fake_backends))
+    argv = " ".join(recs[0]["argv"])
+    assert "--model /models/eval" in argv and "--swap-space" not in argv
+    assert sum(r.get("path") == "/v1/completions" for r in recs) == 3

@@ -15,7 +15,7 @@ The last line printed is ``accuracy: <mean reward>`` (GSM8K reward: 1 correct, 0
 import sys
 
 from areal.api.alloc_mode import ModelAllocation
-from areal.api.cli_args import GRPOConfig, SGLangConfig, load_expr_config, vLLMConfig
+from areal.api.cli_args import GRPOConfig, load_expr_config
 from areal.dataset import get_custom_dataset
 from areal.engine import RemoteLocalEngine, RemoteSGLangEngine, RemotevLLMEngine
 from areal.trainer.common import make_scheduler
@@ -48,23 +48,18 @@ def main(args):
     config.rollout.max_head_offpolicyness = int(1e12)
 
     par = rollout_alloc.parallel
+    # The flags of one server: every field of config.sglang / config.vllm
+    # (SGLangConfig.build_args / vLLMConfig.build_args) with the model defaulting to
+    # actor.path (and, on CPU, vLLM's block size / chunked prefill adjusted).
     if rollout_alloc.backend == "sglang":
         engine_cls = RemoteSGLangEngine
-        server_args = SGLangConfig.build_args(
-            sglang_config=config.sglang, tp_size=par.tp_size, base_gpu_id=0
-        )
-        server_args["model_path"] = server_args.get("model_path") or config.actor.path
     elif rollout_alloc.backend == "vllm":
         engine_cls = RemotevLLMEngine
-        server_args = vLLMConfig.build_args(
-            vllm_config=config.vllm, tp_size=par.tp_size, pp_size=par.pp_size
-        )
-        server_args["model"] = server_args.get("model") or config.actor.path
     elif rollout_alloc.backend == "local":
         engine_cls = RemoteLocalEngine
-        server_args = RemoteLocalEngine.build_server_args(config)
     else:
         raise ValueError(f"Invalid backend: {rollout_alloc.backend}")
+    server_args = engine_cls.build_server_args(config, tp_size=par.tp_size, pp_size=par.pp_size)
 
     eval_rollout = engine_cls.as_controller(config.rollout, scheduler)
     try:
