@@ -82,6 +82,8 @@ EXPECTED = [
     ("areal.trainer", "SFTTrainer"),
     ("areal.trainer.ppo", "PPOActor"),
     ("areal.trainer.ppo", "PPOCritic"),
+    ("areal.trainer.ppo", "PPOActorController"),
+    ("areal.trainer.ppo", "FSDPPPOActor"),
     # utils
     ("areal.utils", "logging"),
     ("areal.utils", "network"),

@@ -1,6 +1,7 @@
 """PPO-family algorithm code: ``PPOActor`` / ``PPOCritic`` and their FSDP hosts.
 
-``FSDPPPOActor`` and ``FSDPPPOCritic`` are resolved lazily (they subclass the FSDP engine).
+``FSDPPPOActor`` and ``FSDPPPOCritic`` are resolved lazily (they subclass the FSDP engine);
+AReaL's ``PPOActorController`` / ``PPOCriticController`` are the generic ``TrainController``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,12 @@ __all__ = ["PPOActor", "PPOCritic", "grpo_loss_fn"]  # + FSDPPPOActor, FSDPPPOCr
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("PPOActorController", "PPOCriticController"):
+        # AReaL's per-role controllers: here one generic TrainController drives any engine
+        # (its compute_logp / compute_advantages / ppo_update calls go to the workers).
+        from areal.infra.controller.train_controller import TrainController
+
+        return TrainController
     if name == "FSDPPPOActor":
         from areal.trainer.ppo import actor
 
