@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import random
 import threading
 import time
@@ -576,3 +578,29 @@ def test_executor_sets_workflow_context_per_task(engine):
     finally:
         ex.destroy()
     assert sorted(seen) == [(7, False, "rollout"), (8, True, "eval-rollout")]
+
+
+def test_dump_to_file_writes_text_rows_under_versioned_dir(engine, tmp_path):
+    tok_dir = os.path.join(
+        os.path.dirname(__file__), "..", "areal", "models", "assets", "tiny-base"
+    )
+    ex = start_executor(
+        engine,
+        consumer_batch_size=2,
+        max_concurrent_rollouts=2,
+        dump_to_file=True,
+        fileroot=str(tmp_path),
+        experiment_name="exp",
+        trial_name="t0",
+        tokenizer_path=tok_dir,
+    )
+    engine.set_version(3)
+    try:
+        ex.rollout_batch([dict(uid=1), dict(uid=2)], SleepWorkflow(), timeout=30)
+    finally:
+        ex.destroy()
+    files = sorted((tmp_path / "logs" / "exp" / "t0" / "rollout" / "3").glob("*.jsonl"))
+    assert len(files) == 2
+    rec = json.loads(files[0].read_text().splitlines()[0])
+    assert rec["reward"] == 1.0 and rec["prompt_len"] + len(rec["completion"]) > 0
+    assert rec["seqlen"] > rec["prompt_len"]

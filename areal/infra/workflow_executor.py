@@ -28,6 +28,11 @@ results concatenated), and ``should_accept_fn`` sees the whole group: it is ARea
 ``to_tensor_dict()`` method, e.g. the agent client's ``InteractionWithTokenLogpReward``):
 they are concatenated into one padded batch before filtering.
 
+With ``config.dump_to_file`` every finished trajectory is also written as text (AReaL's
+layout): ``{fileroot}/logs/{experiment_name}/{trial_name}/{rollout|eval-rollout}/
+{newest token version}/{task_id}.jsonl``, one JSON line per row (prompt, completion,
+reward, lengths, versions), decoded with ``config.tokenizer_path``, off the event loop.
+
 ``prepare_batch(..., dynamic_bs=True)`` (AReaL's ``dynamic_bs``) returns as soon as
 accepted + rejected results reach the batch size, with only the accepted ones: a batch of
 variable size (at least one result), instead of replacing every rejected result.
@@ -138,6 +143,10 @@ class WorkflowExecutor:
         self.queue_size: int | None = int(qs) if qs else None
         self._check_format = bool(getattr(config, "check_trajectory_format", False))
         self._tracing = bool(getattr(config, "enable_rollout_tracing", False))
+        self._dump_to_file = bool(getattr(config, "dump_to_file", False))
+        self._dump_tokenizer: Any = None
+        self._dump_lock = threading.Lock()
+        self._dump_warned = False
 
         self.staleness_manager: StalenessManager | None = None
         self._cv = threading.Condition()
@@ -645,6 +654,42 @@ class WorkflowExecutor:
                     submit_version_min=min(r.submit_version for r in train),
                 )
 
+    def _load_dump_tokenizer(self, path: str) -> Any:
+        with self._dump_lock:  # one import/load even when several dumps start at once
+            if self._dump_tokenizer is None:
+                from areal.utils.hf_utils import load_hf_tokenizer
+
+                self._dump_tokenizer = load_hf_tokenizer(path)
+            return self._dump_tokenizer
+
+    async def _dump_trajectory(self, traj: Any, task: _Task) -> None:
+        """``dump_to_file``: write ``traj`` as text (see the module docstring); never raises."""
+        import os
+
+        cfg = self.config
+        root = getattr(cfg, "fileroot", None)
+        exp, trial = getattr(cfg, "experiment_name", None), getattr(cfg, "trial_name", None)
+        tok_path = getattr(cfg, "tokenizer_path", None)
+        if not (root and exp and trial and tok_path) or not _is_tensor_dict(traj):
+            if not self._dump_warned:
+                self._dump_warned = True
+                self.logger.warning(
+                    "dump_to_file: needs rollout.fileroot, experiment_name, trial_name, "
+                    "tokenizer_path and tensor trajectories; not dumping"
+                )
+            return
+        try:
+            if self._dump_tokenizer is None:
+                self._dump_tokenizer = await asyncio.to_thread(self._load_dump_tokenizer, tok_path)
+            versions = traj.get("versions")
+            gen = traj["loss_mask"].bool()
+            tail = int(versions[gen].max()) if versions is not None and bool(gen.any()) else 0
+            sub = "eval-rollout" if task.is_eval else "rollout"
+            path = os.path.join(root, "logs", exp, trial, sub, str(tail), f"{task.task_id}.jsonl")
+            await asyncio.to_thread(_write_dump, path, traj, self._dump_tokenizer, task.task_id)
+        except Exception as e:  # a dump must never fail a rollout
+            self.logger.warning("dump_to_file: could not dump rollout %d: %r", task.task_id, e)
+
     # ------------------------------------------------------------------ the loop
     def _thread_main(self, started: threading.Event) -> None:
         loop = asyncio.new_event_loop()
@@ -740,6 +785,8 @@ class WorkflowExecutor:
                 type(task.workflow).__name__,
                 traceback.format_exc(),
             )
+        if traj is not None and self._dump_to_file:
+            await self._dump_trajectory(traj, task)
         if reason is None and traj is None:
             reason = "none"
         if reason is None and self._check_format:
@@ -790,6 +837,44 @@ class WorkflowExecutor:
             self.logger.info(
                 "Finish rollout %d: %s (%s)", task.task_id, reason or "accepted", sm.get_stats()
             )
+
+
+def _dump_records(traj: dict[str, Any], tokenizer: Any, task_id: int) -> list[dict[str, Any]]:
+    """One text record per row of a padded trajectory (rows without completion skipped)."""
+    ids, attn = traj["input_ids"], traj["attention_mask"].bool()
+    loss = traj["loss_mask"].bool()
+    rewards = traj["rewards"].float().reshape(-1).tolist()
+    out = []
+    for i in range(ids.shape[0]):
+        row = ids[i][attn[i]].tolist()
+        gen = loss[i][attn[i]]
+        n_gen = int(gen.sum())
+        if n_gen == 0:
+            continue
+        prompt_len = len(row) - n_gen
+        out.append(
+            dict(
+                task_id=task_id,
+                sample_idx=i,
+                seqlen=len(row),
+                prompt_len=prompt_len,
+                reward=rewards[i],
+                prompt=tokenizer.decode(row[:prompt_len], skip_special_tokens=False),
+                completion=tokenizer.decode(row[prompt_len:], skip_special_tokens=False),
+            )
+        )
+    return out
+
+
+def _write_dump(path: str, traj: dict[str, Any], tokenizer: Any, task_id: int) -> None:
+    import json
+    import os
+
+    records = _dump_records(traj, tokenizer, task_id)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
 def _kwargs_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
