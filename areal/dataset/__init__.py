@@ -12,6 +12,12 @@ Dispatch on ``dataset_config.path``:
   :func:`areal.utils.hf_utils.resolve_hub_path`), read as a directory; the subset
   directory is ``dataset_kwargs["name"]`` (default ``main``, as AReaL loads GSM8K).
 
+- a path containing ``geometry3k`` or ``clevr_count_70k`` (local files in the released
+  layout), or ``synthetic://clevr?query=color&max_count=4&n=2000`` (Pillow counting scenes,
+  :mod:`areal.dataset.synthetic_clevr`): image question answering, see
+  :mod:`areal.dataset.vision` (RL rows: ``messages`` with image parts, ``images``,
+  ``answer``).
+
 ``dataset_config.type`` selects the row format: ``"rl"`` -> ``messages`` + ``answer``;
 ``"sft"`` -> ``input_ids`` + ``loss_mask``; ``"rw"`` / ``"dpo"`` -> preference pairs
 (``chosen_ids`` / ``rejected_ids``, plus ``*_loss_mask`` for DPO) from HH-RLHF files
@@ -38,6 +44,9 @@ from areal.utils import logging
 logger = logging.getLogger("Dataset")
 
 VALID_DATASETS = [
+    "geometry3k (local file/dir, type rl|sft)",
+    "clevr_count_70k (local file/dir, type rl|sft)",
+    "synthetic://clevr?... (type rl|sft)",
     "gsm8k (local file/dir)",
     "synthetic://arith?...",
     "hh-rlhf (local file/dir, type rw|dpo)",
@@ -71,7 +80,8 @@ def get_custom_dataset(
             synthetic); ``None``: ``dataset_config.split`` (else ``"train"``).
         dataset_config: a ``DatasetConfig`` (or anything with ``path``/``type``/``max_length``).
         tokenizer: needed for ``max_length`` filtering and for ``type="sft"``.
-        processor: accepted for AReaL compatibility (no multimodal datasets here).
+        processor: the VLM's processor (``AutoProcessor``) for vision datasets with
+            ``type="sft"`` or ``max_length``; ignored by text datasets.
         max_bad_fraction: raise ``ValueError`` when more rows than this are unusable.
         prompt_suffix: text appended to the question in the user message (default: the
             boxed-answer request for GSM8K RL, nothing for synthetic problems).
@@ -109,6 +119,10 @@ def get_custom_dataset(
         return _get_preference_dataset(
             path, split, dtype, tokenizer, max_length, max_bad_fraction, ds_kwargs
         )
+    if _is_vision_path(path):
+        return _get_vision_dataset(
+            path, split, dtype, processor, max_length, max_bad_fraction, prompt_suffix
+        )
     if is_synthetic_path(path):
         if synthetic_kind(path) != "arith":
             raise ValueError(
@@ -133,6 +147,36 @@ def get_custom_dataset(
         max_bad_fraction=max_bad_fraction,
         prompt_suffix=prompt_suffix,
         name=ds_kwargs.get("name"),
+    )
+
+
+def _is_vision_path(path: str) -> bool:
+    from areal.dataset.synthetic_clevr import is_clevr_path
+
+    low = path.lower()
+    return is_clevr_path(path) or "geometry3k" in low or "clevr_count_70k" in low
+
+
+def _get_vision_dataset(path, split, dtype, processor, max_length, max_bad_fraction, suffix):
+    """Geometry3K / CLEVR-Count-70K files or ``synthetic://clevr`` (types rl, sft)."""
+    from areal.dataset import clevr_count_70k, geometry3k
+
+    if dtype not in ("rl", "sft"):
+        raise ValueError(f"dataset {path!r}: type={dtype!r}; vision datasets allow 'rl', 'sft'")
+    if "geometry3k" in path.lower():
+        if dtype == "rl":
+            return geometry3k.get_geometry3k_rl_dataset(
+                path, split, processor, max_length, max_bad_fraction, suffix
+            )
+        return geometry3k.get_geometry3k_sft_dataset(
+            path, split, processor, max_length, max_bad_fraction
+        )
+    if dtype == "rl":
+        return clevr_count_70k.get_clevr_count_70k_rl_dataset(
+            path, split, processor, max_length, max_bad_fraction, suffix
+        )
+    return clevr_count_70k.get_clevr_count_70k_sft_dataset(
+        path, split, processor, max_length, max_bad_fraction
     )
 
 

@@ -31,12 +31,43 @@ from areal.utils import logging
 logger = logging.getLogger("RewardUtils")
 
 __all__ = [
+    "VALID_REWARD_FN",
     "MathVerifyWorker",
     "answers_match",
+    "clevr_count_70k_reward_fn",
     "extract_answer",
+    "geometry3k_reward_fn",
+    "get_custom_reward_fn",
     "get_math_verify_worker",
+    "gsm8k_reward_fn",
     "parse_number",
 ]
+
+# Reward functions importable as ``from areal.reward import xxx_reward_fn`` (loaded lazily:
+# their modules import helpers from this one).
+_LAZY_REWARDS = {
+    "gsm8k_reward_fn": "areal.reward.gsm8k",
+    "geometry3k_reward_fn": "areal.reward.geometry3k",
+    "clevr_count_70k_reward_fn": "areal.reward.clevr_count_70k",
+}
+VALID_REWARD_FN = ["clevr_count_70k", "geometry3k"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY_REWARDS:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY_REWARDS[name]), name)
+    raise AttributeError(f"module 'areal.reward' has no attribute {name!r}")
+
+
+def get_custom_reward_fn(path: str, **kwargs):
+    """The reward function of a dataset named in ``path`` (``clevr_count_70k``, ``geometry3k``)."""
+    for key in VALID_REWARD_FN:
+        if key in str(path):
+            return __getattr__(f"{key}_reward_fn")
+    raise ValueError(f"no reward function for {path!r}; supported: {VALID_REWARD_FN}")
+
 
 # A number as written in GSM8K-style text: optional sign, digits with optional thousands
 # commas, optional decimals; or a leading-dot decimal.
