@@ -468,6 +468,12 @@ class TrainEngineConfig:
         False, "Recompute activations in backward to save memory."
     )
     disable_dropout: bool = _field(False, "Set every dropout probability to 0.")
+    freeze_vision_tower: bool = _field(
+        False,
+        "Vision-language models (Qwen2-VL family): keep the vision tower (patch embedding, "
+        "vision blocks, merger) fixed: no gradients, not in the optimizer. The language "
+        "model always trains.",
+    )
     temperature: float = _field(
         1.0, "Sampling temperature the logits are divided by when computing logprobs; > 0."
     )

@@ -40,8 +40,15 @@ class ModelRequest:
     gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
     tokenizer: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
-    # Multimodal inputs are accepted for API compatibility; no backend here uses them yet.
+    # Vision-language models: one entry per image of the prompt, in order (base64 PNG/JPEG,
+    # a data URL, or a path the server can read); ``input_ids`` holds each image's expanded
+    # pad tokens as the model's processor writes them (see areal.workflow.vision_rlvr).
     image_data: list[Any] | None = None
+    # Chat messages of the prompt with ``image_url`` parts (AReaL's name); needed only by
+    # backends that take images through chat completions (vLLM).
+    vision_msg_vllm: list[Any] | None = None
+    # The processor that rendered the prompt (AReaL compatibility; not sent anywhere).
+    processor: Any = None
 
     def copy(self) -> ModelRequest:
         return replace(self, input_ids=list(self.input_ids), metadata=dict(self.metadata))

@@ -168,6 +168,7 @@ class FSDPEngine(TrainEngine):
         self.ft_spec: FinetuneSpec | None = None
         self.device = torch.device("cpu")
         self.is_critic = bool(getattr(config, "is_critic", False))
+        self.is_vlm = False  # set by _build_model for Qwen2-VL-family checkpoints
         self.temperature = float(getattr(config, "temperature", 1.0) or 1.0)
         self.logprob_chunk_size = 1024
         self.hf_shard_mb = 128  # safetensors shard size of HF saves (gather/write overlap)
@@ -291,9 +292,14 @@ class FSDPEngine(TrainEngine):
             ):
                 if hasattr(hf_config, k):
                     setattr(hf_config, k, 0.0)
+        from areal.engine import multimodal as mm
+
+        self.is_vlm = mm.is_qwen_vl_config(hf_config)
         if self.is_critic:
             hf_config.num_labels = 1
             cls = AutoModelForTokenClassification
+        elif self.is_vlm:
+            cls = mm.model_class_for(hf_config)
         else:
             cls = AutoModelForCausalLM
         load_kwargs = dict(dtype=torch.float32, attn_implementation=attn)
@@ -308,6 +314,11 @@ class FSDPEngine(TrainEngine):
                 torch.manual_seed(1)  # a critic's fresh value head must match on all ranks
                 model = cls.from_pretrained(path, config=hf_config, **load_kwargs)
         self.model_config = model.config
+        if self.is_vlm:
+            mm.use_sdpa_in_vision_tower(model)
+            if getattr(self.config, "freeze_vision_tower", False):
+                n_frozen = mm.freeze_vision_tower(model)
+                logger.info("vision tower frozen (%d parameters)", n_frozen)
         self._tie_word_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
         if getattr(self.config, "disable_dropout", False):
             for m in model.modules():
@@ -440,14 +451,20 @@ class FSDPEngine(TrainEngine):
             max_length_q=int(mb["max_seqlen"]),
             max_length_k=int(mb["max_seqlen"]),
         )
+        extra: dict[str, Any] = {"position_ids": pos[None]}
+        if self.is_vlm:
+            from areal.engine.multimodal import MM_KEY, packed_multimodal_kwargs
+
+            entries = mb.get(MM_KEY) or [{}] * (cu.numel() - 1)
+            extra = packed_multimodal_kwargs(model, ids, cu, entries)
         if self.is_critic:
-            out = model(input_ids=ids[None], position_ids=pos[None], use_cache=False, **varlen)
+            out = model(input_ids=ids[None], use_cache=False, **extra, **varlen)
             return out.logits[0, :, 0].float(), None
         cu = cu.long()
         labels = torch.roll(ids, shifts=-1)
         self._head.request(labels, self.temperature)
         try:
-            out = model(input_ids=ids[None], position_ids=pos[None], use_cache=False, **varlen)
+            out = model(input_ids=ids[None], use_cache=False, **extra, **varlen)
         finally:
             self._head.request(None)
         pred = out.logits[0]  # [N, 2]: row i scores token i + 1

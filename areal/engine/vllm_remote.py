@@ -75,6 +75,10 @@ class VLLMBackend(BackendAdapter):
         )
 
     def parse_generate(self, data):
+        if data.get("object") == "chat.completion":  # a request with images
+            from areal.engine.vision_requests import parse_chat_completion
+
+            return parse_chat_completion(data)
         c = data["choices"][0]
         lp = c.get("logprobs") or {}
         if c.get("token_ids") is not None:

@@ -101,6 +101,14 @@ class BackendAdapter:
     def parse_generate(self, data: dict[str, Any]) -> GenChunk:
         raise NotImplementedError
 
+    def with_images(
+        self, call: HttpCall, image_data: list[Any], messages: list[dict] | None
+    ) -> HttpCall:
+        """The generate call of a request with images (see ``areal.engine.vision_requests``)."""
+        from areal.engine.vision_requests import add_images
+
+        return add_images(self.name, call, image_data, messages)
+
     def pause_call(self) -> HttpCall:
         raise NotImplementedError(f"backend {self.name!r} cannot pause generation")
 
@@ -479,8 +487,19 @@ class RemoteInfEngine(InferenceEngine):
         )
 
     # ------------------------------------------------------------------ generation
-    async def _generate_chunk(self, rid: str, input_ids: list[int], p: GenParams) -> GenChunk:
+    async def _generate_chunk(
+        self,
+        rid: str,
+        input_ids: list[int],
+        p: GenParams,
+        image_data: list[Any] | None = None,
+        messages: list[dict] | None = None,
+    ) -> GenChunk:
         import aiohttp
+
+        call = self.backend.generate_call(rid, input_ids, p)
+        if image_data:
+            call = self.backend.with_images(call, image_data, messages)
 
         retries = self.config.request_retries
         last: Exception | None = None
@@ -489,9 +508,7 @@ class RemoteInfEngine(InferenceEngine):
             with self._lock:
                 self._inflight[addr] += 1
             try:
-                data = await self._apost(
-                    addr, self.backend.generate_call(rid, input_ids, p), self.config.request_timeout
-                )
+                data = await self._apost(addr, call, self.config.request_timeout)
                 return self.backend.parse_generate(data)
             except HttpError as e:
                 if e.status < 500:
@@ -557,7 +574,16 @@ class RemoteInfEngine(InferenceEngine):
                     seed=None if seed is None else seed + len(tokens),
                 )
                 version_before = self._version
-                chunk = await self._generate_chunk(req.rid, list(req.input_ids) + tokens, p)
+                if req.image_data:  # vision-language request
+                    chunk = await self._generate_chunk(
+                        req.rid,
+                        list(req.input_ids) + tokens,
+                        p,
+                        req.image_data,
+                        getattr(req, "vision_msg_vllm", None),
+                    )
+                else:
+                    chunk = await self._generate_chunk(req.rid, list(req.input_ids) + tokens, p)
                 if chunk.tokens and ttft == float("inf"):
                     ttft = time.perf_counter() - start
                 tokens += chunk.tokens

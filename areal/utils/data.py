@@ -140,6 +140,8 @@ def select_sequences(
             out[k] = v[idx, :t]
         elif torch.is_tensor(v) and v.dim() >= 1 and v.shape[0] == b:
             out[k] = v[idx]
+        elif isinstance(v, list) and len(v) == b:  # per-row values (multi_modal_input)
+            out[k] = [v[i] for i in idx.tolist()]
         else:
             out[k] = v
     return out

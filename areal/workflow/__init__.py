@@ -15,6 +15,7 @@ from typing import Any
 _LAZY = {
     "RLVRWorkflow": "areal.workflow.rlvr",
     "MultiTurnWorkflow": "areal.workflow.multi_turn",
+    "VisionRLVRWorkflow": "areal.workflow.vision_rlvr",
 }
 
 __all__ = sorted(_LAZY)

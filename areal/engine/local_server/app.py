@@ -86,7 +86,18 @@ class LocalInferenceServer(OpenAIRoutes):
 
         if seed is not None:
             torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        from transformers import AutoConfig
+
+        from areal.utils.vlm import is_qwen_vl_config
+
+        is_vlm = is_qwen_vl_config(AutoConfig.from_pretrained(model_path))
+        if is_vlm:
+            from areal.engine.multimodal import model_class_for
+
+            model_cls = model_class_for(AutoConfig.from_pretrained(model_path))
+            model = model_cls.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        else:
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
         model = model.to(resolve_device(device))
         tokenizer = None
         tok_files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
@@ -106,7 +117,12 @@ class LocalInferenceServer(OpenAIRoutes):
             context_length=context_length,
             version=version,
         )
-        return cls(core, tokenizer, model_path)
+        server = cls(core, tokenizer, model_path)
+        if is_vlm:
+            from areal.utils.vlm import load_vlm_processor
+
+            server.image_processor = load_vlm_processor(model_path).image_processor
+        return server
 
     # ------------------------------------------------------------------ plumbing
     def build_app(self):
@@ -168,7 +184,9 @@ class LocalInferenceServer(OpenAIRoutes):
             )
         return body
 
-    async def _run_generation(self, rid: str, input_ids: list[int], params) -> dict[str, Any]:
+    async def _run_generation(
+        self, rid: str, input_ids: list[int], params, mm_inputs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Submit to the core and await its result; aborts the request if the client goes away."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
@@ -180,12 +198,25 @@ class LocalInferenceServer(OpenAIRoutes):
 
             loop.call_soon_threadsafe(_set)
 
-        self.core.submit(rid, input_ids, params, _cb)
+        if mm_inputs is None:
+            self.core.submit(rid, input_ids, params, _cb)
+        else:
+            self.core.submit(rid, input_ids, params, _cb, mm_inputs=mm_inputs)
         try:
             return await fut
         except asyncio.CancelledError:
             self.core.abort(rid)
             raise
+
+    async def _image_inputs(self, image_data: Any) -> dict[str, Any]:
+        """Decode + preprocess a request's images in a worker thread (never on the loop)."""
+        from areal.engine.local_server.core import RequestError
+        from areal.engine.local_server.vision import images_to_mm_inputs
+
+        image_processor = getattr(self, "image_processor", None)
+        if image_processor is None:
+            raise RequestError("this server has no image processor: the model takes no images")
+        return await asyncio.to_thread(images_to_mm_inputs, image_processor, image_data)
 
     async def _call_core(self, fut):
         return await asyncio.wrap_future(fut)
@@ -263,7 +294,10 @@ class LocalInferenceServer(OpenAIRoutes):
             return _error(400, "'rid' must be a string")
         try:
             params = SamplingParams.from_dict(body.get("sampling_params"))
-            result = await self._run_generation(rid, input_ids, params)
+            mm_inputs = None
+            if body.get("image_data") is not None:  # vision-language models
+                mm_inputs = await self._image_inputs(body["image_data"])
+            result = await self._run_generation(rid, input_ids, params, mm_inputs)
         except RequestError as e:
             return _error(400, str(e))
         if "error" in result:

@@ -114,6 +114,8 @@ class _Request:
     generator: torch.Generator | None = None
     finish: str = ""
     device: torch.device | str = "cpu"  # where the per-request sampling generator lives
+    # Vision-language models: {"pixel_values", "image_grid_thw"} of the prompt's images.
+    mm: dict[str, Any] | None = None
 
     def __post_init__(self):
         if self.params.seed is not None and not self.params.greedy:
@@ -377,7 +379,9 @@ class GenerationCore:
         self.context_length = (
             context_length or getattr(cfg, "max_position_embeddings", None) or 1 << 30
         )
-        self.vocab_size = int(cfg.vocab_size)
+        self.vocab_size = int(getattr(cfg, "vocab_size", 0) or cfg.get_text_config().vocab_size)
+        # Qwen2-VL family: image prefill with M-RoPE positions (areal.engine.local_server.vision)
+        self.is_vlm = getattr(cfg, "model_type", None) in ("qwen2_vl", "qwen2_5_vl")
         self.version = version
         self.paused = False
 
@@ -402,8 +406,13 @@ class GenerationCore:
         input_ids: list[int],
         params: SamplingParams,
         callback: Callable[[dict[str, Any]], None],
+        mm_inputs: dict[str, Any] | None = None,
     ) -> None:
-        """Queue a request; ``callback(result)`` runs on the scheduler thread when it ends."""
+        """Queue a request; ``callback(result)`` runs on the scheduler thread when it ends.
+
+        ``mm_inputs`` (vision-language models): ``pixel_values`` and ``image_grid_thw`` of
+        the images whose expanded ``<|image_pad|>`` tokens ``input_ids`` holds.
+        """
         if not input_ids:
             raise RequestError("input_ids is empty")
         if any((not isinstance(t, int)) or t < 0 or t >= self.vocab_size for t in input_ids):
@@ -419,7 +428,12 @@ class GenerationCore:
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop.update(self.eos_token_ids)
+        if mm_inputs is not None:
+            from areal.engine.local_server.vision import check_mm_request
+
+            check_mm_request(self.model, input_ids, mm_inputs, self.is_vlm)
         req = _Request(rid, list(input_ids), params, callback, frozenset(stop), device=self.device)
+        req.mm = mm_inputs
         with self._lock:
             if self._stopped:
                 raise RuntimeError("generation core is shut down")
@@ -560,20 +574,28 @@ class GenerationCore:
             mask[i, P - L :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        extra: dict[str, Any] = {"position_ids": pos}
+        deltas = None
+        if self.is_vlm:  # M-RoPE positions (+ pixel values of the rows that have images)
+            from areal.engine.local_server.vision import prefill_mm_kwargs
+
+            extra, deltas = prefill_mm_kwargs(self.model, new, ids, mask)
         cache = DynamicCache()
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
-            position_ids=pos,
             cache=cache,
             use_cache=True,
             logits_to_keep=1,
+            **extra,
         )
         pad = (mask == 0).view(n, 1, P, 1)
         keys = [layer.keys.masked_fill(pad, 0.0) for layer in cache.layers]
         values = [layer.values.masked_fill(pad, 0.0) for layer in cache.layers]
         tokens, logps = _sample(out.logits[:, -1, :], new, [0] * n)
         next_pos = mask.sum(-1)
+        if deltas is not None:  # text after images continues from the largest M-RoPE position
+            next_pos = next_pos + deltas
         self._record(new, tokens, logps)
         self._batch.merge(new, keys, values, mask, next_pos, tokens)
         self._finish_done()
