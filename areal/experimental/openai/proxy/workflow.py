@@ -31,6 +31,7 @@ import multiprocessing
 import numbers
 import os
 import threading
+import weakref
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -80,6 +81,21 @@ def _run_in_subprocess(agent: Any, data: dict[str, Any], envs: dict[str, str]) -
     return asyncio.run(agent.run(data))
 
 
+def _shared_client(timeout: float) -> Any:
+    httpx = import_httpx()
+
+    class SharedAsyncClient(httpx.AsyncClient):
+        """An ``httpx.AsyncClient`` that episodes share: closing it is a no-op."""
+
+        async def aclose(self) -> None:  # agents may close "their" client
+            return None
+
+    return SharedAsyncClient(
+        timeout=httpx.Timeout(timeout, connect=30.0),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+    )
+
+
 def is_agent(obj: Any) -> bool:
     """True for objects/classes with an ``async def run`` and no ``arun_episode``."""
     if obj is None or isinstance(obj, RolloutWorkflow) or hasattr(obj, "arun_episode"):
@@ -126,13 +142,22 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
         self.export_style = export_style
         self.subproc_max_workers = int(subproc_max_workers)
         self.request_timeout = float(request_timeout)
+        self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def _http(self):
-        httpx = import_httpx()
-        return httpx.AsyncClient(
-            timeout=httpx.Timeout(self.request_timeout, connect=30.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
-        )
+        """One keep-alive HTTP client per event loop, shared by all its episodes.
+
+        Creating an ``httpx.AsyncClient`` costs tens of milliseconds of CPU (TLS context),
+        too much per episode. Agents get the shared client as ``http_client``; its
+        ``aclose`` is a no-op, so an agent that closes its OpenAI client (``async with
+        AsyncOpenAI(http_client=...)``) does not break the other episodes.
+        """
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None or client.is_closed:
+            client = _shared_client(self.request_timeout)
+            self._clients[loop] = client
+        return client
 
     async def _run_agent(self, api_key: str, data: dict[str, Any], http: Any) -> Any:
         if self.mode == "inline":
@@ -153,33 +178,33 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, Any] | None:
         scope = stats_tracker.get(workflow_context.stat_scope())
         task_id = workflow_context.get().task_id
-        async with self._http() as http:
-            if self.mode == "online":
-                return await self._online_episode(http, scope)
-            proxy = OpenAIProxyClient(http, self.proxy_addr, str(task_id), self._admin_api_key)
-            try:
-                async with proxy:
-                    rewards = await self._run_agent(proxy.session_api_key, data, http)
-                    if isinstance(rewards, dict):
-                        for cid, r in rewards.items():
-                            await proxy.set_reward(cid, float(r))
-                    elif isinstance(rewards, numbers.Real) and not isinstance(rewards, bool):
-                        await proxy.set_last_reward(float(rewards))
-                    else:
-                        raise TypeError(
-                            f"agent.run returned {type(rewards).__name__}; expected a float "
-                            "(reward of the last call) or a dict {call id: reward}"
-                        )
-            except Exception as e:
-                scope.scalar(agent_failed=1.0)
-                logger.warning(
-                    "agent episode failed (%s: %s); the episode is rejected", type(e).__name__, e
-                )
-                if proxy.session_id is not None:
-                    await self._discard(proxy)
-                raise
-            scope.scalar(agent_failed=0.0)
-            interactions = await proxy.export_interactions(self.discount, self.export_style)
+        http = self._http()
+        if self.mode == "online":
+            return await self._online_episode(http, scope)
+        proxy = OpenAIProxyClient(http, self.proxy_addr, str(task_id), self._admin_api_key)
+        try:
+            async with proxy:
+                rewards = await self._run_agent(proxy.session_api_key, data, http)
+                if isinstance(rewards, dict):
+                    for cid, r in rewards.items():
+                        await proxy.set_reward(cid, float(r))
+                elif isinstance(rewards, numbers.Real) and not isinstance(rewards, bool):
+                    await proxy.set_last_reward(float(rewards))
+                else:
+                    raise TypeError(
+                        f"agent.run returned {type(rewards).__name__}; expected a float "
+                        "(reward of the last call) or a dict {call id: reward}"
+                    )
+        except Exception as e:
+            scope.scalar(agent_failed=1.0)
+            logger.warning(
+                "agent episode failed (%s: %s); the episode is rejected", type(e).__name__, e
+            )
+            if proxy.session_id is not None:
+                await self._discard(proxy)
+            raise
+        scope.scalar(agent_failed=0.0)
+        interactions = await proxy.export_interactions(self.discount, self.export_style)
         return self._finish(interactions, scope, proxy.session_id)
 
     async def _discard(self, proxy: OpenAIProxyClient) -> None:
