@@ -153,7 +153,20 @@ def test_call_engine_killed_actor_raises_worker_died_naming_it(ray_sched):
     ray_sched.create_workers(Job(replicas=1, role="victim", tasks=[SchedulingSpec(cpu=0, mem=1)]))
     ray_sched.create_engine("victim/0", ECHO)
     assert ray_sched.call_engine("victim/0", "sleep", 0.0) == 0.0
-    ray.kill(ray_sched.actor_handle("victim/0"), no_restart=True)
+    handle = ray_sched.actor_handle("victim/0")
+    ray.kill(handle, no_restart=True)
+    # ray.kill is asynchronous: wait until Ray itself reports the actor dead, so the call
+    # below cannot race the kill (it used to succeed now and then)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            ray.get(handle.__ray_ready__.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            break
+        except ray.exceptions.GetTimeoutError:
+            pass
+        assert time.monotonic() < deadline, "Ray did not report the killed actor dead in 60 s"
+        time.sleep(0.1)
     t0 = time.monotonic()
     with pytest.raises(WorkerDiedError, match="victim/0") as ei:
         ray_sched.call_engine("victim/0", "sleep", 0.0, timeout=30)

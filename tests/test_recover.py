@@ -12,7 +12,7 @@ import torch
 
 from areal.api.cli_args import RecoverConfig
 from areal.api.io_struct import FinetuneSpec, StepInfo
-from areal.utils.recover import RecoverHandler, list_complete_checkpoints
+from areal.utils.recover import RecoverHandler, list_complete_checkpoints, verify_checkpoint
 
 
 class FakeEngine:
@@ -194,3 +194,44 @@ def test_recover_kill_during_checkpoint_write_leaves_previous_checkpoint_usable(
     # The next successful dump cleans the half-written directory up.
     _dump(h, FakeEngine(), 1)
     assert not [d for d in os.listdir(h.root) if d.startswith(".tmp-")]
+
+
+def test_recover_truncated_file_with_marker_detected_previous_checkpoint_used(tmp_path, caplog):
+    """Step 1's weights file is cut short after the COMPLETE marker was written (a full
+    disk, a copy cut short): its manifest catches it and step 0 is resumed from."""
+    h = RecoverHandler(_cfg(tmp_path), FT)
+    eng = FakeEngine()
+    eng.w = torch.tensor([1.0, 2.0, 3.0])
+    step0 = _dump(h, eng, 0)
+    eng.w = torch.tensor([9.0, 9.0, 9.0])
+    step1 = _dump(h, eng, 1)
+    assert verify_checkpoint(step0) is None and verify_checkpoint(step1) is None
+    assert os.path.exists(os.path.join(step1, "COMPLETE"))
+    victim = next(
+        os.path.join(d, n) for d, _, ns in os.walk(os.path.join(step1, "model")) for n in ns
+    )
+    size = os.path.getsize(victim)
+    with open(victim, "r+b") as f:
+        f.truncate(size // 2)
+    problem = verify_checkpoint(step1)
+    assert problem is not None and "truncated" in problem and os.path.basename(victim) in problem
+
+    eng2 = FakeEngine()
+    with caplog.at_level("ERROR"):
+        info = RecoverHandler(_cfg(tmp_path), FT).load(eng2, None, None, None, None)
+    assert info.last_step_info.global_step == 0
+    assert torch.equal(eng2.w, torch.tensor([1.0, 2.0, 3.0]))
+    assert "damaged although marked complete" in caplog.text and "step00000001" in caplog.text
+
+
+def test_recover_corrupted_same_size_file_detected_by_checksum(tmp_path):
+    h = RecoverHandler(_cfg(tmp_path), FT)
+    d = _dump(h, FakeEngine(), 0)
+    info = os.path.join(d, "recover_info.pt")
+    with open(info, "r+b") as f:
+        f.seek(10)
+        b = f.read(1)
+        f.seek(10)
+        f.write(bytes([b[0] ^ 0xFF]))
+    assert "CRC-32" in verify_checkpoint(d)
+    assert h.latest() is None

@@ -204,16 +204,21 @@ def aiohttp_middleware(
     return middleware
 
 
-_AUTH_KEY = None
+def _make_auth_key():
+    try:
+        from aiohttp import web
+    except ImportError:  # pragma: no cover - aiohttp is a core dependency
+        return None
+    return web.RequestKey("areal_auth", AuthResult)
+
+
+# Created at import: aiohttp names a RequestKey after the module found on the caller's
+# stack, and fails when created from a thread without one (e.g. a Ray actor's server thread).
+_AUTH_KEY = _make_auth_key()
 
 
 def _auth_key():
     """The aiohttp ``RequestKey`` under which the middleware stores the AuthResult."""
-    global _AUTH_KEY
-    if _AUTH_KEY is None:
-        from aiohttp import web
-
-        _AUTH_KEY = web.RequestKey("areal_auth", AuthResult)
     return _AUTH_KEY
 
 

@@ -6,6 +6,10 @@ engine) and ``recover_info.pt`` (step, dataloader state, saver/evaluator/stats-l
 state, RNG states, the version the inference servers had). It is first written to a
 ``.tmp-*`` directory, completed with a ``COMPLETE`` marker and then renamed into place, so a
 process killed half-way never leaves a directory that :meth:`RecoverHandler.load` accepts.
+Before the marker, ``MANIFEST.json`` records the size and CRC-32 of every file; ``load``
+verifies them and, when a file is truncated or altered although the marker is there (a
+full disk, a copy cut short, a filesystem that lost data on a crash), logs which file and
+falls back to the previous complete checkpoint.
 The last ``keep_last`` complete checkpoints are kept.
 
 Modes (``recover.mode``): ``disabled``: nothing written, never resumed. ``off``: written,
@@ -16,10 +20,12 @@ experiment/trial resumes from the newest complete checkpoint.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import random
 import shutil
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +40,66 @@ logger = logging.getLogger("RecoverHandler")
 
 _MARKER = "COMPLETE"
 _INFO = "recover_info.pt"
+_MANIFEST = "MANIFEST.json"
+_CHUNK = 16 * 1024 * 1024
+
+
+def _crc32(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _files(root: str) -> list[str]:
+    out = []
+    for d, _, names in os.walk(root):
+        for n in names:
+            rel = os.path.relpath(os.path.join(d, n), root)
+            if rel not in (_MARKER, _MANIFEST):
+                out.append(rel)
+    return sorted(out)
+
+
+def write_manifest(ckpt_dir: str) -> dict:
+    """Record size and CRC-32 of every file of ``ckpt_dir`` in ``MANIFEST.json``."""
+    files = {
+        rel: {
+            "size": os.path.getsize(os.path.join(ckpt_dir, rel)),
+            "crc32": _crc32(os.path.join(ckpt_dir, rel)),
+        }
+        for rel in _files(ckpt_dir)
+    }
+    with open(os.path.join(ckpt_dir, _MANIFEST), "w") as f:
+        json.dump({"files": files}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    return files
+
+
+def verify_checkpoint(ckpt_dir: str) -> str | None:
+    """``None`` when every file of the manifest is there with its size and CRC-32, else
+    what is wrong (the first problem found). A checkpoint without a manifest (written by
+    an older version) is accepted."""
+    path = os.path.join(ckpt_dir, _MANIFEST)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            files = json.load(f)["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"unreadable {_MANIFEST}: {type(e).__name__}: {e}"
+    for rel, meta in files.items():
+        full = os.path.join(ckpt_dir, rel)
+        if not os.path.exists(full):
+            return f"{rel} is missing"
+        size = os.path.getsize(full)
+        if size != meta["size"]:
+            return f"{rel} has {size} bytes, the manifest says {meta['size']} (truncated?)"
+        if _crc32(full) != meta["crc32"]:
+            return f"{rel}: CRC-32 differs from the manifest (corrupted)"
+    return None
 
 
 @dataclass
@@ -153,6 +219,7 @@ class RecoverHandler:
             extra={"pending_data": pending},
         )
         torch.save(info, os.path.join(tmp, _INFO))
+        write_manifest(tmp)
         with open(os.path.join(tmp, _MARKER), "w") as f:
             f.write(f"{step_info.global_step}\n")
             f.flush()
@@ -177,8 +244,17 @@ class RecoverHandler:
 
     # ------------------------------------------------------------------ load
     def latest(self) -> str | None:
-        complete = list_complete_checkpoints(self.root)
-        return complete[-1] if complete else None
+        """The newest complete checkpoint whose files match its manifest; a damaged one is
+        logged (which file, what) and skipped in favour of the previous one."""
+        for d in reversed(list_complete_checkpoints(self.root)):
+            problem = verify_checkpoint(d)
+            if problem is None:
+                return d
+            logger.error(
+                f"Recover checkpoint {d} is damaged although marked complete: {problem}; "
+                "using the previous one"
+            )
+        return None
 
     def load(
         self,
