@@ -408,10 +408,13 @@ class PPOCriticConfig(TrainEngineConfig):
 
 @dataclass
 class TeacherConfig(PPOActorConfig):
-    """Teacher model for on-policy distillation. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
+    """Teacher model for on-policy distillation (``PPOConfig.teacher``): a frozen model whose
+    logprobs of every trajectory enter the actor loss as a reverse-KL term."""
 
-    rl_loss_weight: float = _field(1.0, "Weight of the RL loss.")
-    distill_loss_weight: float = _field(0.005, "Weight of the distillation loss.")
+    rl_loss_weight: float = _field(
+        1.0, "Weight of the RL loss; 0: pure distillation (reverse KL by importance sampling)."
+    )
+    distill_loss_weight: float = _field(0.005, "Weight of the distillation (reverse-KL) loss.")
 
 
 _DPO_LOSS_TYPES = ["sigmoid", "ipo"]

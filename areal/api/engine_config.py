@@ -519,10 +519,18 @@ class TrainEngineConfig:
         False, "Offload parameters and optimizer states to CPU between uses (GPU). " + _NOT_ACTED
     )
     use_kernels: bool = _field(False, "Apply HuggingFace `kernels` to the model. " + _NOT_ACTED)
-    use_lora: bool = _field(False, "Train LoRA adapters. " + _NOT_ACTED)
-    lora_rank: int = _field(32, "LoRA rank. " + _NOT_ACTED)
-    lora_alpha: int = _field(16, "LoRA alpha. " + _NOT_ACTED)
-    target_modules: list[str] = _field(help="LoRA target modules. " + _NOT_ACTED, factory=list)
+    use_lora: bool = _field(
+        False,
+        "Train LoRA adapters (peft) instead of all weights; with weight_update_mode 'disk' "
+        "the weight sync sends only the adapter.",
+    )
+    lora_rank: int = _field(32, "LoRA rank r; >= 1.")
+    lora_alpha: int = _field(16, "LoRA alpha (the update is scaled by lora_alpha / lora_rank).")
+    target_modules: list[str] = _field(
+        help="Module names LoRA adapts (e.g. q_proj, v_proj); empty or ['all-linear']: every "
+        "attention and MLP projection.",
+        factory=list,
+    )
     peft_type: str = _field("lora", "PEFT method. " + _NOT_ACTED)
     enable_tree_training: bool = _field(False, "Tree training with flex attention. " + _NOT_ACTED)
     _version: str = _field(
@@ -548,6 +556,7 @@ class TrainEngineConfig:
                 "or a kernels repo id 'org/repo'"
             )
         _check_choice(owner, "weight_update_mode", self.weight_update_mode, ["disk", "xccl"])
+        _check_range(owner, "lora_rank", self.lora_rank, ge=1)
         _check_range(owner, "weight_update_timeout", self.weight_update_timeout, gt=0)
         _check_range(owner, "num_threads", self.num_threads, ge=1)
         _check_range(owner, "temperature", self.temperature, gt=0)

@@ -113,8 +113,8 @@ class SFTConfig(BaseExperimentConfig):
 
 @dataclass
 class RWConfig(BaseExperimentConfig):
-    """Reward-model training (a critic-style model with a scalar head, `actor.is_critic`).
-    This project accepts it so AReaL YAMLs load, but does not act on it yet."""
+    """Reward-model training (``RWTrainer``): Bradley-Terry loss on a critic-style model with
+    a scalar head (`actor.is_critic`), preference pairs (dataset type 'rw')."""
 
     actor: TrainEngineConfig = _field(
         help="The trained reward model; needs is_critic=True.", factory=TrainEngineConfig
@@ -136,7 +136,9 @@ class RWConfig(BaseExperimentConfig):
 
 @dataclass
 class DPOConfig(BaseExperimentConfig):
-    """Direct Preference Optimization. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
+    """Direct Preference Optimization (``DPOTrainer``): the trained policy ``actor`` (with
+    ``beta`` / ``loss_type``) against the frozen reference ``ref`` built in the same workers;
+    preference pairs (dataset type 'dpo')."""
 
     actor: DPOEngineConfig = _field(help="The trained policy.", factory=DPOEngineConfig)
     ref: DPOEngineConfig = _field(
@@ -178,7 +180,11 @@ class PPOConfig(BaseExperimentConfig):
         False,
         "Stop collecting a batch once accepted + rejected reaches batch_size (variable batch size).",
     )
-    teacher: TeacherConfig | None = _field(None, "Distillation teacher. " + _NOT_ACTED)
+    teacher: TeacherConfig | None = _field(
+        None,
+        "On-policy distillation teacher (a frozen model scoring every trajectory; reverse-KL "
+        "term weighted by teacher.rl_loss_weight / distill_loss_weight); None: no teacher.",
+    )
 
     def __post_init__(self):
         if self.eval_gconfig is None:
@@ -216,10 +222,6 @@ NOT_ACTED_ON: tuple[tuple[str, str, str], ...] = (
     ("TrainEngineConfig", "offload", f"{_CUDA} (torch_memory_saver)"),
     ("TrainEngineConfig", "use_kernels", f"{_CUDA} (HuggingFace kernels)"),
     ("TrainEngineConfig", "enable_tree_training", f"{_CUDA} (flex-attention tree training)"),
-    ("TrainEngineConfig", "use_lora", _LORA),
-    ("TrainEngineConfig", "lora_rank", _LORA),
-    ("TrainEngineConfig", "lora_alpha", _LORA),
-    ("TrainEngineConfig", "target_modules", _LORA),
     ("TrainEngineConfig", "peft_type", _LORA),
     ("TrainEngineConfig", "_version", _GATEWAY),
     ("TrainEngineConfig", "admin_api_key", _GATEWAY),
@@ -271,7 +273,6 @@ NOT_ACTED_ON: tuple[tuple[str, str, str], ...] = (
     ("BaseExperimentConfig", "perf_tracer", "AReaL's performance tracer"),
     ("BaseExperimentConfig", "memory_profiler", f"{_CUDA} (memory snapshots)"),
     ("BaseExperimentConfig", "launcher", "AReaL's SPMD launchers"),
-    ("PPOConfig", "teacher", "on-policy distillation (issue 15)"),
 )
 
 

@@ -182,6 +182,10 @@ class WeightUpdateMeta:
     weight_chunked_mem_mb: int = 1024
     version: int | None = None
     timeout_s: float = 120.0  # xccl: bound of the group join and of each broadcast (both sides)
+    # LoRA: send only the adapter (disk: adapter_model.safetensors + adapter_config.json),
+    # registered on the servers as ``lora_name`` (areal.engine.lora.LoRASyncHook sets both)
+    use_lora: bool = False
+    lora_name: str | None = None
 
     def __post_init__(self):
         if self.type not in ("disk", "xccl"):

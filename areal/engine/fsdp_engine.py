@@ -182,6 +182,7 @@ class FSDPEngine(TrainEngine):
         self._weight_update_group: dist.ProcessGroup | None = None
         self._weight_update_group_key: tuple | None = None
         self.dtype = torch.float32
+        self._lora_scale: float | None = None  # set when the model carries a LoRA adapter
 
     # ------------------------------------------------------------------ lifecycle
     def create_process_group(self, parallel_strategy: Any = None) -> None:
@@ -335,6 +336,13 @@ class FSDPEngine(TrainEngine):
             self._head = ChunkedLogprobHead(head, chunk_size=self.logprob_chunk_size)
             model.set_output_embeddings(self._head)
         model.config.use_cache = False
+        if getattr(self.config, "use_lora", False):
+            from areal.engine.lora import lora_scale, wrap_lora
+
+            if self.is_critic:
+                raise ValueError("TrainEngineConfig.use_lora=True is not supported for critics")
+            model = wrap_lora(model, self.config)
+            self._lora_scale = lora_scale(self.config.lora_rank, self.config.lora_alpha)
         if self.device.type == "cuda":
             model = model.to(self.device)
         mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
@@ -727,6 +735,8 @@ class FSDPEngine(TrainEngine):
             if tokenizer is not None:
                 tokenizer.save_pretrained(path)
         dist.barrier(group=self.data_parallel_group)
+        if self._lora_scale is not None:  # the merged weights above + the adapter itself
+            self._save_lora_adapter(os.path.join(path, "lora_adapter"))
 
     def _load_hf(self, path: str) -> None:
         from safetensors.torch import load_file
@@ -836,7 +846,33 @@ class FSDPEngine(TrainEngine):
         for name, buf in model.named_buffers():
             if name in sd_keys and name not in named:
                 named[name] = buf
+        if self._lora_scale is not None:
+            from areal.engine.lora import merged_export_tensors
+
+            # HF names, adapter merged into the targeted weights (W0 + s * B @ A)
+            return merged_export_tensors(named, self._lora_scale)
         return named
+
+    def _save_lora_adapter(self, path: str) -> int:
+        """Write only the LoRA adapter (peft layout) to ``path`` on rank 0; collective.
+        Returns the adapter's bytes (0 on other ranks)."""
+        from areal.engine.lora import adapter_tensors, write_adapter
+
+        named = adapter_tensors(dict(self._require_model().named_parameters()))
+        full = {
+            k: (v.detach().full_tensor() if hasattr(v, "full_tensor") else v.detach()).to(
+                self._export_dtype()
+            )
+            for k, v in named.items()
+        }
+        n = 0
+        if dist.get_rank() == 0:
+            targets = sorted(
+                {k.split(".lora_A.")[0].rsplit(".", 1)[-1] for k in full if ".lora_A." in k}
+            )
+            n = write_adapter(path, full, self.config.lora_rank, self.config.lora_alpha, targets)
+        dist.barrier(group=self.data_parallel_group)
+        return n
 
     def _export_specs(self, named: dict[str, torch.Tensor]) -> list[ParamSpec]:
         dt_name = str(self._export_dtype()).removeprefix("torch.")
@@ -869,7 +905,12 @@ class FSDPEngine(TrainEngine):
         if not meta.path:
             raise ValueError("WeightUpdateMeta.path is required for a disk weight update")
         t0 = time.perf_counter()
-        self._save_hf(meta.path)
+        if getattr(meta, "use_lora", False):
+            if self._lora_scale is None:
+                raise ValueError("WeightUpdateMeta.use_lora=True but the model has no LoRA adapter")
+            self._save_lora_adapter(meta.path)  # adapter only
+        else:
+            self._save_hf(meta.path)
         if dist.get_rank() == 0 and self.inference_engine is not None:
             fut = self.inference_engine.update_weights_from_disk(meta)
             _wait(fut, "inference_engine.update_weights_from_disk")

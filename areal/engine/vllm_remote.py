@@ -49,6 +49,7 @@ class VLLMBackend(BackendAdapter):
     # Method of areal's worker extension (reload + refresh of pre-packed layers); servers
     # started without the extension can use vLLM's own "reload_weights".
     reload_method = "areal_reload_weights"
+    active_lora: str | None = None  # the LoRA adapter requests use (adapter-only syncs)
 
     def __init__(self, reload_method: str | None = None):
         if reload_method is not None:
@@ -71,6 +72,7 @@ class VLLMBackend(BackendAdapter):
                 "skip_special_tokens": False,
                 "request_id": rid,
                 **({"seed": p.seed} if p.seed is not None else {}),
+                **({"model": self.active_lora} if self.active_lora else {}),
             },
         )
 
@@ -95,6 +97,15 @@ class VLLMBackend(BackendAdapter):
         return HttpCall("/resume", None)
 
     def update_disk_call(self, path, version):
+        if os.path.isfile(os.path.join(path, "adapter_config.json")):
+            # LoRA adapter only (areal.engine.lora): vLLM's dynamic LoRA loading (server
+            # started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1); later
+            # requests name the adapter as their model. Versioned names: a new adapter per
+            # sync, never an in-place overwrite of one that requests may still use.
+            name = f"areal-lora-v{version}"
+            self.active_lora = name
+            return HttpCall("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        self.active_lora = None
         return HttpCall(
             "/collective_rpc",
             {"method": self.reload_method, "kwargs": {"weights_path": path}},

@@ -89,6 +89,16 @@ class PPOTrainer:
                 self.ref.initialize(
                     role="ref", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec, seed=config.seed
                 )
+            # On-policy distillation: a frozen teacher scores every trajectory.
+            self.teacher = None
+            if getattr(config, "teacher", None) is not None:
+                self.teacher = TrainController(ACTOR_ENGINE, config.teacher, self.scheduler)
+                self.teacher.initialize(
+                    role="teacher",
+                    alloc_mode=self.alloc_mode,
+                    ft_spec=self.ft_spec,
+                    seed=config.seed,
+                )
             self.critic = None
             if getattr(config, "critic", None) is not None:
                 self.critic = TrainController(CRITIC_ENGINE, config.critic, self.scheduler)
@@ -151,11 +161,18 @@ class PPOTrainer:
         scratch = os.path.join(
             c.cluster.fileroot, "checkpoints", c.experiment_name, c.trial_name, "server_restart"
         )
+        hooks = []
+        if c.actor.use_lora and c.actor.weight_update_mode == "disk":
+            from areal.engine.lora import LoRASyncHook
+
+            # adapter-only pushes under versioned names (xccl sends merged full weights)
+            hooks.append(LoRASyncHook(lora_name=f"{c.experiment_name}-lora"))
         return WeightSynchronizer(
             self.actor,
             self.rollout,
             self.weight_update_meta,
             critic=self.critic,
+            hooks=hooks,
             scratch_dir=scratch,
         )
 
@@ -194,7 +211,7 @@ class PPOTrainer:
         self._closed = True
         if getattr(self, "_proxy", None) is not None:
             self._proxy.stop()
-        for name in ("rollout", "critic", "ref", "actor"):
+        for name in ("rollout", "critic", "teacher", "ref", "actor"):
             comp = getattr(self, name, None)
             if comp is None:
                 continue
@@ -401,6 +418,8 @@ class PPOTrainer:
                 batch["prox_logp"] = self.actor.compute_logp(batch)
             if self.ref is not None:
                 batch["ref_logp"] = self.ref.compute_logp(batch)
+            if getattr(self, "teacher", None) is not None:
+                batch.update(self._teacher_inputs(batch))
             if self.critic is not None:
                 batch["values"] = self.critic.compute_values(batch)
         if "prox_logp" in batch:
@@ -440,6 +459,16 @@ class PPOTrainer:
         stats["perf/train_tokens_per_sec"] = n_tokens / max(train_time, 1e-9)
         stats["perf/step_tokens_per_sec"] = n_tokens / max(sum(timings.values()), 1e-9)
         return stats
+
+    def _teacher_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``teacher_logp`` of every trajectory and the loss weights (as AReaL, per row)."""
+        t = self.config.teacher
+        bs = batch["attention_mask"].shape[0]
+        return {
+            "teacher_logp": self.teacher.compute_logp(batch),
+            "rl_loss_weight": torch.full((bs,), float(t.rl_loss_weight)),
+            "distill_loss_weight": torch.full((bs,), float(t.distill_loss_weight)),
+        }
 
     def _log_consumed(self, batch: dict[str, torch.Tensor], global_step: int) -> None:
         """Append the prompts (hashes) trained on at this step to ``consumed.jsonl``.

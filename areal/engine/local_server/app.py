@@ -320,7 +320,15 @@ class LocalInferenceServer(OpenAIRoutes):
         t0 = time.monotonic()
 
         def _do():
-            n = load_weights_from_disk(self.core.model, path)
+            if os.path.isfile(os.path.join(path, "adapter_config.json")):
+                # LoRA adapter only: merged into the base weights (W0 kept aside)
+                from areal.engine.lora import apply_adapter
+
+                cache = self.__dict__.setdefault("_lora_base_weights", {})
+                n = apply_adapter(self.core.model, path, cache)
+            else:
+                n = load_weights_from_disk(self.core.model, path)
+                self.__dict__.pop("_lora_base_weights", None)  # new base weights
             if version is not None:
                 self.core.version = version
             return n

@@ -12,7 +12,8 @@ Data keys (padded ``[B, T]``, token-aligned, see the shared conventions):
   ``rewards`` ``[B]``; optional ``versions``, ``prox_logp`` (recomputed by
   :meth:`PPOActor.compute_logp`; absent with ``prox_logp_method="loglinear"``, which
   approximates it inside the loss from ``versions``), ``ref_logp`` (reference model),
-  ``values`` (critic),
+  ``values`` (critic), ``teacher_logp`` with ``rl_loss_weight`` / ``distill_loss_weight``
+  ``[B]`` (on-policy distillation, see :func:`distill_loss`),
   ``no_eos`` ``[B]`` bool (truncated responses; otherwise a response that fills the padded
   width counts as truncated).
 * out of :meth:`PPOActor.compute_advantages`: ``advantages``, ``old_logp`` (behaviour),
@@ -68,6 +69,9 @@ _TRAIN_KEYS = (
     "versions",
     "m2po_mask",
     "multi_modal_input",
+    "teacher_logp",
+    "rl_loss_weight",
+    "distill_loss_weight",
 )
 
 
@@ -445,6 +449,19 @@ def grpo_loss_fn(
             token_keep_mask=keep,
         )
 
+    teacher_logp = input_data.get("teacher_logp")
+    rkl = None
+    if teacher_logp is not None:
+        loss, rkl = distill_loss(
+            loss,
+            logprobs,
+            old_logp,
+            teacher_logp,
+            mask,
+            _first(input_data.get("rl_loss_weight"), 1.0),
+            _first(input_data.get("distill_loss_weight"), 0.005),
+        )
+
     # ---- statistics (recorded lazily; reduced at export)
     stats_tracker.denominator(
         n_valid_tokens=mask,
@@ -462,6 +479,8 @@ def grpo_loss_fn(
     )
     if entropy is not None:
         tok["entropy"] = entropy.detach().float()
+    if rkl is not None:
+        tok["rkl_loss"] = rkl.float()
     if keep is not None:
         tok["m2po_kept_ratio"] = keep.float()
     if "sapo_soft_gate" in stat:
@@ -492,6 +511,48 @@ def grpo_loss_fn(
             mask,
         )
     return loss
+
+
+def _first(value: Any, default: float) -> float:
+    """A per-sequence weight column (all rows equal) or a scalar, as a float."""
+    if value is None:
+        return default
+    if torch.is_tensor(value):
+        return float(value.reshape(-1)[0]) if value.numel() else default
+    return float(value)
+
+
+def distill_loss(
+    rl_loss: torch.Tensor,
+    logprobs: torch.Tensor,
+    old_logp: torch.Tensor,
+    teacher_logp: torch.Tensor,
+    mask: torch.Tensor,
+    rl_loss_weight: float = 1.0,
+    distill_loss_weight: float = 0.005,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """On-policy distillation by reverse KL to a teacher (AReaL's semantics).
+
+    ``rl_loss_weight > 0`` (KDRL, joint): ``rl_loss_weight * rl_loss + distill_loss_weight *
+    mean(logprobs - teacher_logp)`` over the loss tokens (a direct penalty; its
+    expectation under the student's samples is ``KL(student || teacher)``).
+
+    ``rl_loss_weight == 0`` (pure distillation): the RL loss is dropped and the reverse KL
+    is minimised as REINFORCE with the per-token reward ``teacher_logp - logprobs``
+    (no gradient through the reward) weighted by ``exp(logprobs - old_logp)`` (importance
+    sampling from the behaviour policy): ``-distill_loss_weight * mean(w * reward)``.
+
+    Returns the loss and the per-token reverse-KL term (for the ``rkl_loss`` stat).
+    """
+    fmask = mask.float()
+    n = fmask.sum().clamp(min=1)
+    teacher_logp = teacher_logp.detach().float()
+    if rl_loss_weight == 0:
+        reward = teacher_logp - logprobs.detach()
+        term = torch.exp(logprobs - old_logp) * reward * fmask
+        return -distill_loss_weight * term.sum() / n, (-term).detach()
+    penalty = (logprobs - teacher_logp) * fmask
+    return rl_loss_weight * rl_loss + distill_loss_weight * penalty.sum() / n, penalty.detach()
 
 
 def _log_prox_approx_stats(
