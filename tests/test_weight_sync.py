@@ -211,3 +211,59 @@ def test_weight_sync_failing_push_resumes_servers_keeps_versions_clear_error(sta
     assert _server(engine, "/version")["version"] == v_before
     resp = _greedy(engine)
     assert len(resp.output_tokens) == 6 and set(resp.output_versions) == {v_before}
+
+
+class _SkipOneTensor(WeightSyncHook):
+    """After the push, reload the server with the pushed weights except ``name``, which keeps
+    its initial value: a server that silently skipped one tensor."""
+
+    def __init__(self, initial_dir: str, name: str, scratch: str):
+        self.initial_dir, self.name, self.scratch = initial_dir, name, scratch
+
+    def verify(self, ctx):
+        import glob
+
+        from safetensors.torch import load_file, save_file
+
+        from areal.utils.auth import auth_headers, get_run_secret
+
+        pushed = {}
+        for f in glob.glob(os.path.join(ctx.meta.path, "*.safetensors")):
+            pushed.update(load_file(f))
+        initial = load_file(os.path.join(self.initial_dir, "model.safetensors"))
+        assert not torch.equal(pushed[self.name], initial[self.name])
+        pushed[self.name] = initial[self.name]
+        os.makedirs(self.scratch, exist_ok=True)
+        save_file(pushed, os.path.join(self.scratch, "model.safetensors"))
+        for addr in ctx.rollout.addresses:
+            r = requests.post(
+                f"http://{addr}/update_weights_from_disk",
+                json={"model_path": self.scratch},
+                headers=auth_headers(get_run_secret()),
+                timeout=60,
+            )
+            assert r.status_code == 200, r.text
+
+
+def test_weight_sync_fingerprint_hook_passes_real_push_catches_skipped_tensor(
+    stack, tiny_model_dir, tmp_path
+):
+    from areal.infra.weight_verify import WeightFingerprintHook, WeightFingerprintMismatch
+
+    actor, engine, meta = stack
+    v = engine.get_version() + 5
+    stats = WeightSynchronizer(actor, engine, meta, hooks=[WeightFingerprintHook()]).sync(v)
+    n_exported = sum(len(b) for b in actor.get_param_specs(1))
+    assert stats["weight_sync/fingerprint_tensors"] == n_exported > 0
+    assert stats["weight_sync/fingerprint_servers"] == 1
+    assert engine.get_version() == v
+
+    name = "model.layers.0.self_attn.q_proj.weight"
+    hooks = [_SkipOneTensor(tiny_model_dir, name, str(tmp_path / "skip")), WeightFingerprintHook()]
+    with pytest.raises(WeightSyncError, match="failed at 'verify'") as ei:
+        WeightSynchronizer(actor, engine, meta, hooks=hooks).sync(v + 1)
+    cause = ei.value.__cause__
+    assert isinstance(cause, WeightFingerprintMismatch)
+    assert cause.server == engine.addresses[0] and len(cause.tensors) == 1
+    assert cause.tensors[0].startswith(name) and name in str(ei.value)
+    assert actor.get_version() == v  # the trainer's version did not move

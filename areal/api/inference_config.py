@@ -583,6 +583,18 @@ class InferenceEngineConfig:
     pause_grace_period: float = _field(
         0.0, "Seconds to wait after pausing servers before weights are updated; >= 0."
     )
+    verify_weights: bool = _field(
+        True,
+        "After every weight update, compare a fingerprint of each server's weights with the "
+        "trainer's and fail the sync naming server and tensor on a mismatch (built-in server; "
+        "areal.infra.weight_verify).",
+    )
+    generation_api_key_env: str = _field(
+        "",
+        "Name of a controller environment variable holding an API key the built-in servers "
+        "then require on their generation endpoints (handed over as AREAL_SERVER_API_KEY in "
+        "the environment, never on a command line); empty: generation endpoints open.",
+    )
     scheduling_spec: list[SchedulingSpec] = _field(
         help="Worker resources of the rollout role (single-controller schedulers).",
         factory=_default_scheduling_spec,

@@ -878,6 +878,23 @@ class FSDPEngine(TrainEngine):
         dt_name = str(self._export_dtype()).removeprefix("torch.")
         return [ParamSpec(n, tuple(int(x) for x in t.shape), dt_name) for n, t in named.items()]
 
+    @torch.no_grad()
+    def weights_fingerprint(
+        self, seed: int = 0, dtypes: dict[str, str] | None = None
+    ) -> dict[str, list[float]]:
+        """Fingerprints (``areal.utils.weight_fingerprint``) of the exported weights by HF
+        name, each in the export dtype or in ``dtypes[name]`` (the dtype a server holds).
+        Collective: every rank all-gathers each tensor; same result on every rank."""
+        from areal.utils.weight_fingerprint import fingerprint_tensor
+
+        out: dict[str, list[float]] = {}
+        for name, t in self._export_tensors().items():
+            full = t.detach().full_tensor() if hasattr(t, "full_tensor") else t.detach()
+            dt = (dtypes or {}).get(name)
+            full = full.to(getattr(torch, dt) if dt else self._export_dtype())
+            out[name] = fingerprint_tensor(name, full, seed)
+        return out
+
     def get_param_specs(self, weight_chunked_mem_mb: int = 1024) -> list[list[ParamSpec]]:
         """Export specs (full shapes, export dtype) in ``named_parameters`` order, bucketed
         so each bucket holds at most ``weight_chunked_mem_mb`` MiB (a larger tensor gets a

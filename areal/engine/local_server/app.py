@@ -155,6 +155,7 @@ class LocalInferenceServer(OpenAIRoutes):
         r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
         r.add_post("/init_weights_update_group", self.init_weights_update_group)
         r.add_post("/update_weights_from_distributed", self.update_weights_from_distributed)
+        r.add_post("/weights_fingerprint", self.weights_fingerprint)
         r.add_get("/v1/models", self.models)
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat_completions)
@@ -305,6 +306,30 @@ class LocalInferenceServer(OpenAIRoutes):
         return web.json_response(result)
 
     # ------------------------------------------------------------------ weights
+    async def weights_fingerprint(self, request):
+        """``{"seed": int}`` -> fingerprints of every tensor the model holds
+        (``areal.utils.weight_fingerprint``), their dtypes and the version; computed on
+        the core's thread, between generation steps."""
+        from aiohttp import web
+
+        from areal.engine.local_server.weights import _named_tensors
+        from areal.utils.weight_fingerprint import fingerprint_named
+
+        body = await self._json(request)
+        seed = body.get("seed", 0)
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**62:
+            return _error(400, "'seed' must be an integer in [0, 2**62)")
+
+        def _do():
+            named = _named_tensors(self.core.model)
+            return {
+                "fingerprints": fingerprint_named(named, seed),
+                "dtypes": {n: str(t.dtype).removeprefix("torch.") for n, t in named.items()},
+                "version": self.core.version,
+            }
+
+        return web.json_response(await self._call_core(self.core.run_command(_do)))
+
     async def update_weights_from_disk(self, request):
         from aiohttp import web
 

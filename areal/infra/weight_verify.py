@@ -1,0 +1,134 @@
+"""Verified weight sync: ``WeightFingerprintHook`` checks every server after every push.
+
+After ``actor.update_weights(meta)`` and before any version moves (``WeightSyncHook.verify``)
+the hook asks every healthy server for the fingerprint of the weights it now holds
+(``POST /weights_fingerprint {"seed"}``, a control endpoint: run secret required), asks the
+trainer for the fingerprint of the weights it exported, in the dtypes the server reports
+(``actor.weights_fingerprint(seed, dtypes)``, ``FSDPEngine.weights_fingerprint``), and
+compares them tensor by tensor (``areal.utils.weight_fingerprint``). A mismatch raises
+``WeightFingerprintMismatch`` naming the server and the tensors, so the sync fails loudly
+(``WeightSyncError`` at step ``verify``; versions stay where they were) instead of the
+servers silently generating with stale or partial weights.
+
+The seed changes with every version, so an answer cannot be a stale cached one. Servers
+whose backend has no such endpoint (HTTP 404: vLLM, SGLang) are skipped with one warning.
+Stats: ``weight_sync/fingerprint_seconds``, ``weight_sync/fingerprint_tensors``,
+``weight_sync/fingerprint_servers``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import Any
+
+from areal.infra.weight_sync import WeightSyncContext, WeightSyncHook
+from areal.utils import logging
+from areal.utils.auth import auth_headers, get_run_secret
+from areal.utils.weight_fingerprint import RTOL, compare_fingerprints
+
+logger = logging.getLogger("WeightFingerprint")
+
+PATH = "/weights_fingerprint"
+
+
+class WeightFingerprintMismatch(RuntimeError):
+    """A server's weights differ from the trainer's; ``server`` and ``tensors`` say where."""
+
+    def __init__(self, version: int, server: str, tensors: list[str], n_checked: int):
+        shown = "; ".join(tensors[:5]) + (
+            f"; and {len(tensors) - 5} more" if len(tensors) > 5 else ""
+        )
+        super().__init__(
+            f"weights of version {version} on inference server {server} differ from the "
+            f"trainer's in {len(tensors)} of {n_checked} tensors: {shown}"
+        )
+        self.version = version
+        self.server = server
+        self.tensors = tensors
+
+
+class WeightFingerprintHook(WeightSyncHook):
+    """Compare every server's weight fingerprint with the trainer's after each push."""
+
+    def __init__(self, timeout: float = 300.0, rtol: float = RTOL):
+        self.timeout = timeout
+        self.rtol = rtol
+        self._unsupported: set[str] = set()
+
+    # ------------------------------------------------------------------ servers
+    def _fetch(self, addr: str, seed: int) -> dict[str, Any] | None:
+        import requests
+
+        r = requests.post(
+            f"http://{addr}{PATH}",
+            json={"seed": seed},
+            headers=auth_headers(get_run_secret()),
+            timeout=self.timeout,
+        )
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise RuntimeError(
+                f"server {addr}: {PATH} answered HTTP {r.status_code}: {r.text[:500]}"
+            )
+        return r.json()
+
+    def server_fingerprints(self, addresses: list[str], seed: int) -> dict[str, dict[str, Any]]:
+        """``{address: {"fingerprints", "dtypes", "version"}}`` of the servers that support it."""
+        out: dict[str, dict[str, Any]] = {}
+        if not addresses:
+            return out
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(addresses)) as pool:
+            futs = {a: pool.submit(self._fetch, a, seed) for a in addresses}
+            for a, f in futs.items():
+                res = f.result()
+                if res is None:
+                    if a not in self._unsupported:
+                        self._unsupported.add(a)
+                        logger.warning(
+                            "inference server %s has no %s endpoint: its weights are not verified",
+                            a,
+                            PATH,
+                        )
+                    continue
+                out[a] = res
+        return out
+
+    # ------------------------------------------------------------------ hook
+    def verify(self, ctx: WeightSyncContext) -> None:
+        t0 = time.monotonic()
+        rollout = ctx.rollout
+        addresses = list(
+            getattr(rollout, "healthy_addresses", None) or getattr(rollout, "addresses", [])
+        )
+        seed = (int(ctx.version) * 1_000_003 + 17) % 2**61
+        servers = self.server_fingerprints(addresses, seed)
+        if not servers:
+            return
+        # the trainer fingerprints its weights in the dtypes the servers hold
+        refs: dict[tuple, dict[str, list[float]]] = {}
+        n_checked = 0
+        for addr, res in servers.items():
+            dtypes = dict(res.get("dtypes") or {})
+            key = tuple(sorted(dtypes.items()))
+            if key not in refs:
+                refs[key] = ctx.actor.weights_fingerprint(seed, dtypes)
+            ref = refs[key]
+            n_checked = len(ref)
+            bad = compare_fingerprints(ref, res.get("fingerprints") or {}, self.rtol)
+            if bad:
+                err = WeightFingerprintMismatch(ctx.version, addr, bad, len(ref))
+                logger.error("%s", err)
+                raise err
+        dt = time.monotonic() - t0
+        ctx.stats["weight_sync/fingerprint_seconds"] = dt
+        ctx.stats["weight_sync/fingerprint_tensors"] = float(n_checked)
+        ctx.stats["weight_sync/fingerprint_servers"] = float(len(servers))
+        logger.info(
+            "weights of version %d verified on %d server(s) (%d tensors) in %.3fs",
+            ctx.version,
+            len(servers),
+            n_checked,
+            dt,
+        )
