@@ -14,7 +14,7 @@ import pytest
 import torch
 from _local_engine import local_engine
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.timeout(300)]
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx2")
@@ -102,6 +102,7 @@ def _end(proxy, key):
 
 
 # ----------------------------------------------------------------------------- OpenAI SDK
+@pytest.mark.slow
 def test_chat_sync_sdk_round_trip_exports_server_tokens(proxy, engine):
     s = _session(proxy)
     client = openai.OpenAI(base_url=proxy.base_url, api_key=s["api_key"])
@@ -122,6 +123,7 @@ def test_chat_sync_sdk_round_trip_exports_server_tokens(proxy, engine):
     assert torch.equal(row["logprobs"][0, n_in:], torch.tensor(resp.output_logprobs))
 
 
+@pytest.mark.slow
 def test_chat_v1_base_url_async_and_stream_match_recorded_output(proxy, engine):
     s = _session(proxy)
 
@@ -154,6 +156,7 @@ def test_chat_v1_base_url_async_and_stream_match_recorded_output(proxy, engine):
     assert text == req.tokenizer.decode(stripped, skip_special_tokens=True)
 
 
+@pytest.mark.slow
 def test_chat_stream_raw_sse_ends_with_done(proxy):
     s = _session(proxy)
     with httpx.stream(
@@ -170,6 +173,7 @@ def test_chat_stream_raw_sse_ends_with_done(proxy):
     assert json.loads(lines[0][6:])["object"] == "chat.completion.chunk"
 
 
+@pytest.mark.slow
 def test_responses_api_round_trip_recorded(proxy):
     s = _session(proxy)
     client = openai.OpenAI(base_url=proxy.base_url, api_key=s["api_key"])
@@ -180,6 +184,7 @@ def test_responses_api_round_trip_recorded(proxy):
 
 
 # ----------------------------------------------------------------------------- Anthropic SDK
+@pytest.mark.slow
 def test_anthropic_messages_sdk_plain_and_stream(proxy, engine):
     anthropic = pytest.importorskip("anthropic")
     s = _session(proxy)
@@ -237,6 +242,7 @@ async def _three_turn_session(proxy, engine, discount, style, reward_last=1.0):
     return ids, exported, calls
 
 
+@pytest.mark.slow
 def test_three_turn_concat_export_is_token_exact(proxy, engine):
     ids, exported, calls = _run(_three_turn_session(proxy, engine, 1.0, "concat"))
     assert list(exported) == [ids[-1]]  # one linear conversation -> one row
@@ -257,6 +263,7 @@ def test_three_turn_concat_export_is_token_exact(proxy, engine):
     assert float(row["rewards"][0]) == 1.0
 
 
+@pytest.mark.slow
 def test_three_turn_reward_discount_applied_once(proxy, engine):
     ids, exported, _ = _run(_three_turn_session(proxy, engine, 0.5, "individual", 1.0))
     assert list(exported) == ids
@@ -266,6 +273,7 @@ def test_three_turn_reward_discount_applied_once(proxy, engine):
 
 
 # ----------------------------------------------------------------------------- keys
+@pytest.mark.slow
 def test_requests_without_or_with_wrong_key_get_401(proxy):
     a, b = _session(proxy), _session(proxy)
     chat = {"model": "m", "messages": QUESTION, "max_tokens": 2}
@@ -300,6 +308,7 @@ def test_requests_without_or_with_wrong_key_get_401(proxy):
         _export(proxy, s["session_id"])
 
 
+@pytest.mark.slow
 def test_garbage_bodies_get_4xx_and_proxy_stays_up(proxy):
     s = _session(proxy)
     url = f"{proxy.base_url}/chat/completions"
@@ -344,6 +353,7 @@ def test_garbage_bodies_get_4xx_and_proxy_stays_up(proxy):
     assert len(_export(proxy, s["session_id"])) == 1
 
 
+@pytest.mark.slow
 def test_set_reward_after_end_and_unknown_session_export_are_client_errors(proxy):
     s = _session(proxy)
     r = httpx.post(
@@ -359,6 +369,7 @@ def test_set_reward_after_end_and_unknown_session_export_are_client_errors(proxy
 
 
 # ----------------------------------------------------------------------------- own process
+@pytest.mark.slow
 def test_proxy_process_entry_point_serves_sdk_and_stops_on_sigterm(engine, tiny_lm_dir, tmp_path):
     import os
     import signal
@@ -410,3 +421,97 @@ def test_proxy_process_entry_point_serves_sdk_and_stops_on_sigterm(engine, tiny_
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
+
+
+# ----------------------------------------------------------------------------- fast: formats
+def test_anthropic_request_with_tool_blocks_translates_to_chat_messages():
+    from areal.experimental.openai.proxy.anthropic_format import anthropic_to_openai
+
+    args = anthropic_to_openai(
+        {
+            "model": "m",
+            "max_tokens": 20,
+            "system": [{"type": "text", "text": "Be brief."}],
+            "stop_sequences": ["END"],
+            "tools": [{"name": "calc", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any"},
+            "messages": [
+                {"role": "user", "content": "1+1?"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "text", "text": "Let me see."},
+                        {"type": "tool_use", "id": "tu1", "name": "calc", "input": {"e": "1+1"}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "tu1", "content": "2"},
+                        {"type": "text", "text": "So?"},
+                    ],
+                },
+            ],
+        }
+    )
+    assert args["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "1+1?"},
+        {
+            "role": "assistant",
+            "content": "Let me see.",
+            "tool_calls": [
+                {
+                    "id": "tu1",
+                    "type": "function",
+                    "function": {"name": "calc", "arguments": '{"e": "1+1"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "tu1", "content": "2"},
+        {"role": "user", "content": "So?"},
+    ]
+    assert args["max_tokens"] == 20 and args["stop"] == ["END"]
+    assert args["tool_choice"] == "required"
+    assert args["tools"][0]["function"]["parameters"] == {"type": "object"}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"messages": []},
+        {"messages": [{"role": "system", "content": "x"}]},
+        {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+        {"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "maybe"}},
+    ],
+)
+def test_anthropic_request_unsupported_parts_raise_value_error(bad):
+    from areal.experimental.openai.proxy.anthropic_format import anthropic_to_openai
+
+    with pytest.raises(ValueError):
+        anthropic_to_openai({"max_tokens": 5, **bad})
+
+
+def test_export_serialization_round_trip_is_exact():
+    from areal.api.io_struct import ModelResponse
+    from areal.experimental.openai.proxy import deserialize_interactions, serialize_interactions
+    from areal.experimental.openai.types import InteractionWithTokenLogpReward
+
+    resp = ModelResponse(
+        input_tokens=[5, 6, 7],
+        output_tokens=[8, 9],
+        output_logprobs=[-0.123456789, -2.5e-8],
+        output_versions=[3, 4],
+        stop_reason="length",
+    )
+    it = InteractionWithTokenLogpReward(
+        model_response=resp, reward=0.75, messages=[{"role": "user"}]
+    )
+    it.interaction_id = "chatcmpl-x"
+    wire = json.loads(json.dumps(serialize_interactions({"chatcmpl-x": it})))
+    back = deserialize_interactions(wire)["chatcmpl-x"]
+    a, b = it.to_tensor_dict(), back.to_tensor_dict()
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    assert back.reward == 0.75 and back.interaction_id == "chatcmpl-x"
