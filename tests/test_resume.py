@@ -129,3 +129,44 @@ def test_resume_async_after_kill9_keeps_staleness_bound(tmp_path):
     assert [r["global_step"] for r in stats] == list(range(STEPS))
     for r in stats:
         assert r["staleness/max"] <= eta, r
+
+
+@pytest.mark.slow
+def test_sigterm_stops_at_step_boundary_writes_checkpoint_leaves_no_child(tmp_path):
+    """SIGTERM (Slurm preemption, kill) mid-run: the step finishes, a recover checkpoint is
+    written although none is due (freq_steps=1000), the controller exits 143 and no worker
+    or server outlives it."""
+    root = str(tmp_path / "term")
+    log = str(tmp_path / "term.log")
+    cmd = _cmd(root, eta=0) + ["recover.freq_steps=1000"]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while not _rows(root, "stats.jsonl"):
+            assert proc.poll() is None, open(log).read()[-3000:]
+            assert time.monotonic() < deadline, "step 0 never finished"
+            time.sleep(0.2)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children  # RPC workers and the inference server
+        os.kill(proc.pid, signal.SIGTERM)
+        rc = proc.wait(timeout=300)
+        text = open(log).read()
+        assert rc == 128 + signal.SIGTERM, text[-3000:]
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, f"children left after SIGTERM: {[c.pid for c in alive]}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    last = _rows(root, "stats.jsonl")[-1]["global_step"]
+    assert last < STEPS - 1  # stopped early, at a step boundary
+    assert f"Stopped by SIGTERM after step {last}" in text
+    from areal.utils.recover import list_complete_checkpoints, verify_checkpoint
+
+    ckpts = list_complete_checkpoints(
+        os.path.join(root, "checkpoints", "gsm8k-grpo-cpu", "demo", "recover")
+    )
+    assert [os.path.basename(c) for c in ckpts] == [f"step{last:08d}"], ckpts
+    assert verify_checkpoint(ckpts[0]) is None

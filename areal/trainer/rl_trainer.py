@@ -112,6 +112,11 @@ class PPOTrainer:
             self.weight_update_meta = self._make_weight_update_meta()
             self.actor.connect_engine(self.rollout, self.weight_update_meta)
             self.weight_sync = self._make_weight_sync()
+            if config.rollout.verify_weights and not getattr(config.actor, "use_lora", False):
+                from areal.infra.weight_verify import WeightFingerprintHook
+
+                # every server's weights are checked against the trainer's after each push
+                self.weight_sync.add_hook(WeightFingerprintHook())
             self.server_watchdog = self._make_server_watchdog()
         except BaseException:
             self.close()
@@ -144,6 +149,16 @@ class PPOTrainer:
             tp_size=getattr(gen, "tp_size", 1) if gen is not None else 1,
             pp_size=getattr(gen, "pp_size", 1) if gen is not None else 1,
         )
+        key_env = self.config.rollout.generation_api_key_env
+        if key_env:  # generation endpoints require this key (areal.utils.auth)
+            from areal.utils.auth import SERVER_API_KEY_ENV
+
+            if not os.environ.get(key_env):
+                raise ValueError(
+                    f"rollout.generation_api_key_env={key_env!r}: that environment variable is "
+                    "not set (or empty) in the controller"
+                )
+            env = {**(env or {}), SERVER_API_KEY_ENV: os.environ[key_env]}
         addrs = launch_inference_servers(
             self.scheduler, self.alloc_mode, command, env, config=self.config
         )
@@ -209,6 +224,8 @@ class PPOTrainer:
         if self._closed:
             return
         self._closed = True
+        if getattr(self, "_stop", None) is not None:
+            self._stop.uninstall()
         if getattr(self, "_proxy", None) is not None:
             self._proxy.stop()
         for name in ("rollout", "critic", "teacher", "ref", "actor"):
@@ -312,6 +329,10 @@ class PPOTrainer:
 
         pbar = tqdm(total=total_steps, initial=self.start_step, desc="train", dynamic_ncols=True)
         t_run = time.monotonic()
+        from areal.utils.stop_signals import StopOnSignal
+
+        # SIGTERM/SIGINT: finish the step, write a recover checkpoint, stop (exit 128+sig)
+        self._stop = StopOnSignal().install()
         for global_step in range(self.start_step, total_steps):
             epoch = global_step // steps_per_epoch
             step = global_step % steps_per_epoch
@@ -324,7 +345,7 @@ class PPOTrainer:
             stats = self._train_step(step_info, workflow, workflow_kwargs, dynamic_filter_fn)
 
             with stats_tracker.record_timing("checkpoint_for_recover"):
-                self.recover_handler.dump(
+                dumped = self.recover_handler.dump(
                     self.actor,
                     step_info,
                     self.saver,
@@ -333,6 +354,7 @@ class PPOTrainer:
                     self.train_dataloader,
                     inference_engine=self.rollout,
                     tokenizer=self.tokenizer,
+                    force=self._stop.requested,
                 )
             self.rollout.resume()
 
@@ -355,12 +377,33 @@ class PPOTrainer:
             pbar.set_postfix(reward=f"{stats.get('batch/reward', float('nan')):.3f}")
             pbar.update(1)
             result["steps_done"] = global_step + 1 - self.start_step
+            if self._stop.requested:
+                if dumped is None:  # the signal came after this step's (skipped) dump
+                    self.recover_handler.dump(
+                        self.actor,
+                        step_info,
+                        self.saver,
+                        self.evaluator,
+                        self.stats_logger,
+                        self.train_dataloader,
+                        inference_engine=self.rollout,
+                        tokenizer=self.tokenizer,
+                        force=True,
+                    )
+                logger.warning(
+                    f"Stopped by {self._stop.name} after step {global_step} "
+                    "(recover checkpoint written; a rerun resumes from it)"
+                )
+                break
             if max_seconds is not None and time.monotonic() - t_run >= max_seconds:
                 logger.info(
                     f"Stopping after {global_step + 1} steps: max_seconds={max_seconds} reached"
                 )
                 break
         pbar.close()
+        self._stop.uninstall()
+        if self._stop.requested:  # close() (the caller's with-block) tears children down
+            raise SystemExit(128 + self._stop.signum)
         result["train_seconds"] = time.monotonic() - t_run
 
         if self.valid_dataset is not None and eval_workflow is not None:
