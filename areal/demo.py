@@ -113,6 +113,7 @@ saver:
   freq_steps: null
 
 evaluator:
+  eval_before_train: true  # held-out accuracy of the base model first
   freq_steps: 50
 
 recover:

@@ -146,8 +146,10 @@ def test_areal_style_workflow_trains_in_whole_groups_with_filter(tiny_lm_dir, tm
     # every call produced one trajectory; the trainer ran n per prompt
     assert wf.calls % N == 0 and wf.calls >= 2 * BS * N
     assert rejected >= 0
-    # evaluation: eval_gconfig.n_samples runs per validation prompt
+    # evaluation: eval_gconfig.n_samples runs per validation prompt; the demo YAML sets
+    # evaluator.eval_before_train, so the base model is evaluated first
     assert result["final_eval"]["eval/n"] == 3 * 2
+    assert result["initial_eval"]["eval/n"] == 3 * 2
 
 
 @pytest.mark.slow
@@ -158,11 +160,18 @@ def test_sync_training_dynamic_bs_trains_fewer_whole_groups(tiny_lm_dir, tmp_pat
     from areal.dataset import get_custom_dataset
     from areal.utils.hf_utils import load_hf_tokenizer
 
-    cfg = _config(tiny_lm_dir, str(tmp_path), "async_training=false", "dynamic_bs=true")
+    cfg = _config(
+        tiny_lm_dir,
+        str(tmp_path),
+        "async_training=false",
+        "dynamic_bs=true",
+        "evaluator.eval_before_train=false",
+    )
     tok = load_hf_tokenizer(cfg.tokenizer_path)
     train = get_custom_dataset("train", cfg.train_dataset, tok)
+    valid = get_custom_dataset("test", cfg.valid_dataset, tok)
     seen: list[dict] = []
-    with PPOTrainer(cfg, train_dataset=train) as trainer:
+    with PPOTrainer(cfg, train_dataset=train, valid_dataset=valid) as trainer:
         inner = trainer.actor.compute_advantages
 
         def spy(batch):
@@ -171,8 +180,14 @@ def test_sync_training_dynamic_bs_trains_fewer_whole_groups(tiny_lm_dir, tmp_pat
             return out
 
         trainer.actor.compute_advantages = spy
-        trainer.train(ParityWorkflow(cfg.gconfig, tok), dynamic_filter_fn=not_all_equal)
+        result = trainer.train(
+            ParityWorkflow(cfg.gconfig, tok),
+            ParityWorkflow(cfg.eval_gconfig, tok),
+            dynamic_filter_fn=not_all_equal,
+        )
     assert len(seen) == 2
+    # evaluator.eval_before_train=false: no evaluation of the base model, one at the end
+    assert "initial_eval" not in result and result["final_eval"]["eval/n"] == 3 * 2
     for batch in seen:
         rows = batch["input_ids"].shape[0]
         assert 0 < rows <= BS * N and rows % N == 0

@@ -318,7 +318,12 @@ class PPOTrainer:
             logger.info(f"Resumed from recover checkpoint: continuing at step {self.start_step}")
 
         result: dict[str, Any] = {"start_step": self.start_step}
-        if self.start_step == 0 and self.valid_dataset is not None and eval_workflow is not None:
+        if (
+            self.start_step == 0
+            and config.evaluator.eval_before_train
+            and self.valid_dataset is not None
+            and eval_workflow is not None
+        ):
             result["initial_eval"] = self._evaluate(
                 eval_workflow, eval_workflow_kwargs, global_step=0
             )
