@@ -35,6 +35,9 @@ types, ``__post_init__`` checks) and writes the resolved configuration to
 
 from __future__ import annotations
 
+# AReaL's cli_args exposes these (some of its examples import them from here).
+from dataclasses import asdict, dataclass, field  # noqa: F401
+
 from areal.api import config_common as _config_common
 from areal.api import dataset_config as _dataset_config
 from areal.api import experiment_config as _experiment_config
