@@ -232,3 +232,35 @@ def test_rpc_server_exits_when_parent_pid_gone():
         not psutil.pid_exists(server.pid)
         or psutil.Process(server.pid).status() == psutil.STATUS_ZOMBIE
     )
+
+
+def test_rpc_worker_fuzzed_bodies_never_5xx_never_die(secured_worker):
+    """Property: whatever an authenticated client sends (random bytes, pickles of the wrong
+    shape, bad JSON), the worker answers 4xx with an error and stays alive."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    addr, secret, _ = secured_worker
+    auth = {"Authorization": f"Bearer {secret}"}
+    payloads = st.one_of(
+        st.binary(max_size=512),
+        st.builds(
+            serialize, st.one_of(st.none(), st.integers(), st.text(), st.lists(st.integers()))
+        ),
+        st.builds(
+            serialize,
+            st.dictionaries(st.sampled_from(["args", "kwargs", "engine_name", "x"]), st.integers()),
+        ),
+    )
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(path=st.sampled_from(["/call", "/create_engine", "/set_env"]), body=payloads)
+    def check(path, body):
+        ct = "application/json" if path == "/set_env" else CONTENT_TYPE
+        r = requests.post(
+            f"http://{addr}{path}", data=body, headers={"Content-Type": ct, **auth}, timeout=30
+        )
+        assert 400 <= r.status_code < 500, (path, body[:80], r.status_code, r.text[:300])
+
+    check()
+    assert requests.get(f"http://{addr}/health", timeout=10).status_code == 200

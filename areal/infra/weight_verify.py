@@ -103,24 +103,30 @@ class WeightFingerprintHook(WeightSyncHook):
             getattr(rollout, "healthy_addresses", None) or getattr(rollout, "addresses", [])
         )
         seed = (int(ctx.version) * 1_000_003 + 17) % 2**61
-        servers = self.server_fingerprints(addresses, seed)
+        # Trainer and servers fingerprint concurrently; the trainer uses its export dtype.
+        # Only when a server holds other dtypes (e.g. bf16) and disagrees is the trainer's
+        # fingerprint recomputed in the server's dtypes before a mismatch is declared.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            ref_fut = pool.submit(ctx.actor.weights_fingerprint, seed, None)
+            servers = self.server_fingerprints(addresses, seed)
+            ref = ref_fut.result()
         if not servers:
             return
-        # the trainer fingerprints its weights in the dtypes the servers hold
         refs: dict[tuple, dict[str, list[float]]] = {}
-        n_checked = 0
         for addr, res in servers.items():
-            dtypes = dict(res.get("dtypes") or {})
-            key = tuple(sorted(dtypes.items()))
-            if key not in refs:
-                refs[key] = ctx.actor.weights_fingerprint(seed, dtypes)
-            ref = refs[key]
-            n_checked = len(ref)
-            bad = compare_fingerprints(ref, res.get("fingerprints") or {}, self.rtol)
+            got = res.get("fingerprints") or {}
+            bad = compare_fingerprints(ref, got, self.rtol)
+            if bad:
+                dtypes = {n: d for n, d in (res.get("dtypes") or {}).items() if n in ref}
+                key = tuple(sorted(dtypes.items()))
+                if key not in refs:
+                    refs[key] = ctx.actor.weights_fingerprint(seed, dtypes)
+                bad = compare_fingerprints(refs[key], got, self.rtol)
             if bad:
                 err = WeightFingerprintMismatch(ctx.version, addr, bad, len(ref))
                 logger.error("%s", err)
                 raise err
+        n_checked = len(ref)
         dt = time.monotonic() - t0
         ctx.stats["weight_sync/fingerprint_seconds"] = dt
         ctx.stats["weight_sync/fingerprint_tensors"] = float(n_checked)

@@ -74,6 +74,10 @@ def import_from_path(path: str) -> Any:
     return obj
 
 
+class _BadRequest(ValueError):
+    pass
+
+
 class EngineHost:
     """Holds the engines of one worker and runs their methods on a single thread."""
 
@@ -109,6 +113,18 @@ class EngineHost:
         method = "?"
         try:
             payload = deserialize(body)
+            if not isinstance(payload, dict) or (kind == "call" and "method" not in payload):
+                raise _BadRequest(
+                    f"{kind}: the body must be a pickled dict"
+                    + (" with 'method'" if kind == "call" else " with 'engine'")
+                )
+            if kind == "create" and "engine" not in payload:
+                raise _BadRequest("create: the body must be a pickled dict with 'engine'")
+        except Exception as e:  # noqa: BLE001 - a malformed request is the client's error
+            logger.warning(f"{kind}: bad request body: {type(e).__name__}: {e}")
+            err = {"ok": False, "error_type": "BadRequest", "error": f"{type(e).__name__}: {e}"}
+            return 400, serialize(err)
+        try:
             method = payload.get("method", "create_engine")
             out = self._create(payload) if kind == "create" else self._call(payload)
             return 200, serialize(out)
@@ -167,7 +183,12 @@ def build_app(host: EngineHost, secret: Any = _FROM_ENV) -> web.Application:
 
     @routes.post("/set_env")
     async def set_env(request: web.Request) -> web.Response:
-        data = await request.json()
+        try:
+            data = await request.json()
+            if not isinstance(data, dict) or not isinstance(data.get("env", {}), dict):
+                raise ValueError('expected {"env": {name: value}}')
+        except ValueError as e:  # JSONDecodeError is a ValueError
+            return web.json_response({"ok": False, "error": f"bad request: {e}"}, status=400)
         env = {str(k): str(v) for k, v in data.get("env", {}).items()}
         os.environ.update(env)
         return web.json_response({"ok": True, "set": sorted(env)})
