@@ -2,8 +2,7 @@
 
 The list below is ours: the ``from areal... import X`` an AReaL user's scripts,
 workflows and the AReaL docs use (found with ``tools/check_areal_imports.py`` against an
-AReaL checkout), minus Megatron/Archon/NPU-only code. Names that other open work adds
-are listed in ``PENDING`` as expected failures naming the issue that brings them.
+AReaL checkout), minus Megatron/Archon/NPU-only code.
 """
 
 from __future__ import annotations
@@ -111,15 +110,13 @@ EXPECTED = [
     ("areal.experimental.openai", "ArealOpenAI"),
     ("areal.experimental.openai.types", "InteractionWithTokenLogpReward"),
     ("areal.experimental.openai.cache", "InteractionCache"),
-]
-
-# Names that other open work brings; each reason names it.
-PENDING = [
-    ("areal", "DPOTrainer", "alignment trainers (DPO) are not part of issue 12"),
-    ("areal", "RWTrainer", "alignment trainers (reward model) are not part of issue 12"),
-    ("areal.api.cli_args", "dataclass", "issue 12 config split: cli_args re-exports dataclass"),
-    ("areal.api.cli_args", "field", "issue 12 config split: cli_args re-exports field"),
-    ("areal.api.workflow_api", "AgentWorkflow", "agent workflows (areal.experimental) issue"),
+    ("areal.api.workflow_api", "AgentWorkflow"),
+    # alignment trainers
+    ("areal", "DPOTrainer"),
+    ("areal", "RWTrainer"),
+    # cli_args exposes the dataclass helpers
+    ("areal.api.cli_args", "dataclass"),
+    ("areal.api.cli_args", "field"),
 ]
 
 
@@ -135,16 +132,6 @@ def _resolve(module: str, name: str):
 @pytest.mark.parametrize(("module", "name"), EXPECTED, ids=[f"{m}:{n}" for m, n in EXPECTED])
 def test_areal_import_path_resolves(module, name):
     assert _resolve(module, name) is not None
-
-
-@pytest.mark.parametrize(
-    ("module", "name", "reason"), PENDING, ids=[f"{m}:{n}" for m, n, _ in PENDING]
-)
-def test_areal_import_path_pending(module, name, reason):
-    try:
-        _resolve(module, name)
-    except (ImportError, AttributeError):
-        pytest.xfail(f"pending: {reason}")
 
 
 def test_import_areal_stays_light():
@@ -364,3 +351,27 @@ def test_ppo_trainer_train_signature_matches_areal_order():
         "dynamic_filter_fn",
         "total_epochs",
     ]
+
+
+def test_agent_workflow_subclass_warns_deprecated_and_needs_run():
+    import warnings
+
+    from areal.api.workflow_api import AgentWorkflow
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+
+        class Agent(AgentWorkflow):
+            async def run(self, data, **extra_kwargs):
+                return 1.0
+
+    assert any(issubclass(w.category, DeprecationWarning) for w in caught)
+    assert asyncio.run(Agent().run({})) == 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+
+        class NoRun(AgentWorkflow):
+            pass
+
+    with pytest.raises(TypeError):
+        NoRun()
