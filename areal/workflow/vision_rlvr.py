@@ -85,6 +85,7 @@ class VisionRLVRWorkflow(RLVRWorkflow):
         processor: the model's processor (``AutoProcessor``; or a path to load one, with
             :class:`areal.utils.vlm.QwenVLProcessor` as the fallback).
         enable_thinking: forwarded to the chat template.
+        reward_timeout_seconds: wall-clock limit of one reward call (process pool).
         Other keyword arguments are RLVRWorkflow's (``rollout_stat_scope``, ``dump_dir``, ...).
     """
 
@@ -95,9 +96,17 @@ class VisionRLVRWorkflow(RLVRWorkflow):
         tokenizer: Any,
         processor: Any,
         enable_thinking: bool = False,
+        reward_timeout_seconds: float = 60.0,
         **kwargs: Any,
     ):
+        from areal.api.reward_api import AsyncRewardWrapper
+
         super().__init__(reward_fn, gconfig, tokenizer, enable_thinking, **kwargs)
+        # A spawned reward worker imports the caller's main module first; on a loaded
+        # machine that can exceed RLVRWorkflow's 15 s default and break the pool.
+        self.async_reward_fn = AsyncRewardWrapper(
+            self.reward_fn, timeout_seconds=reward_timeout_seconds
+        )
         if processor is None:
             raise ValueError("VisionRLVRWorkflow: processor (object or path) is required")
         if isinstance(processor, str):
