@@ -736,7 +736,7 @@ class FSDPEngine(TrainEngine):
                 tokenizer.save_pretrained(path)
         dist.barrier(group=self.data_parallel_group)
         if self._lora_scale is not None:  # the merged weights above + the adapter itself
-            self._save_lora_adapter(os.path.join(path, "lora_adapter"))
+            self.save_lora_adapter(os.path.join(path, "lora_adapter"))
 
     def _load_hf(self, path: str) -> None:
         from safetensors.torch import load_file
@@ -853,7 +853,7 @@ class FSDPEngine(TrainEngine):
             return merged_export_tensors(named, self._lora_scale)
         return named
 
-    def _save_lora_adapter(self, path: str) -> int:
+    def save_lora_adapter(self, path: str) -> int:
         """Write only the LoRA adapter (peft layout) to ``path`` on rank 0; collective.
         Returns the adapter's bytes (0 on other ranks)."""
         from areal.engine.lora import adapter_tensors, write_adapter
@@ -925,7 +925,7 @@ class FSDPEngine(TrainEngine):
         if getattr(meta, "use_lora", False):
             if self._lora_scale is None:
                 raise ValueError("WeightUpdateMeta.use_lora=True but the model has no LoRA adapter")
-            self._save_lora_adapter(meta.path)  # adapter only
+            self.save_lora_adapter(meta.path)  # adapter only
         else:
             self._save_hf(meta.path)
         if dist.get_rank() == 0 and self.inference_engine is not None:

@@ -533,7 +533,10 @@ class TrainController:
                 "update_weights: no inference engine; call connect_engine(engine, meta) first"
             )
         if meta.type == "disk":
-            self.save(SaveLoadMeta(path=meta.path, weight_format="hf", with_optim=False))
+            if getattr(meta, "use_lora", False):  # LoRA adapter only (areal.engine.lora)
+                self._call_all("save_lora_adapter", [((meta.path,), {})] * len(self.workers))
+            else:
+                self.save(SaveLoadMeta(path=meta.path, weight_format="hf", with_optim=False))
             _resolve(self.rollout.update_weights_from_disk(meta), self.call_timeout)
         elif meta.type == "xccl":
             if not self.weight_update_group_initialized:
