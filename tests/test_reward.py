@@ -197,3 +197,21 @@ async def test_async_reward_wrapper_calls_queued_behind_a_timeout_are_retried(wr
     results = await asyncio.gather(hang(9, seconds=60), *[ok(i, seconds=0) for i in range(1, 6)])
     assert results == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     assert ok.stats()["n_errors"] == 0
+
+
+async def test_async_reward_wrapper_timeout_excludes_queue_wait_burst_all_scored(wrapper_cleanup):
+    """A burst longer than the timeout on one worker: every call is scored, none times out
+    (the timeout counts the reward's own run, not its wait for a free worker)."""
+    w = AsyncRewardWrapper(sleepy_reward, timeout_seconds=1.0, max_workers=1)
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*[w(i, seconds=0.25) for i in range(12)])
+    assert results == [float(i) for i in range(12)]
+    assert time.perf_counter() - t0 >= 12 * 0.25  # really queued: ~3 s > the 1 s timeout
+    assert w.stats() == {"n_calls": 12, "n_timeouts": 0, "n_errors": 0}
+
+
+def test_async_reward_wrapper_works_across_successive_event_loops(wrapper_cleanup):
+    """asyncio.run per evaluation: each loop gets its own concurrency slots."""
+    w = AsyncRewardWrapper(ok_reward, timeout_seconds=30, max_workers=1)
+    for i in range(3):
+        assert asyncio.run(w(i)) == float(i)

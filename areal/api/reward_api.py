@@ -13,6 +13,13 @@ a crashed controller leaves no reward workers behind. It never blocks the event 
 reward: a timeout, an exception in the reward function, or a crashed worker gives 0.0,
 a logged warning and a counted event (:meth:`AsyncRewardWrapper.stats`).
 
+The timeout measures the reward function's own run, not time spent waiting for a free
+worker: at most ``max_workers`` calls per event loop are handed to the pool at once (the
+rest wait their turn, unbounded), and a new pool first imports the reward function's
+module in a worker (bounded by ``startup_timeout_seconds``). Without this, a burst of
+calls (e.g. 512 evaluation episodes) on a busy machine would time out in the queue and
+score correct answers 0.
+
 A call that times out leaves its worker busy, so the pool is replaced at once (its
 processes are terminated); calls that were in flight on the old pool get a
 ``BrokenProcessPool`` and are retried on the new one, so a hanging reward never blocks
@@ -27,6 +34,7 @@ import multiprocessing
 import os
 import pickle
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -70,6 +78,11 @@ def _exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def _import_module_only(name: str) -> None:
+    """Pool-worker warm-up: import ``name`` (the module itself is not sent back)."""
+    importlib.import_module(name)
+
+
 def _import_callable(path: str) -> Callable:
     module_name, _, attr = path.rpartition(".")
     if not module_name:
@@ -90,12 +103,16 @@ class AsyncRewardWrapper:
 
     Args:
         reward_fn: a picklable (module-level) callable, or its dotted import path.
-        timeout_seconds: wall-clock limit per call, from submission; > 0.
+        timeout_seconds: wall-clock limit of one call once a worker runs it; > 0.
         max_workers: processes of the shared pool (default ``max(1, min(4, cpus // 2))``).
         max_retries: retries after a broken pool (a worker killed or crashed).
+        startup_timeout_seconds: limit for a new pool to start a worker and import the
+            reward function's module.
     """
 
     _pools: dict[int, ProcessPoolExecutor] = {}
+    # loop -> {max_workers: Semaphore}; weak, so closed loops (asyncio.run) drop out
+    _slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     _lock = threading.Lock()
     _exit_hook_registered = False
 
@@ -105,6 +122,7 @@ class AsyncRewardWrapper:
         timeout_seconds: float = 15,
         max_workers: int | None = None,
         max_retries: int = 2,
+        startup_timeout_seconds: float = 300,
     ):
         if isinstance(reward_fn, str):
             reward_fn = _import_callable(reward_fn)
@@ -131,6 +149,7 @@ class AsyncRewardWrapper:
         self.timeout_seconds = float(timeout_seconds)
         self.max_workers = int(max_workers)
         self.max_retries = int(max_retries)
+        self.startup_timeout_seconds = float(startup_timeout_seconds)
         self._stat_lock = threading.Lock()
         self._n_calls = 0
         self._n_timeouts = 0
@@ -212,14 +231,38 @@ class AsyncRewardWrapper:
         with self._stat_lock:
             setattr(self, field, getattr(self, field) + 1)
 
+    def _slot(self, loop: asyncio.AbstractEventLoop) -> asyncio.Semaphore:
+        """This loop's limit of calls handed to the pool at once (``max_workers``)."""
+        with self._lock:
+            per_loop = self._slots.setdefault(loop, {})
+            sem = per_loop.get(self.max_workers)
+            if sem is None:
+                sem = per_loop[self.max_workers] = asyncio.Semaphore(self.max_workers)
+            return sem
+
+    async def _warm_up(self, pool: ProcessPoolExecutor, loop) -> None:
+        """Start a worker of a new pool and import the reward module (not timed as a call)."""
+        module = getattr(self.reward_fn, "__module__", None) or "builtins"
+        warm = pool.__dict__.setdefault("_areal_warm_modules", set())
+        if module in warm:
+            return
+        fut = loop.run_in_executor(pool, _import_module_only, module)
+        await asyncio.wait_for(fut, timeout=self.startup_timeout_seconds)
+        warm.add(module)
+
     async def __call__(self, *args: Any, **kwargs: Any) -> float:
         self._count("_n_calls")
         loop = asyncio.get_running_loop()
+        async with self._slot(loop):
+            return await self._call(loop, *args, **kwargs)
+
+    async def _call(self, loop, *args: Any, **kwargs: Any) -> float:
         name = getattr(self.reward_fn, "__qualname__", repr(self.reward_fn))
         last_error: BaseException | None = None
         for attempt in range(self.max_retries + 1):
             pool = self._get_pool()
             try:
+                await self._warm_up(pool, loop)
                 fut = loop.run_in_executor(pool, partial(self.reward_fn, *args, **kwargs))
                 result = await asyncio.wait_for(fut, timeout=self.timeout_seconds)
             except TimeoutError:
