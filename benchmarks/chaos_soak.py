@@ -89,6 +89,8 @@ class Soak:
         self.pending: list[tuple[str, float, int]] = []  # fault, time, steps at injection
         self.server_restarts_seen = 0
         self.stopped: list[psutil.Process] = []
+        self.stopping = False
+        self.unexpected_exits = 0
 
     # ------------------------------------------------------------------ processes
     def launch(self) -> None:
@@ -154,7 +156,8 @@ class Soak:
         for fault, t, n0 in list(self.pending):
             if now - t > self.args.survive_seconds:
                 self.pending.remove((fault, t, n0))
-        if self.proc.poll() is not None:  # a crash we did not cause: relaunch
+        if self.proc.poll() is not None and not self.stopping:  # a crash we did not cause
+            self.unexpected_exits += 1
             self.launch()
 
     # ------------------------------------------------------------------ faults
@@ -263,6 +266,7 @@ class Soak:
         while self.pending and time.monotonic() < wait_end:
             self.poll()
             time.sleep(0.5)
+        self.stopping = True
         os.kill(self.proc.pid, signal.SIGTERM)
         try:
             rc = self.proc.wait(timeout=300)
@@ -284,6 +288,7 @@ class Soak:
             "faults_injected": dict(self.injected),
             "faults_survived": dict(self.survived),
             "controller_launches": self.launches,
+            "controller_exits_not_injected": self.unexpected_exits,
             "server_restarts": restarts,
             "longest_stall_s": round(max(gaps, default=0.0), 1),
             "median_step_s": round(sorted(gaps)[len(gaps) // 2], 1) if gaps else None,
