@@ -221,7 +221,7 @@ def _call():
 
 
 def test_local_and_sglang_image_requests_carry_base64_image_data():
-    from areal.engine.vision_requests import add_images
+    from areal.infra.vision_requests import add_images
     from areal.utils.vlm import load_image
 
     png = _png()
@@ -234,7 +234,7 @@ def test_local_and_sglang_image_requests_carry_base64_image_data():
 
 
 def test_vllm_image_request_is_chat_completion_with_data_urls():
-    from areal.engine.vision_requests import add_images, parse_chat_completion
+    from areal.infra.vision_requests import add_images, parse_chat_completion
     from areal.engine.vllm_remote import VLLMBackend
     from areal.infra.remote_inf_engine import GenParams
 

@@ -78,7 +78,7 @@ class VLLMBackend(BackendAdapter):
 
     def parse_generate(self, data):
         if data.get("object") == "chat.completion":  # a request with images
-            from areal.engine.vision_requests import parse_chat_completion
+            from areal.infra.vision_requests import parse_chat_completion
 
             return parse_chat_completion(data)
         c = data["choices"][0]

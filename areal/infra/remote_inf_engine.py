@@ -104,8 +104,8 @@ class BackendAdapter:
     def with_images(
         self, call: HttpCall, image_data: list[Any], messages: list[dict] | None
     ) -> HttpCall:
-        """The generate call of a request with images (see ``areal.engine.vision_requests``)."""
-        from areal.engine.vision_requests import add_images
+        """The generate call of a request with images (see ``areal.infra.vision_requests``)."""
+        from areal.infra.vision_requests import add_images
 
         return add_images(self.name, call, image_data, messages)
 
