@@ -1,6 +1,7 @@
-"""Held-out accuracy vs wall-clock of a VLM demo run and its shuffled-reward control.
+"""Held-out accuracy vs wall-clock of VLM demo runs (the run and its controls).
 
-    python examples/vlm/plot_curves.py RUN_LOG_DIR CONTROL_LOG_DIR out.png
+    python examples/vlm/plot_curves.py out.png "true rewards=RUN_LOG_DIR" \
+        "shuffled answers=LOG_DIR2" "random rewards=LOG_DIR3"
 
 Each LOG_DIR is a trainer log directory holding ``stats.jsonl`` (``eval/accuracy`` rows,
 ``time/elapsed``). Prints the points as JSON.
@@ -29,10 +30,10 @@ def main(argv):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run, control, out = argv
+    out, runs = argv[0], [a.split("=", 1) for a in argv[1:]]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     result = {}
-    for name, d in (("true rewards", run), ("shuffled rewards", control)):
+    for name, d in runs:
         pts = eval_points(d)
         result[name] = pts
         ax.plot([p[1] / 60 for p in pts], [100 * p[2] for p in pts], marker="o", label=name)
