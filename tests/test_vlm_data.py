@@ -234,9 +234,9 @@ def test_local_and_sglang_image_requests_carry_base64_image_data():
 
 
 def test_vllm_image_request_is_chat_completion_with_data_urls():
-    from areal.infra.vision_requests import add_images, parse_chat_completion
     from areal.engine.vllm_remote import VLLMBackend
     from areal.infra.remote_inf_engine import GenParams
+    from areal.infra.vision_requests import add_images, parse_chat_completion
 
     be = VLLMBackend()
     call = be.generate_call(
