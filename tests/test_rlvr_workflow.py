@@ -251,3 +251,14 @@ def test_rlvr_through_executor_with_import_strings(tokenizer_dir, tokenizer):
         ex.destroy()
     assert batch["input_ids"].shape[0] == 4
     assert sorted(batch["rewards"].tolist()) == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_trajectory_tensors_mismatched_lengths_raise_naming_each():
+    from areal.workflow.trajectory import trajectory_tensors
+
+    with pytest.raises(ValueError, match="loss_mask 2, logprobs 3"):
+        trajectory_tensors([1, 2, 3], [0, 1], [0.0, 0.1, 0.2], [-1, 0, 0], 1.0, False)
+    t = trajectory_tensors([5, 6, 7], [0, 1, 1], [0.0, -0.5, -0.25], [-1, 3, 4], 0.5, True)
+    assert t["input_ids"].tolist() == [[5, 6, 7]] and t["versions"].tolist() == [[-1, 3, 4]]
+    assert t["rewards"].tolist() == [0.5] and t["no_eos"].tolist() == [True]
+    assert t["attention_mask"].dtype == torch.bool and t["seqlen"].tolist() == [3]

@@ -37,8 +37,8 @@ import torch
 from areal.api.io_struct import ModelRequest
 from areal.api.workflow_api import RolloutWorkflow
 from areal.utils import logging
-from areal.utils.batch import pad_sequences_to_tensors
 from areal.utils.seeding import request_seed
+from areal.workflow.trajectory import trajectory_tensors
 
 if TYPE_CHECKING:
     from areal.api.cli_args import GenerationHyperparameters
@@ -224,29 +224,13 @@ class MultiTurnWorkflow(RolloutWorkflow):
 
         reward *= self.turn_discount ** (turns - 1)
         self._record_stats(reward, turns, len(seq), self.rollout_stat_scope or scope)
-        return pad_sequences_to_tensors(
-            [
-                dict(
-                    input_ids=seq,
-                    attention_mask=[True] * len(seq),
-                    loss_mask=loss_mask,
-                    logprobs=logprobs,
-                    versions=versions,
-                    rewards=reward,
-                    seqlen=len(seq),
-                    no_eos=stop_reason == "length",
-                )
-            ],
-            dtypes=dict(
-                input_ids=torch.long,
-                attention_mask=torch.bool,
-                loss_mask=torch.long,
-                logprobs=torch.float32,
-                versions=torch.long,
-                rewards=torch.float32,
-                seqlen=torch.long,
-                no_eos=torch.bool,
-            ),
+        return trajectory_tensors(
+            input_ids=seq,
+            loss_mask=loss_mask,
+            logprobs=logprobs,
+            versions=versions,
+            reward=reward,
+            no_eos=stop_reason == "length",
         )
 
     @staticmethod

@@ -44,8 +44,8 @@ from areal.api.io_struct import ModelRequest
 from areal.api.workflow_api import RolloutWorkflow
 from areal.infra import workflow_context
 from areal.utils import logging
-from areal.utils.batch import pad_sequences_to_tensors
 from areal.utils.seeding import request_seed
+from areal.workflow.trajectory import single_turn_trajectory
 
 if TYPE_CHECKING:
     from areal.api.cli_args import GenerationHyperparameters
@@ -191,36 +191,9 @@ class RLVRWorkflow(RolloutWorkflow):
             prompt_str, completion, list(input_ids), list(resp.output_tokens), **reward_kwargs
         )
 
+        batch = single_turn_trajectory(input_ids, resp, reward, owner="RLVRWorkflow")
         p_len, c_len = len(input_ids), resp.output_len
-        if len(resp.output_logprobs) != c_len or len(resp.output_versions) != c_len:
-            raise ValueError(
-                f"RLVRWorkflow: response {resp.metadata.get('rid', '')} has {c_len} tokens but "
-                f"{len(resp.output_logprobs)} logprobs and {len(resp.output_versions)} versions"
-            )
-        seq = dict(
-            input_ids=list(input_ids) + list(resp.output_tokens),
-            attention_mask=[True] * (p_len + c_len),
-            loss_mask=[0] * p_len + [1] * c_len,
-            logprobs=[0.0] * p_len + [float(x) for x in resp.output_logprobs],
-            versions=[-1] * p_len + [int(v) for v in resp.output_versions],
-            rewards=float(reward),
-            seqlen=p_len + c_len,
-            no_eos=resp.stop_reason == "length",
-        )
-        batch = pad_sequences_to_tensors(
-            [seq],
-            dtypes=dict(
-                input_ids=torch.long,
-                attention_mask=torch.bool,
-                loss_mask=torch.long,
-                logprobs=torch.float32,
-                versions=torch.long,
-                rewards=torch.float32,
-                seqlen=torch.long,
-                no_eos=torch.bool,
-            ),
-        )
-        self._record_stats(float(reward), p_len, c_len, seq["no_eos"])
+        self._record_stats(float(reward), p_len, c_len, resp.stop_reason == "length")
         if self.dump_dir is not None:
             await self._dump(engine, data, prompt_str, completion, float(reward), resp, ctx)
         return batch
