@@ -134,11 +134,14 @@ def test_not_acted_on_settings_warned_once_per_run(caplog):
         cfg = _load("GRPOConfig", "rl.yaml")
         _load("GRPOConfig", "rl.yaml")
     paths = dict(not_acted_on_settings(cfg))
-    for expected in ("actor.use_lora", "actor.lora_rank", "gconfig.lora_name", "rollout.use_lora"):
+    for expected in ("gconfig.lora_name", "rollout.use_lora", "enable_offload"):
         assert expected in paths
-    assert "LoRA" in paths["actor.use_lora"]
+    # acted on now: LoRA training/sync (issue 15), the agent section (issue 13)
+    for acted in ("actor.use_lora", "actor.lora_rank", "rollout.agent", "vllm.enable_lora"):
+        assert acted not in paths
+    assert "LoRA" in paths["rollout.use_lora"]
     assert caplog.text.count("accepted but not acted on") == 1
-    assert "actor.use_lora (needs LoRA" in caplog.text
+    assert "rollout.use_lora (needs per-request LoRA" in caplog.text
 
 
 def test_default_config_has_no_not_acted_on_settings():

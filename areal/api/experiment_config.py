@@ -209,7 +209,7 @@ _CUDA = "CUDA GPUs"
 _GATEWAY = "AReaL's v2 gateway controller / inference service"
 
 
-_LORA = "LoRA training and adapter sync (issue 15)"
+_LORA_SELECT = "per-request LoRA adapter selection (our LoRA sync names and applies the adapter)"
 
 
 # The one list of fields that load (so AReaL YAMLs work unchanged) but that this project
@@ -222,7 +222,7 @@ NOT_ACTED_ON: tuple[tuple[str, str, str], ...] = (
     ("TrainEngineConfig", "offload", f"{_CUDA} (torch_memory_saver)"),
     ("TrainEngineConfig", "use_kernels", f"{_CUDA} (HuggingFace kernels)"),
     ("TrainEngineConfig", "enable_tree_training", f"{_CUDA} (flex-attention tree training)"),
-    ("TrainEngineConfig", "peft_type", _LORA),
+    ("TrainEngineConfig", "peft_type", "peft adapter types other than LoRA"),
     ("TrainEngineConfig", "_version", _GATEWAY),
     ("TrainEngineConfig", "admin_api_key", _GATEWAY),
     ("TrainEngineConfig", "log_level", _GATEWAY),
@@ -236,12 +236,10 @@ NOT_ACTED_ON: tuple[tuple[str, str, str], ...] = (
     ("OptimizerConfig", "min_loss_scale", f"{_MEGATRON} (fp16 loss scaling)"),
     ("OptimizerConfig", "loss_scale_window", f"{_MEGATRON} (fp16 loss scaling)"),
     ("OptimizerConfig", "hysteresis", f"{_MEGATRON} (fp16 loss scaling)"),
-    ("GenerationHyperparameters", "lora_name", _LORA),
+    ("GenerationHyperparameters", "lora_name", _LORA_SELECT),
     ("GenerationHyperparameters", "use_beam_search", "vLLM beam search"),
-    ("InferenceEngineConfig", "use_lora", _LORA),
+    ("InferenceEngineConfig", "use_lora", _LORA_SELECT),
     ("InferenceEngineConfig", "return_routed_experts", "SGLang with MoE models"),
-    ("InferenceEngineConfig", "agent", "agent workflows and the OpenAI proxy (issue 13)"),
-    ("InferenceEngineConfig", "openai", "agent workflows and the OpenAI proxy (issue 13)"),
     ("InferenceEngineConfig", "_version", _GATEWAY),
     ("InferenceEngineConfig", "model", _GATEWAY),
     ("InferenceEngineConfig", "routing_strategy", _GATEWAY),
@@ -249,15 +247,6 @@ NOT_ACTED_ON: tuple[tuple[str, str, str], ...] = (
     ("InferenceEngineConfig", "admin_api_key", _GATEWAY),
     ("InferenceEngineConfig", "api_url", _GATEWAY),
     ("InferenceEngineConfig", "provider_api_key", _GATEWAY),
-    ("vLLMConfig", "enable_lora", _LORA),
-    ("vLLMConfig", "max_lora_rank", _LORA),
-    ("vLLMConfig", "max_loras", _LORA),
-    ("vLLMConfig", "lora_modules", _LORA),
-    ("SGLangConfig", "enable_lora", _LORA),
-    ("SGLangConfig", "max_lora_rank", _LORA),
-    ("SGLangConfig", "max_loaded_loras", _LORA),
-    ("SGLangConfig", "lora_paths", _LORA),
-    ("SGLangConfig", "lora_backend", _LORA),
     ("DatasetConfig", "num_dataset_workers", "AReaL's remote data service"),
     ("DatasetConfig", "scheduling_spec", "AReaL's remote data service"),
     ("DatasetConfig", "setup_timeout", "AReaL's remote data service"),
