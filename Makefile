@@ -58,7 +58,7 @@ demo: setup
 test: setup
 	$(PY) -m ruff check .
 	$(MAKE) --no-print-directory docs-build
-	$(PY) -m pytest -m "not slow or ci_slow" -q
+	$(PY) -m pytest -m "not slow or ci_slow" -q --durations=15
 
 test-all: setup
 	$(PY) -m pytest -q
