@@ -67,3 +67,34 @@ def make_scheduler(config: Any):
 
         return SlurmScheduler(config)
     raise ValueError(f"scheduler.type={stype!r}; allowed: 'local', 'ray', 'slurm'")
+
+
+def teardown_run(trainer: Any, components: tuple[str, ...]) -> None:
+    """Destroy ``trainer``'s controllers named in ``components`` (in that order), delete
+    every worker of its scheduler and close its stats logger.
+
+    Each part is torn down even when an earlier one fails (the failure is logged), so a
+    crashed run leaves no worker behind.
+    """
+    from areal.utils import logging
+
+    logger = logging.getLogger("Trainer")
+    for name in components:
+        comp = getattr(trainer, name, None)
+        if comp is None:
+            continue
+        try:
+            comp.destroy()
+        except Exception as e:  # keep tearing the rest down
+            logger.warning(f"destroy {name} failed: {e}")
+    sched = getattr(trainer, "scheduler", None)
+    if sched is not None:
+        try:
+            sched.delete_workers(None)
+        except Exception as e:
+            logger.warning(f"deleting workers failed: {e}")
+    sl = getattr(trainer, "stats_logger", None)
+    if sl is not None:
+        png = sl.close()
+        if png:
+            logger.info(f"Curves written to {png}")

@@ -16,7 +16,7 @@ import torch
 
 from areal.api.alloc_mode import AllocationMode
 from areal.api.io_struct import SaveLoadMeta, StepInfo
-from areal.trainer.common import make_scheduler, setup_run
+from areal.trainer.common import make_scheduler, setup_run, teardown_run
 from areal.utils import logging
 from areal.utils.evaluator import Evaluator
 from areal.utils.recover import RecoverHandler
@@ -140,18 +140,7 @@ class PreferenceTrainer:
         if self._closed:
             return
         self._closed = True
-        actor = getattr(self, "actor", None)
-        if actor is not None:
-            try:
-                actor.destroy()
-            except Exception as e:
-                logger.warning(f"destroy failed: {e}")
-        sched = getattr(self, "scheduler", None)
-        if sched is not None:
-            sched.delete_workers(None)
-        sl = getattr(self, "stats_logger", None)
-        if sl is not None:
-            sl.close()
+        teardown_run(self, ("actor",))
 
     # ------------------------------------------------------------------ loop
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

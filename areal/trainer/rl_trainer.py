@@ -27,7 +27,7 @@ from areal.api.alloc_mode import AllocationMode
 from areal.api.cli_args import PPOConfig
 from areal.api.io_struct import StepInfo, WeightUpdateMeta
 from areal.api.workflow_api import RolloutWorkflow
-from areal.trainer.common import make_scheduler, setup_run
+from areal.trainer.common import make_scheduler, setup_run, teardown_run
 from areal.utils import logging, stats_tracker
 from areal.utils.evaluator import Evaluator
 from areal.utils.recover import RecoverHandler, RecoverInfo
@@ -228,25 +228,7 @@ class PPOTrainer:
             self._stop.uninstall()
         if getattr(self, "_proxy", None) is not None:
             self._proxy.stop()
-        for name in ("rollout", "critic", "teacher", "ref", "actor"):
-            comp = getattr(self, name, None)
-            if comp is None:
-                continue
-            try:
-                comp.destroy()
-            except Exception as e:  # keep tearing the rest down
-                logger.warning(f"destroy {name} failed: {e}")
-        sched = getattr(self, "scheduler", None)
-        if sched is not None:
-            try:
-                sched.delete_workers(None)
-            except Exception as e:
-                logger.warning(f"deleting workers failed: {e}")
-        sl = getattr(self, "stats_logger", None)
-        if sl is not None:
-            png = sl.close()
-            if png:
-                logger.info(f"Curves written to {png}")
+        teardown_run(self, ("rollout", "critic", "teacher", "ref", "actor"))
 
     # ------------------------------------------------------------------ train
     def train(

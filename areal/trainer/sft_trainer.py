@@ -16,7 +16,7 @@ from areal.api.alloc_mode import AllocationMode
 from areal.api.cli_args import SFTConfig
 from areal.api.io_struct import SaveLoadMeta, StepInfo
 from areal.engine.fsdp_engine import FSDPEngine
-from areal.trainer.common import make_scheduler, setup_run
+from areal.trainer.common import make_scheduler, setup_run, teardown_run
 from areal.utils import logging
 from areal.utils.evaluator import Evaluator
 from areal.utils.recover import RecoverHandler
@@ -136,18 +136,7 @@ class SFTTrainer:
         if self._closed:
             return
         self._closed = True
-        model = getattr(self, "model", None)
-        if model is not None:
-            try:
-                model.destroy()
-            except Exception as e:
-                logger.warning(f"destroy failed: {e}")
-        sched = getattr(self, "scheduler", None)
-        if sched is not None:
-            sched.delete_workers(None)
-        sl = getattr(self, "stats_logger", None)
-        if sl is not None:
-            sl.close()
+        teardown_run(self, ("model",))
 
     def _batch(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         return tokenize_sft_rows(rows, self.tokenizer, self.config.train_dataset.max_length)
