@@ -56,8 +56,10 @@ class FSDPLMEngine(FSDPEngine):
 
 def tokenize_sft_rows(
     rows: list[dict[str, Any]], tokenizer: Any, max_length: int | None = None
-) -> dict[str, torch.Tensor]:
-    """Chat-template the prompt, append ``answer`` + EOS; pad right. Prompt tokens get loss_mask 0."""
+) -> dict[str, Any]:
+    """Chat-template the prompt, append ``answer`` + EOS; pad right. Prompt tokens get loss_mask 0.
+
+    Rows with ``multi_modal_input`` (image SFT rows) keep it, one entry per row."""
     seqs: list[list[int]] = []
     masks: list[list[int]] = []
     for row in rows:
@@ -88,7 +90,13 @@ def tokenize_sft_rows(
         input_ids[i, : len(s)] = torch.tensor(s)
         attention_mask[i, : len(s)] = True
         loss_mask[i, : len(m)] = torch.tensor(m)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+    out = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+    # VLM rows (areal.dataset.vision, type="sft"): one {pixel_values, image_grid_thw} per
+    # row, {} for text-only rows; FSDPEngine feeds them to the vision tower
+    mm = [row.get("multi_modal_input") for row in rows]
+    if any(mm):
+        out["multi_modal_input"] = [(m[0] if isinstance(m, list) else m) or {} for m in mm]
+    return out
 
 
 class SFTTrainer:
