@@ -63,3 +63,42 @@ def test_vlm_demo_two_steps_finite_loss_versions_advance(tmp_path):
         if r.get("consistency/fresh_tokens", 0) > 0:
             # the server's image-prompt logprobs == the trainer's recomputation
             assert r["consistency/logp_absdiff_max"] < 1e-3, r
+
+
+def _demo_module():
+    import importlib.util
+
+    path = os.path.join(ROOT, "examples", "vlm", "clevr_count_grpo.py")
+    spec = importlib.util.spec_from_file_location("clevr_count_grpo", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_shuffled_reward_control_permutes_values_across_batch_keeps_multiset():
+    import torch
+
+    demo = _demo_module()
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0] * 4)
+    seen = []
+
+    def compute_advantages(batch):
+        seen.append(batch["rewards"].clone())
+        return batch
+
+    wrapped = demo.ShuffledRewardAdvantages(compute_advantages, seed=1)
+    batch = {"rewards": rewards.clone(), "input_ids": torch.arange(32)}
+    out = wrapped(batch)
+    # same values (the batch keeps its reward rate), another order, other keys untouched
+    assert sorted(seen[0].tolist()) == sorted(rewards.tolist())
+    assert not torch.equal(seen[0], rewards)
+    assert torch.equal(out["input_ids"], torch.arange(32))
+    assert torch.equal(batch["rewards"], rewards)  # the caller's batch is not modified
+    # a new permutation every batch, reproducible from the seed
+    wrapped({"rewards": rewards.clone()})
+    assert not torch.equal(seen[0], seen[1])
+    again = []
+    demo.ShuffledRewardAdvantages(lambda b: again.append(b["rewards"]) or b, seed=1)(
+        {"rewards": rewards.clone()}
+    )
+    assert torch.equal(again[0], seen[0])

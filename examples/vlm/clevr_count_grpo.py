@@ -1,7 +1,7 @@
 """GRPO on image counting (CLEVR-Count): the CPU demo on the tiny VLM, or a GPU recipe.
 
     python examples/vlm/clevr_count_grpo.py --config examples/vlm/clevr_count_grpo_cpu.yaml
-    # controls: training answers shuffled across rows / rewards at random
+    # controls: reward values permuted within each batch / rewards at random
     python examples/vlm/clevr_count_grpo.py --config examples/vlm/clevr_count_grpo_cpu.yaml \
         --shuffle-rewards
     python examples/vlm/clevr_count_grpo.py --config examples/vlm/clevr_count_grpo_cpu.yaml \
@@ -10,18 +10,20 @@
 The workflow is :class:`areal.workflow.vision_rlvr.VisionRLVRWorkflow` with
 ``clevr_count_70k_reward_fn`` (the last ``[N]`` of the completion against the count), or
 ``geometry3k_reward_fn`` when the training set's path names geometry3k.
-``--shuffle-rewards`` permutes the ``answer`` column of the TRAINING set (evaluation keeps
-the true answers): rewards keep their rate but lose their link to the images, which tells
-learning from the reward signal apart from drift. It is not neutral here: an answer
-outside 1..4 (the base's ``[5]`` for four objects) is never rewarded by any label, so it
-still pushes the answers towards the label range. ``--random-rewards`` is the neutral
-control: reward 1 with probability 0.3 (the base's sampled accuracy) whatever the
-completion. Evaluation always scores the true answers. Overrides: ``key.sub=value``.
+``--shuffle-rewards`` is the standard control: every training batch's reward VALUES are
+permuted across its samples before the advantages are computed (the trainer's
+``compute_advantages`` is wrapped), so a completion's reward no longer depends on the
+completion while the batch keeps its reward rate; evaluation and the logged
+``batch/accuracy`` still use the true rewards. ``--random-rewards``: reward 1 with
+probability 0.3 (the base's sampled accuracy) whatever the completion. Both controls
+use the same config and seed as the true run. Overrides: ``key.sub=value``.
 """
 
 import os
 import random
 import sys
+
+import torch
 
 from areal import PPOTrainer
 from areal.api.cli_args import GRPOConfig, load_expr_config
@@ -43,11 +45,26 @@ def random_reward_fn(prompt, completions, prompt_ids, completion_ids, **kwargs) 
     return 1.0 if random.random() < RANDOM_REWARD_RATE else 0.0
 
 
-def shuffle_answers(dataset, seed: int = 0):
-    """The dataset with its ``answer`` column permuted (the shuffled-reward control)."""
-    answers = list(dataset["answer"])
-    random.Random(seed).shuffle(answers)
-    return dataset.remove_columns("answer").add_column("answer", answers)
+def permute_rewards(batch: dict, generator: torch.Generator) -> dict:
+    """``batch`` with its ``rewards`` permuted across the samples (the shuffled-reward control)."""
+    rewards = batch["rewards"]
+    perm = torch.randperm(rewards.shape[0], generator=generator)
+    return {**batch, "rewards": rewards[perm]}
+
+
+class ShuffledRewardAdvantages:
+    """Wraps ``trainer.actor.compute_advantages``: each batch's rewards are permuted first.
+
+    The rewards reach the advantage computation with their batch's values but no link to
+    the completions they were computed for: whatever moves then is drift, not learning.
+    """
+
+    def __init__(self, compute_advantages, seed: int):
+        self.compute_advantages = compute_advantages
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, batch: dict, *args, **kwargs) -> dict:
+        return self.compute_advantages(permute_rewards(batch, self.generator), *args, **kwargs)
 
 
 def main(argv):
@@ -61,8 +78,6 @@ def main(argv):
 
     processor = load_vlm_processor(config.tokenizer_path, tokenizer=tokenizer)
     train_dataset = get_custom_dataset("train", config.train_dataset, tokenizer, processor)
-    if shuffle:
-        train_dataset = shuffle_answers(train_dataset, seed=config.seed)
     valid_dataset = (
         get_custom_dataset("test", config.valid_dataset, tokenizer, processor)
         if config.valid_dataset is not None
@@ -89,6 +104,10 @@ def main(argv):
     eval_workflow_kwargs["dump_dir"] = os.path.join(log_path, "generated-eval")
 
     with PPOTrainer(config, train_dataset=train_dataset, valid_dataset=valid_dataset) as trainer:
+        if shuffle:
+            trainer.actor.compute_advantages = ShuffledRewardAdvantages(
+                trainer.actor.compute_advantages, seed=config.seed
+            )
         result = trainer.train(
             workflow=WORKFLOW,
             workflow_kwargs=workflow_kwargs,
@@ -101,7 +120,7 @@ def main(argv):
     print("=" * 72)
     kind = "true counts"
     if shuffle:
-        kind = "SHUFFLED answers (control)"
+        kind = "SHUFFLED reward values within each batch (control)"
     if randomize:
         kind = f"RANDOM rewards at rate {RANDOM_REWARD_RATE} (control)"
     print(f"training rewards: {kind}")
