@@ -580,6 +580,18 @@ class InferenceEngineConfig:
         3600, "Seconds before an HTTP generation request times out; > 0."
     )
     request_retries: int = _field(3, "Retries of a failed request; >= 0.")
+    health_check_interval: float = _field(
+        5.0,
+        "Seconds between health probes of each inference server (a background thread of "
+        "RemoteInfEngine); 0 = no probes (a hung server is then only noticed when a request "
+        "times out); >= 0.",
+    )
+    health_check_timeout: float = _field(
+        30.0,
+        "A server that answers no health probe and no request for this many seconds is "
+        "declared hung: taken out of rotation, its in-flight requests move to the other "
+        "servers and the ServerWatchdog kills and restarts it; > 0.",
+    )
     pause_grace_period: float = _field(
         0.0, "Seconds to wait after pausing servers before weights are updated; >= 0."
     )
@@ -653,6 +665,8 @@ class InferenceEngineConfig:
         _check_range(owner, "setup_timeout", self.setup_timeout, gt=0)
         _check_range(owner, "request_timeout", self.request_timeout, gt=0)
         _check_range(owner, "request_retries", self.request_retries, ge=0)
+        _check_range(owner, "health_check_interval", self.health_check_interval, ge=0)
+        _check_range(owner, "health_check_timeout", self.health_check_timeout, gt=0)
         _check_range(owner, "pause_grace_period", self.pause_grace_period, ge=0)
         if len(self.scheduling_spec) not in (1, 2):
             raise ValueError(

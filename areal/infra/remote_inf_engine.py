@@ -15,6 +15,14 @@ What the engine does on top of the adapters:
   ``abort`` (a pause for a weight update) is resubmitted after ``continue_generation``
   as prompt + tokens so far, with ``max_new_tokens`` reduced; tokens, logprobs and
   per-token versions are concatenated, so one response may span several weight versions.
+- health deadlines: a background thread probes every server's health endpoint every
+  ``health_check_interval`` s. A server that answers neither a probe nor a request for
+  ``health_check_timeout`` s (alive but silent: SIGSTOPped, deadlocked, swapping) is
+  declared *hung*: taken out of rotation and listed in ``hung_addresses`` (the
+  ``ServerWatchdog`` kills and restarts it). Requests waiting on a server that leaves the
+  rotation are cancelled and resubmitted elsewhere as prompt + tokens of the chunks
+  already completed, so no sample is lost and none is generated twice (the hung
+  server's unfinished chunk is discarded).
 - weight updates (``update_weights_from_disk``, ``init_weights_update_group``,
   ``update_weights_from_distributed``) return ``concurrent.futures.Future``; when the
   engine is not already paused they pause every server, update, set the version and
@@ -45,6 +53,7 @@ from typing import Any
 from areal.api.cli_args import InferenceEngineConfig
 from areal.api.engine_api import InferenceEngine
 from areal.api.io_struct import ModelRequest, ModelResponse, ParamSpec, WeightUpdateMeta
+from areal.infra.wait_log import WaitLog
 from areal.utils import logging
 from areal.utils.auth import auth_headers, get_run_secret
 
@@ -149,6 +158,10 @@ class NoHealthyServerError(RuntimeError):
     pass
 
 
+class ServerLeftRotationError(ConnectionError):
+    """The server of an in-flight request was taken out of rotation (hung or dead)."""
+
+
 # =====================================================================================
 # Engine
 # =====================================================================================
@@ -180,6 +193,13 @@ class RemoteInfEngine(InferenceEngine):
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._launched: list[Any] = []
         self._initialized = False
+        # health deadlines (module docstring)
+        self._last_ok: dict[str, float] = {}
+        self._hung: set[str] = set()
+        #: requests moved off a server that left the rotation while they waited on it
+        self.requests_moved = 0
+        self._health_stop = threading.Event()
+        self._health_thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def initialize(
@@ -212,7 +232,16 @@ class RemoteInfEngine(InferenceEngine):
             max_workers=4, thread_name_prefix="remote-inf-engine"
         )
         self._wait_healthy(addrs, self.config.setup_timeout)
+        self._last_ok = dict.fromkeys(addrs, time.monotonic())
+        self._hung = set()
         self._initialized = True
+        interval = float(getattr(self.config, "health_check_interval", 0) or 0)
+        if interval > 0:
+            self._health_stop.clear()
+            self._health_thread = threading.Thread(
+                target=self._health_loop, args=(interval,), name="server-health", daemon=True
+            )
+            self._health_thread.start()
         try:
             from areal.infra.workflow_executor import WorkflowExecutor
         except ImportError as e:  # rollout methods unavailable; agenerate still works
@@ -223,6 +252,10 @@ class RemoteInfEngine(InferenceEngine):
         logger.info("connected to %d %s server(s): %s", len(addrs), self.backend.name, addrs)
 
     def destroy(self) -> None:
+        self._health_stop.set()
+        if self._health_thread is not None:
+            self._health_thread.join(timeout=10)
+            self._health_thread = None
         if self.workflow_executor is not None:
             try:
                 self.workflow_executor.destroy()
@@ -251,18 +284,27 @@ class RemoteInfEngine(InferenceEngine):
         import requests
 
         deadline = time.monotonic() + timeout
+        wait_log = WaitLog(logger)
         for a in addrs:
+            last = "no answer yet"
             while True:
                 try:
-                    if (
-                        requests.get(f"http://{a}{self.backend.health_path}", timeout=5).status_code
-                        == 200
-                    ):
+                    r = requests.get(f"http://{a}{self.backend.health_path}", timeout=5)
+                    if r.status_code == 200:
                         break
-                except requests.RequestException:
-                    pass
+                    last = f"HTTP {r.status_code}"
+                except requests.RequestException as e:
+                    last = type(e).__name__
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"inference server {a} not healthy after {timeout:.0f} s")
+                    raise TimeoutError(
+                        f"inference server {a} not healthy after {timeout:.0f} s (last: {last})"
+                    )
+                wait_log.tick(
+                    lambda a=a, last=last: (
+                        f"inference server {a} to become healthy ({last}; gives up in "
+                        f"{deadline - time.monotonic():.0f} s; servers {addrs})"
+                    )
+                )
                 time.sleep(0.5)
 
     # ------------------------------------------------------------------ backend hooks
@@ -374,15 +416,35 @@ class RemoteInfEngine(InferenceEngine):
         import requests
 
         results: list[Any] = []
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(addrs)) as pool:
-            futs = [
-                pool.submit(self._post, a, make_call(i, a), timeout) for i, a in enumerate(addrs)
-            ]
-            for a, f in zip(addrs, futs):
-                try:
-                    results.append(f.result())
-                except requests.ConnectionError as e:  # a dead server is dropped, not fatal
-                    self._mark_unhealthy(a, f"{type(e).__name__}: {e}")
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(addrs))
+        try:
+            futs = {
+                pool.submit(self._post, a, make_call(i, a), timeout): a for i, a in enumerate(addrs)
+            }
+            pending = set(futs)
+            futs_path = make_call(0, addrs[0]).path
+            wait_log = WaitLog(logger)
+            while pending:
+                done, pending = concurrent.futures.wait(pending, timeout=0.5)
+                for f in done:
+                    a = futs[f]
+                    try:
+                        results.append(f.result())
+                    except (requests.ConnectionError, requests.Timeout) as e:
+                        # a dead or hung server is dropped (the watchdog replaces it), not fatal
+                        self._mark_unhealthy(a, f"{type(e).__name__}: {e}")
+                for f in [f for f in pending if not self._is_healthy(futs[f])]:
+                    # declared hung/dead meanwhile (health deadline): do not wait for it
+                    pending.discard(f)
+                    logger.warning("not waiting for %s any more: it left the rotation", futs[f])
+                wait_log.tick(
+                    lambda pending=pending: (
+                        f"{sorted(futs[f] for f in pending)} to answer {futs_path} "
+                        f"({len(results)} of {len(addrs)} answered)"
+                    )
+                )
+        finally:
+            pool.shutdown(wait=False)
         if not results:
             raise NoHealthyServerError(f"no inference server of {addrs} answered")
         return results
@@ -391,6 +453,72 @@ class RemoteInfEngine(InferenceEngine):
     def healthy_addresses(self) -> list[str]:
         with self._lock:
             return [a for a in self.addresses if self._healthy.get(a)]
+
+    @property
+    def hung_addresses(self) -> list[str]:
+        """Servers taken out of rotation because they missed the health deadline (alive
+        but silent); the ``ServerWatchdog`` kills and restarts them."""
+        with self._lock:
+            return [a for a in self.addresses if a in self._hung and not self._healthy.get(a)]
+
+    def _is_healthy(self, addr: str) -> bool:
+        with self._lock:
+            return bool(self._healthy.get(addr))
+
+    def inflight_summary(self) -> str:
+        """Requests in flight per server and which servers are out (for wait log lines)."""
+        with self._lock:
+            per = {a: self._inflight.get(a, 0) for a in self.addresses}
+            rids: dict[str, list[str]] = {}
+            for r, a in self._rid_server.items():
+                rids.setdefault(a, []).append(r)
+            out = [a for a in self.addresses if not self._healthy.get(a)]
+        parts = [
+            f"{a}: {n} in flight" + (f" (rids {sorted(rids[a])[:4]}...)" if rids.get(a) else "")
+            for a, n in per.items()
+        ]
+        return "; ".join(parts) + (f"; out of rotation: {out}" if out else "")
+
+    # ------------------------------------------------------------------ health deadlines
+    def _health_loop(self, interval: float) -> None:
+        import requests
+
+        deadline_s = float(self.config.health_check_timeout)
+        probe_timeout = max(1.0, min(deadline_s, interval * 2, 10.0))
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="health")
+
+        def probe(a: str) -> None:
+            try:
+                r = requests.get(f"http://{a}{self.backend.health_path}", timeout=probe_timeout)
+                if r.status_code == 200:
+                    with self._lock:
+                        self._last_ok[a] = time.monotonic()
+            except requests.RequestException:
+                pass
+
+        try:
+            while not self._health_stop.wait(interval):
+                addrs = self.healthy_addresses
+                futs = [pool.submit(probe, a) for a in addrs]
+                concurrent.futures.wait(futs, timeout=probe_timeout + 1)
+                now = time.monotonic()
+                for a in addrs:
+                    with self._lock:
+                        silent = now - self._last_ok.get(a, now)
+                    if silent > deadline_s and self._is_healthy(a):
+                        with self._lock:
+                            self._hung.add(a)
+                            n = self._inflight.get(a, 0)
+                        self._mark_unhealthy(
+                            a,
+                            f"hung: no answer to health probes or requests for {silent:.0f} s "
+                            f"(health_check_timeout={deadline_s:g}); its {n} in-flight "
+                            "request(s) move to the other servers",
+                        )
+        except Exception as e:  # noqa: BLE001 - never let the monitor die silently
+            logger.error("health monitor stopped: %s: %s", type(e).__name__, e)
+        finally:
+            pool.shutdown(wait=False)
 
     def _choose_server(self, rid: str) -> str:
         with self._lock:
@@ -412,6 +540,28 @@ class RemoteInfEngine(InferenceEngine):
             return True
         except Exception:
             return False
+
+    async def _apost_in_rotation(self, addr: str, call: HttpCall, timeout: float) -> dict[str, Any]:
+        """``_apost``, cancelled (``ServerLeftRotationError``) as soon as ``addr`` leaves the
+        rotation (health deadline, a failure seen by another request, a restart)."""
+        task = asyncio.ensure_future(self._apost(addr, call, timeout))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.25)
+                if done:
+                    result = task.result()
+                    with self._lock:
+                        self._last_ok[addr] = time.monotonic()
+                    return result
+                if not self._is_healthy(addr):
+                    raise ServerLeftRotationError(f"{addr} left the rotation")
+        finally:
+            if not task.done():
+                task.cancel()
+                try:
+                    await task
+                except BaseException:  # noqa: BLE001 - its result is discarded either way
+                    pass
 
     def _mark_unhealthy(self, addr: str, why: str) -> None:
         with self._lock:
@@ -476,6 +626,11 @@ class RemoteInfEngine(InferenceEngine):
                     del self._rid_server[rid]
             elif addr not in self.addresses:
                 self.addresses.append(addr)
+            if replaces is not None:
+                self._hung.discard(replaces)
+                self._last_ok.pop(replaces, None)
+            self._hung.discard(addr)
+            self._last_ok[addr] = time.monotonic()
             self._inflight.setdefault(addr, 0)
             self._healthy[addr] = True
         logger.info(
@@ -508,12 +663,19 @@ class RemoteInfEngine(InferenceEngine):
             with self._lock:
                 self._inflight[addr] += 1
             try:
-                data = await self._apost(addr, call, self.config.request_timeout)
+                data = await self._apost_in_rotation(addr, call, self.config.request_timeout)
                 return self.backend.parse_generate(data)
             except HttpError as e:
                 if e.status < 500:
                     raise ValueError(str(e)) from e
                 last = e
+            except ServerLeftRotationError as e:
+                # not a failure of the request: it moves (its unfinished chunk is dropped)
+                last = e
+                with self._lock:
+                    self.requests_moved += 1
+                logger.warning("request %s moves off %s: %s", rid, addr, e)
+                continue
             except (TimeoutError, aiohttp.ClientError, OSError) as e:
                 last = e
                 if not await self._probe(addr):

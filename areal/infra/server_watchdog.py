@@ -1,32 +1,46 @@
-"""``ServerWatchdog``: restart dead inference servers with the current weights.
+"""``ServerWatchdog``: replace dead and hung inference servers, in the background.
 
-The trainer calls ``check()`` at points where the actor's weights equal the servers'
-version (before ``prepare_batch`` and right after a weight update). For every server
-process of role ``rollout`` that the scheduler reports dead it
+The trainer calls ``check()`` at step boundaries (before ``prepare_batch`` and right after
+a weight update). ``check()`` never waits for a server to start. For every server process
+of role ``rollout`` that
 
-1. logs a warning with the worker's exit code and log tail,
-2. takes its address out of the ``RemoteInfEngine``'s rotation (its in-flight requests
-   were already moved to the other servers by the engine's retry logic),
-3. restarts it through the scheduler (``restart_worker``: same command, same port if
-   possible, else a new address),
-4. hands it to the ``WeightSynchronizer`` (``weight_sync.readmit``), which loads the
-   *current* weights into it (version 0 = the initial model the command loads anyway;
-   ``disk`` mode = the last weight-update directory; otherwise, or when that directory
-   is gone, the actor writes its weights once per version to ``scratch_dir/v{v}``) and
-   readmits it to the engine at the current version (paused if the rollout is paused).
+- the scheduler reports dead (crash, OOM kill, ``kill -9``), or
+- the ``RemoteInfEngine`` declared hung (``hung_addresses``: alive but silent past
+  ``rollout.health_check_timeout``, e.g. SIGSTOPped or deadlocked; its process is
+  killed with SIGKILL first, so a hung server is *replaced*, not only routed around),
 
-``step_stats()`` returns ``rollout/server_restarts`` (restarts since the previous call),
-``rollout/server_restart_seconds`` (time spent restarting since then; the restart blocks
-the training loop until the server is healthy), ``rollout/server_restarts_total`` and
+it logs a warning (exit code and log tail for a dead one), takes the address out of the
+engine's rotation (its in-flight requests move to the other servers: no sample is lost,
+none is generated twice) and starts a background thread that restarts the process
+through the scheduler (``restart_worker``: same command, same port if possible) and waits
+until it is healthy, while rollout continues on the healthy servers.
+
+A restarted server gets traffic only once it holds the current weights:
+``WeightSynchronizer.readmit`` loads them and sets the current version under the
+synchronizer's lock, so no weight sync can run in between. Where that needs no actor call
+(version 0, or ``disk`` mode with the current version's directory on disk) the
+background thread readmits it as soon as it is healthy; otherwise (``xccl`` mode: the
+actor writes the weights once) the next ``check()`` does, from the training thread. In
+``xccl`` mode the synchronizer re-forms the weight-update group with the new member
+before the next broadcast (``areal.infra.weight_sync``).
+
+``step_stats()``: ``rollout/server_restarts`` (servers readmitted since the previous call),
+``rollout/server_restart_seconds`` (time ``check()`` spent, i.e. what restarts cost the
+training loop), ``rollout/server_restart_background_seconds`` (kill to readmission, in the
+background), ``rollout/server_restarts_total``, ``rollout/servers_hung_total`` and
 ``rollout/servers_healthy``.
 
 Schedulers without ``dead_workers``/``restart_worker`` (Ray, Slurm): servers the engine
-marked unhealthy stay out of rotation (logged once each); training continues on the
-others. A server that failed to restart ``max_restarts`` times is left out as well.
+took out (dead or hung) stay out of rotation (logged once each); training continues on
+the others. A server that failed to restart ``max_restarts`` times is left out as well.
+``background=False`` restarts and readmits inside ``check()`` (blocking, as before).
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 from typing import Any
 
@@ -37,8 +51,23 @@ from areal.utils import logging
 logger = logging.getLogger("ServerWatchdog")
 
 
+class _Restart:
+    """One background restart of worker ``wid`` (formerly at ``old``)."""
+
+    def __init__(self, wid: str, old: str | None, why: str):
+        self.wid = wid
+        self.old = old
+        self.why = why
+        self.t0 = time.monotonic()
+        self.worker: Any = None  # set once the new process is healthy
+        self.error: BaseException | None = None
+        self.readmitted: tuple[str | None, int] | None = None
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+
 class ServerWatchdog:
-    """Detect dead inference servers, restart them and readmit them (module docstring)."""
+    """Detect dead and hung inference servers, restart and readmit them (module docstring)."""
 
     def __init__(
         self,
@@ -50,6 +79,8 @@ class ServerWatchdog:
         role: str = "rollout",
         max_restarts: int = 3,
         weight_sync: WeightSynchronizer | None = None,
+        background: bool = True,
+        kill_timeout: float = 30.0,
     ):
         self.scheduler = scheduler
         self.rollout = rollout
@@ -60,12 +91,18 @@ class ServerWatchdog:
         )
         self.role = role
         self.max_restarts = max_restarts
+        self.background = background
+        self.kill_timeout = kill_timeout
         self.can_restart = callable(getattr(scheduler, "dead_workers", None)) and callable(
             getattr(scheduler, "restart_worker", None)
         )
         self.total_restarts = 0
+        self.total_hung = 0
         self._since_stats = 0
         self._seconds = 0.0
+        self._bg_seconds = 0.0
+        self._lock = threading.Lock()
+        self._restarting: dict[str, _Restart] = {}
         self._failures: dict[str, int] = {}
         self._given_up: set[str] = set()
         self._reported_out: set[str] = set()
@@ -79,12 +116,14 @@ class ServerWatchdog:
         if not self.can_restart:
             logger.info(
                 f"{type(scheduler).__name__} cannot restart inference servers: a server that "
-                "dies stays out of rotation and training continues on the others"
+                "dies or hangs stays out of rotation and training continues on the others"
             )
 
     # ------------------------------------------------------------------ checks
     def check(self) -> int:
-        """Restart every dead server; returns how many were restarted and readmitted."""
+        """Readmit servers whose restart finished, start restarts of newly dead or hung
+        ones; returns how many servers were readmitted by this call (or, by the background
+        threads, since the previous call)."""
         if not self.can_restart:
             self._report_out_of_rotation()
             return 0
@@ -95,51 +134,144 @@ class ServerWatchdog:
             self._seconds += time.monotonic() - t0
 
     def _check(self) -> int:
+        n = self._collect()
         try:
-            dead = [w for w in self.scheduler.dead_workers(self.role) if w not in self._given_up]
+            dead = list(self.scheduler.dead_workers(self.role))
         except Exception as e:  # noqa: BLE001
             logger.warning(f"dead_workers({self.role!r}) failed: {e}")
-            return 0
-        n = 0
+            dead = []
+        hung_addrs = set(getattr(self.rollout, "hung_addresses", []) or [])
+        with self._lock:
+            busy = set(self._restarting)
         for wid in dead:
-            if self._restart_one(wid):
-                n += 1
-        return n
+            if wid not in self._given_up and wid not in busy:
+                self._start(wid, "died", hung=False)
+        for wid, addr in list(self._addr.items()):
+            if addr in hung_addrs and wid not in self._given_up and wid not in busy:
+                if wid not in dead:
+                    self._start(wid, "hung", hung=True)
+        if not self.background or not self.rollout.healthy_addresses:
+            # nothing to generate with: wait for the restarts (else the step cannot run)
+            self.wait_restarts()
+        return n + self._collect()
 
-    def _restart_one(self, wid: str) -> bool:
+    def _start(self, wid: str, why: str, hung: bool) -> None:
         old = self._addr.get(wid)
         info = ""
-        exit_info = getattr(self.scheduler, "worker_exit_info", None)
-        if callable(exit_info):
-            try:
-                info = "\n" + exit_info(wid)
-            except Exception:  # noqa: BLE001
-                info = ""
-        logger.warning(f"inference server {wid} ({old}) died; restarting it{info}")
-        if old is not None:
-            self.rollout.exclude_server(old, "its process died")
-        try:
-            worker = self.scheduler.restart_worker(wid)
-            path, version = self.weight_sync.readmit(worker.address, replaces=old)
-        except Exception as e:  # noqa: BLE001 - a failed restart leaves the server out
-            k = self._failures[wid] = self._failures.get(wid, 0) + 1
-            if k >= self.max_restarts:
-                self._given_up.add(wid)
-            logger.error(
-                f"restart of inference server {wid} failed ({k}/{self.max_restarts}): "
-                f"{type(e).__name__}: {e}; training continues on "
-                f"{self.rollout.healthy_addresses}"
-                + ("; giving up on it" if wid in self._given_up else "; retrying next check")
+        if hung:
+            self.total_hung += 1
+            logger.warning(
+                f"inference server {wid} ({old}) is hung (no answer within the health "
+                "deadline); killing it (SIGKILL) and restarting it in the background"
             )
-            return False
-        self._addr[wid] = worker.address
-        self.total_restarts += 1
-        self._since_stats += 1
-        logger.warning(
-            f"inference server {wid} restarted at {worker.address} with weights version "
-            f"{version} ({path or 'initial model'}); restarts so far: {self.total_restarts}"
-        )
-        return True
+        else:
+            exit_info = getattr(self.scheduler, "worker_exit_info", None)
+            if callable(exit_info):
+                try:
+                    info = "\n" + exit_info(wid)
+                except Exception:  # noqa: BLE001
+                    info = ""
+            logger.warning(
+                f"inference server {wid} ({old}) died; restarting it in the background{info}"
+            )
+        if old is not None:
+            self.rollout.exclude_server(old, f"its process {why}")
+        r = _Restart(wid, old, why)
+        with self._lock:
+            self._restarting[wid] = r
+        if self.background:
+            r.thread = threading.Thread(
+                target=self._run_restart, args=(r, hung), name=f"restart-{wid}", daemon=True
+            )
+            r.thread.start()
+        else:
+            self._run_restart(r, hung)
+
+    def _kill(self, wid: str) -> None:
+        """SIGKILL the process group of a hung worker and wait until the scheduler sees it dead."""
+        role, _, index = wid.rpartition("/")
+        pid = self.scheduler.worker_pids(role)[int(index)]
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the worker leads its own process group
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + self.kill_timeout
+        while wid not in self.scheduler.dead_workers(self.role):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{wid} (pid {pid}) still alive {self.kill_timeout:.0f} s after SIGKILL"
+                )
+            time.sleep(0.05)
+
+    def _run_restart(self, r: _Restart, hung: bool) -> None:
+        try:
+            if hung:
+                self._kill(r.wid)
+            r.worker = self.scheduler.restart_worker(r.wid)
+            if self.background:  # else (or when the actor is needed) _collect readmits it
+                r.readmitted = self.weight_sync.readmit(
+                    r.worker.address, replaces=r.old, allow_actor=False
+                )
+        except BaseException as e:  # noqa: BLE001 - reported by _collect
+            r.error = e
+        finally:
+            r.done.set()
+
+    def wait_restarts(self, timeout: float | None = None) -> None:
+        """Block until every restart in progress has finished (or ``timeout`` s passed)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            pending = list(self._restarting.values())
+        for r in pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            r.done.wait(left)
+
+    def _collect(self) -> int:
+        """Readmit (here, on the training thread) restarted servers the background could not
+        readmit; account for finished restarts. Returns how many were readmitted."""
+        with self._lock:
+            finished = [r for r in self._restarting.values() if r.done.is_set()]
+        n = 0
+        for r in finished:
+            if r.error is None and r.readmitted is None:
+                try:
+                    r.readmitted = self.weight_sync.readmit(r.worker.address, replaces=r.old)
+                except Exception as e:  # noqa: BLE001
+                    r.error = e
+            with self._lock:
+                self._restarting.pop(r.wid, None)
+            if r.error is not None:
+                k = self._failures[r.wid] = self._failures.get(r.wid, 0) + 1
+                if k >= self.max_restarts:
+                    self._given_up.add(r.wid)
+                logger.error(
+                    f"restart of inference server {r.wid} failed ({k}/{self.max_restarts}): "
+                    f"{type(r.error).__name__}: {r.error}; training continues on "
+                    f"{self.rollout.healthy_addresses}"
+                    + ("; giving up on it" if r.wid in self._given_up else "; retrying next check")
+                )
+                continue
+            self._addr[r.wid] = r.worker.address
+            self.total_restarts += 1
+            self._since_stats += 1
+            self._bg_seconds += time.monotonic() - r.t0
+            path, version = r.readmitted
+            n += 1
+            logger.warning(
+                f"inference server {r.wid} ({r.why}) restarted at {r.worker.address} and "
+                f"readmitted with weights version {version} ({path or 'initial model'}) "
+                f"{time.monotonic() - r.t0:.1f} s after it was taken out; restarts so far: "
+                f"{self.total_restarts}"
+            )
+        return n
+
+    @property
+    def restarting(self) -> list[str]:
+        """Worker ids whose restart is in progress."""
+        with self._lock:
+            return sorted(self._restarting)
 
     def _report_out_of_rotation(self) -> None:
         addrs = getattr(self.rollout, "addresses", [])
@@ -154,13 +286,16 @@ class ServerWatchdog:
 
     # ------------------------------------------------------------------ stats
     def step_stats(self) -> dict[str, float]:
-        """Restarts (and seconds spent on them) since the previous call, the total, and the
-        number of healthy servers."""
+        """Readmissions (and seconds the training loop spent on restarts) since the
+        previous call, totals, and the number of healthy servers."""
         n, self._since_stats = self._since_stats, 0
         seconds, self._seconds = self._seconds, 0.0
+        bg, self._bg_seconds = self._bg_seconds, 0.0
         return {
             "rollout/server_restarts": float(n),
             "rollout/server_restart_seconds": seconds,
+            "rollout/server_restart_background_seconds": bg,
             "rollout/server_restarts_total": float(self.total_restarts),
+            "rollout/servers_hung_total": float(self.total_hung),
             "rollout/servers_healthy": float(len(self.rollout.healthy_addresses)),
         }

@@ -25,7 +25,18 @@ paused it.
 
 ``readmit(address)`` brings a restarted server back with the current weights
 (``ServerWatchdog``): the weights of the current version from the weight-update
-directory (disk mode), else written once per version to ``scratch_dir``.
+directory (disk mode), else written once per version to ``scratch_dir``. ``sync`` and
+``readmit`` hold one lock, so a server readmitted from a background thread can never
+miss a version: it is readmitted either before a sync (and gets it) or after (and loads
+the new weights).
+
+``xccl``: the weight-update process group is formed once with the servers in rotation at
+that time. When the set of servers in rotation changes (one died, hung or was
+restarted), ``sync`` re-forms the group before the broadcast, with the servers in
+rotation now: a fresh rendezvous port and group name (``{group_name}-r{n}``), joined by
+training rank 0 (``actor.connect_engine``) and by every server
+(``init_weights_update_group``). A restarted server thereby rejoins the broadcast group;
+a dead one no longer stalls the broadcast. Counted in ``weight_sync/group_reforms``.
 
 Extension point: ``WeightSyncHook`` (subclass it, override what you need, pass it in
 ``hooks=`` or ``add_hook``). Hooks run in registration order.
@@ -36,11 +47,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from areal.api.io_struct import SaveLoadMeta, WeightUpdateMeta
+from areal.infra.wait_log import waiting
 from areal.utils import logging
 
 logger = logging.getLogger("WeightSynchronizer")
@@ -129,6 +142,10 @@ class WeightSynchronizer:
         self.hooks: list[WeightSyncHook] = list(hooks)
         self.scratch_dir = scratch_dir
         self.last_stats: dict[str, float] = {}
+        # sync / readmit / group re-forming never interleave (module docstring)
+        self._lock = threading.RLock()
+        self._group_members: tuple[str, ...] | None = None  # xccl: servers in the group
+        self.group_reforms = 0
 
     def add_hook(self, hook: WeightSyncHook) -> None:
         if not isinstance(hook, WeightSyncHook):
@@ -142,7 +159,10 @@ class WeightSynchronizer:
         ``resume()`` later); generation on the servers is resumed either way."""
         if self.meta is None:
             raise RuntimeError("WeightSynchronizer.sync: no WeightUpdateMeta (meta=None)")
-        version = int(version)
+        with self._lock:
+            return self._sync(int(version), resume, reason)
+
+    def _sync(self, version: int, resume: bool, reason: str) -> dict[str, float]:
         ctx = WeightSyncContext(
             version=version,
             previous_version=int(self._call(self.rollout, "get_version", default=0)),
@@ -161,6 +181,10 @@ class WeightSynchronizer:
             self._call(self.rollout, "pause_generation")
             gen_paused = True
             ctx.stats["weight_sync/pause_seconds"] = time.monotonic() - t0
+            step = "regroup"
+            if self._reform_group_if_needed(reason):
+                ctx.meta = self.meta.with_version(version)
+                ctx.stats["weight_sync/group_reforms"] = 1.0
             step = "before_push"
             for h in self.hooks:
                 h.before_push(ctx)
@@ -169,7 +193,14 @@ class WeightSynchronizer:
                 ctx.meta = h.transform(ctx, ctx.meta)
             step = "push"
             t_push = time.monotonic()
-            self.actor.update_weights(ctx.meta)
+            with waiting(
+                logger,
+                lambda: (
+                    f"the {ctx.meta.type} push of weights version {version} to the servers "
+                    f"{self._healthy()} (actor.update_weights)"
+                ),
+            ):
+                self.actor.update_weights(ctx.meta)
             ctx.stats["weight_sync/push_seconds"] = time.monotonic() - t_push
             step = "verify"
             for h in self.hooks:
@@ -236,6 +267,61 @@ class WeightSynchronizer:
         fn = getattr(obj, name, None)
         return fn() if callable(fn) else default
 
+    def _healthy(self) -> list[str]:
+        return list(getattr(self.rollout, "healthy_addresses", []) or [])
+
+    # ------------------------------------------------------------------ xccl group
+    def _reform_group_if_needed(self, reason: str) -> bool:
+        """``xccl``: re-form the weight-update group when the servers in rotation are not
+        the ones it was formed with (module docstring). Returns whether it did."""
+        meta = self.meta
+        if meta is None or meta.type != "xccl" or not hasattr(self.actor, "connect_engine"):
+            return False
+        members = tuple(sorted(self._healthy()))
+        if self._group_members is None:
+            self._group_members = members  # formed at start-up (connect_engine)
+            return False
+        if members == self._group_members or not members:
+            return False
+        from areal.utils.network import find_free_ports
+
+        self.group_reforms += 1
+        base = meta.group_name.split("-r")[0]
+        new = dataclasses.replace(
+            meta,
+            master_port=find_free_ports(1)[0],
+            group_name=f"{base}-r{self.group_reforms}",
+            world_size=0,
+            version=None,
+        )
+        t0 = time.monotonic()
+        logger.warning(
+            "servers in rotation changed (%s -> %s): re-forming the weight-update group as "
+            "%r at %s:%d before the %s sync",
+            list(self._group_members),
+            list(members),
+            new.group_name,
+            new.master_address,
+            new.master_port,
+            reason,
+        )
+        if hasattr(self.actor, "weight_update_group_initialized"):
+            self.actor.weight_update_group_initialized = False
+        with waiting(
+            logger,
+            lambda: f"servers {list(members)} and training rank 0 to join {new.group_name!r}",
+        ):
+            self.actor.connect_engine(self.rollout, new)
+        self.meta = new
+        self._group_members = members
+        logger.info(
+            "weight-update group %r formed with %d server(s) in %.2fs",
+            new.group_name,
+            len(members),
+            time.monotonic() - t0,
+        )
+        return True
+
     # ------------------------------------------------------------------ restarted servers
     def current_weights(self) -> tuple[str | None, int]:
         """(Hugging Face directory holding the servers' current weights, or None for the
@@ -259,10 +345,34 @@ class WeightSynchronizer:
             self.actor.save(SaveLoadMeta(path=path, weight_format="hf", with_optim=False))
         return path, version
 
-    def readmit(self, address: str, replaces: str | None = None) -> tuple[str | None, int]:
+    def can_readmit_without_actor(self) -> bool:
+        """Whether ``readmit`` needs no call into the actor now (version 0, or ``disk`` mode
+        with the current version's directory on disk), so it may run on a background
+        thread while the training thread uses the actor."""
+        with self._lock:
+            version = int(self.rollout.get_version())
+            if version == 0:
+                return True
+            meta = self.meta
+            if meta is None or meta.type != "disk" or not meta.path:
+                return False
+            path = meta.with_version(version).path
+            return os.path.isdir(path) and any(f.endswith(".safetensors") for f in os.listdir(path))
+
+    def readmit(
+        self, address: str, replaces: str | None = None, allow_actor: bool = True
+    ) -> tuple[str | None, int] | None:
         """Load the current weights into the (restarted) server at ``address``, give it the
         current version (paused if the rollout is paused) and put it back in rotation.
-        Returns (weights directory or None, version)."""
-        path, version = self.current_weights()
-        self.rollout.readmit_server(address, weights_path=path, version=version, replaces=replaces)
-        return path, version
+        Holds the sync lock, so no sync runs in between. Returns (weights directory or
+        None, version); ``None`` without doing anything when ``allow_actor=False`` and the
+        weights would have to come from the actor. ``xccl``: the next ``sync`` re-forms
+        the group with it."""
+        with self._lock:
+            if not allow_actor and not self.can_readmit_without_actor():
+                return None
+            path, version = self.current_weights()
+            self.rollout.readmit_server(
+                address, weights_path=path, version=version, replaces=replaces
+            )
+            return path, version

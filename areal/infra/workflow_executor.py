@@ -33,6 +33,12 @@ layout): ``{fileroot}/logs/{experiment_name}/{trial_name}/{rollout|eval-rollout}
 {newest token version}/{task_id}.jsonl``, one JSON line per row (prompt, completion,
 reward, lengths, versions), decoded with ``config.tokenizer_path``, off the event loop.
 
+Waits say what they wait for: a ``wait``/``rollout_batch``/``prepare_batch`` that has not
+returned after 5 s logs, every 10 s (``areal.infra.wait_log``), how many results it
+needs and has, the ids of the running rollouts, how many are queued, whether the
+executor is paused, the version, and the inference engine's requests in flight per server
+(``inflight_summary()``) with the servers out of rotation.
+
 ``prepare_batch(..., dynamic_bs=True)`` (AReaL's ``dynamic_bs``) returns as soon as
 accepted + rejected results reach the batch size, with only the accepted ones: a batch of
 variable size (at least one result), instead of replacing every rejected result.
@@ -57,6 +63,7 @@ from areal.infra.grouped_workflow import (
     is_interaction_dict,
 )
 from areal.infra.staleness_manager import RolloutStat, StalenessManager
+from areal.infra.wait_log import WaitLog
 from areal.utils import logging
 from areal.utils.batch import concat_padded_tensors
 from areal.utils.dynamic_import import import_from_string
@@ -72,7 +79,7 @@ _VERSION_POLL_S = 0.02
 # Slice used by blocking waits so that thread death / staleness are noticed.
 _WAIT_SLICE_S = 0.1
 _SHUTDOWN_TIMEOUT_S = 10.0
-# prepare_batch warns when no batch was produced for this long.
+# prepare_batch warns (with the rejection reasons) when no batch was produced for this long.
 _NO_PROGRESS_WARN_S = 60.0
 # wait() warns this often when queued rollouts can never start at the current version.
 _STALL_WARN_S = 30.0
@@ -380,6 +387,7 @@ class WorkflowExecutor:
             raise ValueError(f"count={count}; must be >= 0")
         deadline = None if timeout is None else time.monotonic() + float(timeout)
         start = last_warn = time.monotonic()
+        wait_log = WaitLog(self.logger)
         with self._cv:
             while True:
                 self._raise_if_dead()
@@ -416,6 +424,7 @@ class WorkflowExecutor:
                 if time.monotonic() - last_warn >= _STALL_WARN_S:
                     last_warn = time.monotonic()
                     self._warn_if_blocked_locked(count, version)
+                wait_log.tick(lambda v=version: self._describe_wait_locked(count, v))
                 self._cv.wait(_WAIT_SLICE_S if remaining is None else min(remaining, _WAIT_SLICE_S))
             rejected = self._rejected_since_export
             self._rejected_since_export = 0
@@ -450,6 +459,7 @@ class WorkflowExecutor:
         """Wait until none of ``tids`` is queued or running; take their accepted results."""
         self._require_initialized()
         deadline = None if timeout is None else time.monotonic() + float(timeout)
+        wait_log = WaitLog(self.logger)
         with self._cv:
             while True:
                 self._raise_if_dead()
@@ -460,6 +470,12 @@ class WorkflowExecutor:
                 )
                 if busy == 0:
                     break
+                wait_log.tick(
+                    lambda busy=busy: (
+                        f"rollout_batch: {busy} of {len(tids)} rollouts unfinished; "
+                        + self._describe_wait_locked(0, self._get_version())
+                    )
+                )
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(
@@ -507,6 +523,7 @@ class WorkflowExecutor:
         wf = self._resolve_workflow(workflow, workflow_kwargs, group_size)
         accept_fn = self._resolve_accept_fn(should_accept_fn)
         start = last_warn = time.monotonic()
+        wait_log = WaitLog(self.logger)
         while True:
             self._top_up(wf, accept_fn)
             batch = self._wait(
@@ -518,6 +535,7 @@ class WorkflowExecutor:
             if timeout is not None and now - start >= timeout:
                 # raises with the standard message
                 return self.wait(self.consumer_batch_size, timeout=0.0)
+            wait_log.tick(lambda: f"prepare_batch: {self._describe_wait(self.consumer_batch_size)}")
             if now - last_warn >= _NO_PROGRESS_WARN_S:
                 last_warn = now
                 stat = self.staleness_manager.get_stats()
@@ -613,6 +631,28 @@ class WorkflowExecutor:
         if len(kept) != len(self._results):
             self._results = kept
             self._wake_loop()
+
+    def _describe_wait(self, count: int) -> str:
+        with self._cv:
+            return self._describe_wait_locked(count, self._get_version())
+
+    def _describe_wait_locked(self, count: int, version: int) -> str:
+        """What a waiting caller waits for (one line, see the module docstring)."""
+        running = sorted(self._inflight)
+        ids = ", ".join(map(str, running[:8])) + (", ..." if len(running) > 8 else "")
+        engine = self.inference_engine
+        servers = ""
+        summary = getattr(engine, "inflight_summary", None)
+        if callable(summary):
+            try:
+                servers = f"; servers: {summary()}"
+            except Exception as e:  # noqa: BLE001 - a log line must not break the wait
+                servers = f"; servers: <{type(e).__name__}: {e}>"
+        return (
+            f"{count} accepted rollout(s): {len(self._results)} ready, {len(running)} running "
+            f"(task ids [{ids}]), {len(self._pending)} queued, paused={self.is_paused}, "
+            f"version={version}{servers}"
+        )
 
     def _warn_if_blocked_locked(self, count: int, version: int) -> None:
         stat = self.staleness_manager.get_stats()

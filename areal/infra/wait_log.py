@@ -1,0 +1,89 @@
+"""Rate-limited "still waiting for ..." log lines for long waits.
+
+A wait that lasts more than a few seconds must say what it waits for (which server, which
+requests, how many in flight, which workers), so a hang is never silent. Two forms:
+
+- ``WaitLog(logger, every=10.0)``: for polling loops; ``wait_log.tick(describe)`` logs
+  ``describe()`` (called only when a line is due) once ``first_after`` seconds have passed
+  since the wait started and then every ``every`` seconds.
+- ``waiting(logger, describe)``: a context manager for a blocking call (an RPC, a weight
+  push); a daemon thread logs ``describe()`` on the same schedule until the block exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+WAIT_LOG_EVERY_S = 10.0
+WAIT_LOG_FIRST_S = 5.0
+
+
+def _text(describe: Callable[[], str] | str) -> str:
+    if isinstance(describe, str):
+        return describe
+    try:
+        return describe()
+    except Exception as e:  # noqa: BLE001 - a broken description must not break the wait
+        return f"<description failed: {type(e).__name__}: {e}>"
+
+
+class WaitLog:
+    """Logs ``still waiting (N s) for <describe()>`` at most every ``every`` seconds."""
+
+    def __init__(
+        self,
+        logger: Any,
+        every: float = WAIT_LOG_EVERY_S,
+        first_after: float = WAIT_LOG_FIRST_S,
+        level: str = "warning",
+    ):
+        self.logger = logger
+        self.every = float(every)
+        self.first_after = float(first_after)
+        self.level = level
+        self.start = time.monotonic()
+        self._next = self.start + self.first_after
+        self.lines = 0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def tick(self, describe: Callable[[], str] | str) -> bool:
+        """Log one line if one is due; returns whether it logged."""
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + self.every
+        self.lines += 1
+        getattr(self.logger, self.level)(
+            "still waiting (%.0f s) for %s", now - self.start, _text(describe)
+        )
+        return True
+
+
+@contextlib.contextmanager
+def waiting(
+    logger: Any,
+    describe: Callable[[], str] | str,
+    every: float = WAIT_LOG_EVERY_S,
+    first_after: float = WAIT_LOG_FIRST_S,
+) -> Iterator[WaitLog]:
+    """Log ``describe()`` every ``every`` s (after ``first_after`` s) while the block runs."""
+    log = WaitLog(logger, every=every, first_after=first_after)
+    done = threading.Event()
+
+    def _run() -> None:
+        while not done.wait(max(0.05, log._next - time.monotonic())):
+            log.tick(describe)
+
+    t = threading.Thread(target=_run, name="wait-log", daemon=True)
+    t.start()
+    try:
+        yield log
+    finally:
+        done.set()
+        t.join(timeout=1.0)
