@@ -387,7 +387,7 @@ class WorkflowExecutor:
             raise ValueError(f"count={count}; must be >= 0")
         deadline = None if timeout is None else time.monotonic() + float(timeout)
         start = last_warn = time.monotonic()
-        wait_log = WaitLog(self.logger)
+        wait_log = WaitLog(self.logger, level="info")
         with self._cv:
             while True:
                 self._raise_if_dead()
@@ -459,7 +459,7 @@ class WorkflowExecutor:
         """Wait until none of ``tids`` is queued or running; take their accepted results."""
         self._require_initialized()
         deadline = None if timeout is None else time.monotonic() + float(timeout)
-        wait_log = WaitLog(self.logger)
+        wait_log = WaitLog(self.logger, level="info")
         with self._cv:
             while True:
                 self._raise_if_dead()
@@ -523,7 +523,7 @@ class WorkflowExecutor:
         wf = self._resolve_workflow(workflow, workflow_kwargs, group_size)
         accept_fn = self._resolve_accept_fn(should_accept_fn)
         start = last_warn = time.monotonic()
-        wait_log = WaitLog(self.logger)
+        wait_log = WaitLog(self.logger, level="info")
         while True:
             self._top_up(wf, accept_fn)
             batch = self._wait(

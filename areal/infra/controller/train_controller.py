@@ -50,6 +50,7 @@ import torch
 from areal.api.io_struct import FinetuneSpec, ParamSpec, SaveLoadMeta, WeightUpdateMeta
 from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, WorkerDiedError
 from areal.infra.rpc.client import spawn_daemon
+from areal.infra.wait_log import WaitLog
 from areal.utils import logging
 from areal.utils.seqpack import kk_partition, partition_spread
 
@@ -346,7 +347,20 @@ class TrainController:
                 )
             futs.append(fut)
         watched = futs + list(companions or [])
-        wait_futures(watched, return_when=FIRST_EXCEPTION)
+        # a long call says what it waits for (areal.infra.wait_log), every 10 s
+        wait_log = WaitLog(logger, level="info")
+        while True:
+            done, pending = wait_futures(watched, timeout=1.0, return_when=FIRST_EXCEPTION)
+            if not pending or any(f.exception() is not None for f in done):
+                break
+            wait_log.tick(
+                lambda pending=pending: (
+                    f"rpc {method!r} on "
+                    f"{[w.id for w, f in zip(workers, futs) if f in pending] or 'no worker'}"
+                    f" ({sum(f in pending for f in futs)} of {len(futs)} workers unfinished, "
+                    f"{sum(f in pending for f in watched[len(futs) :])} companion(s) unfinished)"
+                )
+            )
         errors = [f.exception() for f in watched if f.done() and f.exception() is not None]
         if errors:
             first = errors[0]  # among the earliest failures (e.g. a companion's own error)
