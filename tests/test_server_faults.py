@@ -158,6 +158,7 @@ def test_watchdog_killed_server_restarted_with_current_disk_weights(tmp_path):
                 "rollout/server_restart_background_seconds": 0.0,
                 "rollout/server_restarts_total": 1.0,
                 "rollout/servers_hung_total": 0.0,
+                "rollout/server_readmits_total": 0.0,
                 "rollout/servers_healthy": 2.0,
             }
             r = requests.get(f"http://{addrs[1]}/version", timeout=5).json()

@@ -7,6 +7,8 @@
 - ``ServerWatchdog`` replaces the hung server (SIGKILL + restart) in the background: its
   ``check()`` returns while the restart is still blocked, rollout continues on the healthy
   server meanwhile, and the restarted server is readmitted at the current version;
+- a live server taken out of rotation for a transient error is readmitted with the
+  weights it missed, without a restart;
 - ``areal.infra.wait_log``: a long wait logs what it waits for, rate-limited.
 
 No timing races: restarts are held by a gate the test opens, and everything else is polled
@@ -178,6 +180,36 @@ def test_weight_update_leaves_out_hung_server_instead_of_waiting(two_servers, tm
     assert eng.hung_addresses == [addrs[1]]
     assert requests.get(f"http://{addrs[0]}/version", timeout=5).json()["version"] == 1
     assert eng.get_version() == 1
+
+
+@pytest.mark.slow
+@pytest.mark.ci_slow
+def test_live_server_out_of_rotation_readmitted_with_missed_weights_without_restart(
+    two_servers, tmp_path
+):
+    """A server taken out for a transient error (e.g. a dropped connection during a weight
+    update) whose process lives and answers is readmitted with the weights it missed."""
+    from areal.infra.server_watchdog import ServerWatchdog
+
+    sched, eng, addrs, _, _ = two_servers
+    meta = WeightUpdateMeta.from_disk("exp", "trial", str(tmp_path))
+    build_tiny_qwen2(meta.with_version(1).path, seed=1)
+    dog = ServerWatchdog(sched, eng, weight_update_meta=meta)
+    pid = sched.worker_pids("rollout")[1]
+    eng.exclude_server(addrs[1], "test: connection dropped during a weight update")
+    eng.update_weights_from_disk(meta.with_version(1)).result(timeout=120)
+    assert requests.get(f"http://{addrs[1]}/version", timeout=5).json()["version"] == 0
+
+    assert dog.check() == 0
+    dog.wait_restarts(120)
+    assert dog.check() == 1
+
+    assert sorted(eng.healthy_addresses) == sorted(addrs)
+    assert requests.get(f"http://{addrs[1]}/version", timeout=5).json()["version"] == 1
+    assert sched.worker_pids("rollout")[1] == pid  # the same process: no restart
+    stats = dog.step_stats()
+    assert stats["rollout/server_readmits_total"] == 1.0
+    assert stats["rollout/server_restarts_total"] == 0.0
 
 
 def test_wait_log_rate_limited_and_names_what_it_waits_for(caplog):

@@ -9,6 +9,11 @@ of role ``rollout`` that
   ``rollout.health_check_timeout``, e.g. SIGSTOPped or deadlocked; its process is
   killed with SIGKILL first, so a hung server is *replaced*, not only routed around),
 
+- the engine took out of rotation for another reason (a dropped connection during a
+  weight update, a request that failed) while its process lives: a background thread
+  probes it for up to ``health_check_timeout`` s; if it answers it is only readmitted with
+  the current weights (it may have missed a weight update), else it is treated as hung,
+
 it logs a warning (exit code and log tail for a dead one), takes the address out of the
 engine's rotation (its in-flight requests move to the other servers: no sample is lost,
 none is generated twice) and starts a background thread that restarts the process
@@ -42,6 +47,7 @@ import os
 import signal
 import threading
 import time
+import types
 from typing import Any
 
 from areal.api.io_struct import WeightUpdateMeta
@@ -98,6 +104,7 @@ class ServerWatchdog:
         )
         self.total_restarts = 0
         self.total_hung = 0
+        self.total_readmits = 0  # alive servers put back without a restart
         self._since_stats = 0
         self._seconds = 0.0
         self._bg_seconds = 0.0
@@ -146,10 +153,14 @@ class ServerWatchdog:
         for wid in dead:
             if wid not in self._given_up and wid not in busy:
                 self._start(wid, "died", hung=False)
+        healthy = set(self.rollout.healthy_addresses)
         for wid, addr in list(self._addr.items()):
-            if addr in hung_addrs and wid not in self._given_up and wid not in busy:
-                if wid not in dead:
-                    self._start(wid, "hung", hung=True)
+            if wid in self._given_up or wid in busy or wid in dead:
+                continue
+            if addr in hung_addrs:
+                self._start(wid, "hung", hung=True)
+            elif addr not in healthy:
+                self._start(wid, "out", hung=False)
         if not self.background or not self.rollout.healthy_addresses:
             # nothing to generate with: wait for the restarts (else the step cannot run)
             self.wait_restarts()
@@ -158,7 +169,13 @@ class ServerWatchdog:
     def _start(self, wid: str, why: str, hung: bool) -> None:
         old = self._addr.get(wid)
         info = ""
-        if hung:
+        if why == "out":
+            logger.warning(
+                f"inference server {wid} ({old}) is out of rotation but its process lives; "
+                "probing it in the background: readmitted with the current weights if it "
+                "answers, replaced if it does not"
+            )
+        elif hung:
             self.total_hung += 1
             logger.warning(
                 f"inference server {wid} ({old}) is hung (no answer within the health "
@@ -174,7 +191,7 @@ class ServerWatchdog:
             logger.warning(
                 f"inference server {wid} ({old}) died; restarting it in the background{info}"
             )
-        if old is not None:
+        if old is not None and why != "out":
             self.rollout.exclude_server(old, f"its process {why}")
         r = _Restart(wid, old, why)
         with self._lock:
@@ -205,11 +222,37 @@ class ServerWatchdog:
                 )
             time.sleep(0.05)
 
+    def _answers(self, address: str, timeout: float) -> bool:
+        """Whether ``address`` answers its health endpoint within ``timeout`` s."""
+        import requests
+
+        path = getattr(getattr(self.rollout, "backend", None), "health_path", "/health")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                t = max(0.5, min(5.0, deadline - time.monotonic()))
+                if requests.get(f"http://{address}{path}", timeout=t).status_code == 200:
+                    return True
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        return False
+
     def _run_restart(self, r: _Restart, hung: bool) -> None:
         try:
-            if hung:
-                self._kill(r.wid)
-            r.worker = self.scheduler.restart_worker(r.wid)
+            if r.why == "out":
+                timeout = float(
+                    getattr(getattr(self.rollout, "config", None), "health_check_timeout", 30.0)
+                )
+                if r.old is not None and self._answers(r.old, timeout):
+                    r.worker = types.SimpleNamespace(address=r.old)  # only readmit it
+                else:
+                    r.why = "out of rotation and silent"
+                    hung = True
+            if r.worker is None:
+                if hung:
+                    self._kill(r.wid)
+                r.worker = self.scheduler.restart_worker(r.wid)
             if self.background:  # else (or when the actor is needed) _collect readmits it
                 r.readmitted = self.weight_sync.readmit(
                     r.worker.address, replaces=r.old, allow_actor=False
@@ -254,11 +297,19 @@ class ServerWatchdog:
                 )
                 continue
             self._addr[r.wid] = r.worker.address
+            path, version = r.readmitted
+            n += 1
+            if r.why == "out":
+                self.total_readmits += 1
+                logger.warning(
+                    f"inference server {r.wid} answered again and was readmitted at "
+                    f"{r.worker.address} with weights version {version} "
+                    f"({path or 'initial model'}), without a restart"
+                )
+                continue
             self.total_restarts += 1
             self._since_stats += 1
             self._bg_seconds += time.monotonic() - r.t0
-            path, version = r.readmitted
-            n += 1
             logger.warning(
                 f"inference server {r.wid} ({r.why}) restarted at {r.worker.address} and "
                 f"readmitted with weights version {version} ({path or 'initial model'}) "
@@ -297,5 +348,6 @@ class ServerWatchdog:
             "rollout/server_restart_background_seconds": bg,
             "rollout/server_restarts_total": float(self.total_restarts),
             "rollout/servers_hung_total": float(self.total_hung),
+            "rollout/server_readmits_total": float(self.total_readmits),
             "rollout/servers_healthy": float(len(self.rollout.healthy_addresses)),
         }
