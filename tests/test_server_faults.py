@@ -291,3 +291,28 @@ def test_training_server_killed_restarted_run_continues_with_current_weights(tmp
         assert r["consistency/logp_absdiff_max"] < 1e-3, r
     # the fingerprint check after the readmission covered both servers and passed
     assert "verified on 2 server(s)" in out[out.index("readmitted with weights version") :]
+
+
+def test_launch_server_workers_server_dying_at_start_up_is_started_again(tmp_path):
+    """A server killed while the run starts (the soak's server kill during a controller
+    relaunch) makes the role start again instead of ending the run."""
+    from areal.infra.scheduler.servers import launch_server_workers
+
+    script = tmp_path / "flaky_server.py"
+    marker = tmp_path / "died_once"
+    script.write_text(
+        "import os, sys, http.server\n"
+        f"marker = {str(marker)!r}\n"
+        "if not os.path.exists(marker):\n"
+        "    open(marker, 'w').close()\n"
+        "    sys.exit(3)  # dies during start-up, once\n"
+        "http.server.test(http.server.SimpleHTTPRequestHandler, port=int(sys.argv[1]),"
+        " bind='127.0.0.1')\n"
+    )
+    with LocalScheduler(fileroot=str(tmp_path), startup_timeout=60) as sched:
+        addrs = launch_server_workers(
+            sched, 1, f"python {script} {{port}}", health_path="/", timeout=60
+        )
+        assert marker.exists()
+        assert requests.get(f"http://{addrs[0]}/", timeout=5).status_code == 200
+        assert sched.dead_workers("rollout") == []

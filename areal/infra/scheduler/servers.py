@@ -13,7 +13,7 @@ from typing import Any
 
 from areal.api.alloc_mode import AllocationMode
 from areal.api.cli_args import SchedulingSpec
-from areal.api.scheduler_api import Job
+from areal.api.scheduler_api import Job, WorkerDiedError
 from areal.utils import logging
 
 logger = logging.getLogger("ServerLauncher")
@@ -30,9 +30,12 @@ def launch_server_workers(
     timeout: float = 300.0,
     role: str = ROLE,
     health_path: str = "/health",
+    start_attempts: int = 3,
 ) -> list[str]:
     """Start ``n_servers`` command workers of ``role`` running ``command`` (placeholders
-    ``{host}``/``{port}``); returns their ``host:port`` addresses once healthy."""
+    ``{host}``/``{port}``); returns their ``host:port`` addresses once healthy. A server
+    that dies during start-up makes the whole role start again, up to ``start_attempts``
+    times in all."""
     if n_servers < 1:
         raise ValueError(f"n_servers={n_servers}; need >= 1")
     spec = SchedulingSpec(
@@ -47,9 +50,25 @@ def launch_server_workers(
         replicas=n_servers, tasks=[spec], role=role, health_path=health_path, distributed_env=False
     )
     logger.info(f"Starting {n_servers} inference server(s) as role {role!r}: {command}")
-    scheduler.create_workers(job, timeout=timeout)
-    workers = scheduler.get_workers(role, timeout=timeout)
-    return [w.address for w in workers]
+    for attempt in range(1, start_attempts + 1):
+        try:
+            scheduler.create_workers(job, timeout=timeout)
+            workers = scheduler.get_workers(role, timeout=timeout)
+            return [w.address for w in workers]
+        except WorkerDiedError as e:
+            # a server killed while starting (OOM killer, an operator, a chaos test) must
+            # not end the run: stop what is left of the role and start them all again
+            if attempt == start_attempts:
+                raise
+            logger.warning(
+                f"an inference server died during start-up ({str(e).splitlines()[0]}); "
+                f"starting the {n_servers} server(s) again (attempt {attempt + 1}/{start_attempts})"
+            )
+            try:
+                scheduler.delete_workers(role)
+            except Exception as stop_error:  # noqa: BLE001 - the retry reports what matters
+                logger.warning(f"stopping the rest of role {role!r} failed: {stop_error}")
+    raise AssertionError("unreachable")
 
 
 def launch_inference_servers(
