@@ -14,7 +14,9 @@ from areal.infra.weight_sync import WeightSyncContext
 from areal.infra.weight_verify import WeightFingerprintHook, WeightFingerprintMismatch
 from areal.utils.auth import auth_headers, get_run_secret
 from areal.utils.weight_fingerprint import (
+    WeightDigests,
     compare_fingerprints,
+    digest_tensor,
     fingerprint_named,
     fingerprint_tensor,
 )
@@ -55,6 +57,49 @@ def test_fingerprint_one_optimizer_step_or_one_element_or_a_swap_is_caught():
         == 1
     )
     assert compare_fingerprints(ref, {"a": ref["a"]}) == ["b (missing on the server)"]
+
+
+def test_fingerprint_single_element_change_caught_anywhere():
+    """One element off by 1e-3 (5e-5 of the tensor's norm) at 40 random places of a big
+    tensor, and by 1e-5 in a norm-like vector of ones (sampled whole): always caught."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(2048, 512, generator=g) * 0.02
+    ref = fingerprint_named({"w": w}, seed=5)
+    for i in torch.randint(0, w.numel(), (40,), generator=g).tolist():
+        one = w.clone()
+        one.view(-1)[i] += 1e-3
+        assert compare_fingerprints(ref, fingerprint_named({"w": one}, seed=5)) != [], i
+    ln = torch.ones(3000)
+    ref = fingerprint_named({"ln": ln}, seed=5)
+    for i in (0, 1499, 2999):
+        one = ln.clone()
+        one[i] += 1e-5
+        bad = compare_fingerprints(ref, fingerprint_named({"ln": one}, seed=5))
+        assert len(bad) == 1 and "sampled elements differ" in bad[0]
+
+
+def test_fingerprint_from_digests_equals_live_and_sees_later_changes(monkeypatch):
+    """Digests taken when the tensors were written (server load, trainer export) give the
+    same fingerprints as the live tensors; the sample is read live, so a tensor changed
+    after its digest was taken still mismatches."""
+    torch.manual_seed(0)
+    named = {"a": torch.randn(300, 70) * 0.02, "b": torch.randn(5000, 64) * 0.02}
+    digests = {n: digest_tensor(n, t) for n, t in named.items()}
+    live = fingerprint_named(named, seed=9)
+    assert fingerprint_named(named, seed=9, digests=digests) == live
+    exported = WeightDigests()
+    for n, t in named.items():
+        exported.add(n, t)
+    exported.complete = True
+    assert exported.usable and exported.fingerprints(9) == live
+    assert fingerprint_named(named, seed=10) != live  # the seed changes every number
+    named["b"] += 1e-5 * torch.randn_like(named["b"])  # changed after the load's digest
+    bad = compare_fingerprints(live, fingerprint_named(named, seed=9, digests=digests))
+    assert len(bad) == 1 and bad[0].startswith("b (sampled elements differ")
+    monkeypatch.setenv("AREAL_WEIGHT_DIGESTS", "0")
+    off = WeightDigests()
+    off.add("a", named["a"])
+    assert not off.usable and off.digests == {}
 
 
 @pytest.fixture
@@ -111,11 +156,54 @@ async def test_fingerprint_endpoint_needs_run_secret_and_matches_checkpoint(
     assert body["dtypes"]["model.embed_tokens.weight"] == "float32"
 
 
-async def test_fingerprint_hook_server_skipping_one_tensor_caught_at_once(
-    server_app, tiny_model_dir, tmp_path, monkeypatch
+_FAULTY = "model.layers.1.mlp.down_proj.weight"
+
+
+def _fault(kind, real_load, model, path, **kw):
+    """Load ``path`` into ``model`` the way a server with bug ``kind`` would: the tensor
+    ``_FAULTY`` keeps its old value (``skipped``: the loader never copies it; ``reverted``:
+    something restores it after the load), is off in one element by 1e-4 (``one_element``)
+    or carries noise 10x smaller than one step between versions (``noise``)."""
+    import safetensors.torch as st
+
+    import areal.engine.local_server.weights as weights
+
+    old = dict(model.named_parameters())[_FAULTY].detach().clone()
+    real_load_file = st.load_file
+
+    def load_file(f, *a, **k):
+        sd = real_load_file(f, *a, **k)
+        if _FAULTY in sd:
+            if kind == "skipped":
+                sd[_FAULTY] = old.clone()
+            elif kind == "one_element":
+                sd[_FAULTY] = sd[_FAULTY].clone()
+                sd[_FAULTY].view(-1)[777] += 1e-4
+            elif kind == "noise":
+                sd[_FAULTY] = sd[_FAULTY] + 1e-6 * torch.randn_like(sd[_FAULTY])
+        return sd
+
+    st.load_file = load_file
+    try:
+        n = real_load(model, path, **kw)
+    finally:
+        st.load_file = real_load_file
+    assert weights.load_weights_from_disk is not real_load
+    if kind == "reverted":
+        with torch.no_grad():
+            dict(model.named_parameters())[_FAULTY].copy_(old)
+    return n
+
+
+@pytest.mark.parametrize("kind", ["skipped", "reverted", "one_element", "noise"])
+async def test_fingerprint_hook_server_with_one_bad_tensor_caught_at_once_naming_it(
+    server_app, tiny_model_dir, tmp_path, monkeypatch, kind
 ):
-    """The server loads new weights but silently skips one tensor: the very first verify
-    names the server and that tensor (a logprob tolerance could miss such a change)."""
+    """The server loads new weights but one tensor is wrong (skipped in the load, reverted
+    after it, one element off, slightly noisy): the very first verify names the server and
+    that tensor (a logprob tolerance could miss such a change)."""
+    import functools
+
     from safetensors.torch import save_file
 
     import areal.engine.local_server.weights as weights
@@ -125,15 +213,6 @@ async def test_fingerprint_hook_server_skipping_one_tensor_caught_at_once(
     new_dir = tmp_path / "v1"
     new_dir.mkdir()
     save_file(new, str(new_dir / "model.safetensors"))
-    skipped = "model.layers.1.mlp.down_proj.weight"
-    real_load = weights.load_weights_from_disk
-
-    def load_skipping_one(model, path):
-        old = dict(model.named_parameters())[skipped].detach().clone()
-        n = real_load(model, path)
-        with torch.no_grad():
-            dict(model.named_parameters())[skipped].copy_(old)  # the "bug"
-        return n
 
     hook = WeightFingerprintHook()
     async with make_client() as client:
@@ -147,8 +226,13 @@ async def test_fingerprint_hook_server_skipping_one_tensor_caught_at_once(
         await asyncio.to_thread(hook.verify, ctx)  # a correct server passes
         assert ctx.stats["weight_sync/fingerprint_tensors"] == len(new)
         assert ctx.stats["weight_sync/fingerprint_servers"] == 1
+        assert set(srv.weight_digests) == set(new)  # digested during the load
 
-        monkeypatch.setattr(weights, "load_weights_from_disk", load_skipping_one)
+        monkeypatch.setattr(
+            weights,
+            "load_weights_from_disk",
+            functools.partial(_fault, kind, weights.load_weights_from_disk),
+        )
         newer = {k: v + 1e-5 * torch.randn_like(v) for k, v in new.items()}
         save_file(newer, str(new_dir / "model.safetensors"))
         r = await client.post(
@@ -158,5 +242,5 @@ async def test_fingerprint_hook_server_skipping_one_tensor_caught_at_once(
         with pytest.raises(WeightFingerprintMismatch) as ei:
             await asyncio.to_thread(hook.verify, _ctx(_Actor(newer), addr, version=2))
     err = ei.value
-    assert err.server == addr and len(err.tensors) == 1 and err.tensors[0].startswith(skipped)
-    assert addr in str(err) and skipped in str(err) and "version 2" in str(err)
+    assert err.server == addr and len(err.tensors) == 1 and err.tensors[0].startswith(_FAULTY)
+    assert addr in str(err) and _FAULTY in str(err) and "version 2" in str(err)

@@ -659,15 +659,23 @@ class FSDPEngine(TrainEngine):
         tensors are full on every rank. Order: ``named_parameters`` (tied weights once),
         then persistent buffers.
         """
+        from areal.utils.weight_fingerprint import WeightDigests
+
         dt = self._export_dtype()
         named = self._export_tensors()
+        # digests for the weight fingerprint, taken while each tensor is at hand (rank 0)
+        self._export_digests = None
+        digests = WeightDigests(enabled=dist.get_rank() == 0)
         for bucket in bucket_param_specs(self._export_specs(named), limit_bytes):
             tensors = []
             for spec in bucket:
                 t = named[spec.name].detach()
                 full = t.full_tensor() if hasattr(t, "full_tensor") else t
                 tensors.append(full.to(dt).contiguous())
+                digests.add(spec.name, tensors[-1])
             yield bucket, tensors
+        digests.complete = True
+        self._export_digests = digests
 
     def _save_hf(self, path: str, tokenizer: Any = None) -> None:
         """Gather bucket by bucket; rank 0 writes each safetensors shard in a background
@@ -858,6 +866,7 @@ class FSDPEngine(TrainEngine):
         Returns the adapter's bytes (0 on other ranks)."""
         from areal.engine.lora import adapter_tensors, write_adapter
 
+        self._export_digests = None  # the merged weights were not exported this time
         named = adapter_tensors(dict(self._require_model().named_parameters()))
         full = {
             k: (v.detach().full_tensor() if hasattr(v, "full_tensor") else v.detach()).to(
@@ -884,9 +893,22 @@ class FSDPEngine(TrainEngine):
     ) -> dict[str, list[float]]:
         """Fingerprints (``areal.utils.weight_fingerprint``) of the exported weights by HF
         name, each in the export dtype or in ``dtypes[name]`` (the dtype a server holds).
-        Collective: every rank all-gathers each tensor; same result on every rank."""
+
+        In the export dtype they come from the digests taken during the last complete
+        export (``_gather_buckets``: the weights the servers were sent), on rank 0 (other
+        ranks answer ``{}``). Otherwise collective: every rank all-gathers each tensor;
+        same result on every rank."""
         from areal.utils.weight_fingerprint import fingerprint_tensor
 
+        cached = getattr(self, "_export_digests", None)
+        export_dt = str(self._export_dtype()).removeprefix("torch.")
+        if (
+            cached is not None
+            and cached.complete
+            and cached.usable
+            and all(d == export_dt for d in (dtypes or {}).values())
+        ):
+            return cached.fingerprints(seed)
         out: dict[str, list[float]] = {}
         for name, t in self._export_tensors().items():
             full = t.detach().full_tensor() if hasattr(t, "full_tensor") else t.detach()

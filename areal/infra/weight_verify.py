@@ -10,9 +10,14 @@ compares them tensor by tensor (``areal.utils.weight_fingerprint``). A mismatch 
 (``WeightSyncError`` at step ``verify``; versions stay where they were) instead of the
 servers silently generating with stale or partial weights.
 
-The seed changes with every version, so an answer cannot be a stale cached one. Servers
-whose backend has no such endpoint (HTTP 404: vLLM, SGLang) are skipped with one warning.
-Stats: ``weight_sync/fingerprint_seconds``, ``weight_sync/fingerprint_tensors``,
+Cost: both sides take a seed-free digest of each tensor (row sums + a strided sample)
+where it is touched anyway, the trainer while gathering it for the export, the built-in
+server right after copying it in; at check time only the seeded projections are computed
+(and the server's sample is read from its live tensors). The seed changes with every
+version, so the numbers differ every time. Servers whose backend has no such endpoint
+(HTTP 404: vLLM, SGLang) are skipped with one warning.
+Stats: ``weight_sync/fingerprint_seconds`` (of which ``..._trainer_seconds`` and
+``..._server_seconds``, concurrent), ``weight_sync/fingerprint_tensors``,
 ``weight_sync/fingerprint_servers``.
 """
 
@@ -103,13 +108,20 @@ class WeightFingerprintHook(WeightSyncHook):
             getattr(rollout, "healthy_addresses", None) or getattr(rollout, "addresses", [])
         )
         seed = (int(ctx.version) * 1_000_003 + 17) % 2**61
+
         # Trainer and servers fingerprint concurrently; the trainer uses its export dtype.
         # Only when a server holds other dtypes (e.g. bf16) and disagrees is the trainer's
         # fingerprint recomputed in the server's dtypes before a mismatch is declared.
+        def _trainer() -> tuple[dict[str, list[float]], float]:
+            t = time.monotonic()
+            return ctx.actor.weights_fingerprint(seed, None), time.monotonic() - t
+
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            ref_fut = pool.submit(ctx.actor.weights_fingerprint, seed, None)
+            ref_fut = pool.submit(_trainer)
             servers = self.server_fingerprints(addresses, seed)
-            ref = ref_fut.result()
+            ctx.stats["weight_sync/fingerprint_server_seconds"] = time.monotonic() - t0
+            ref, dt_trainer = ref_fut.result()
+        ctx.stats["weight_sync/fingerprint_trainer_seconds"] = dt_trainer
         if not servers:
             return
         refs: dict[tuple, dict[str, list[float]]] = {}

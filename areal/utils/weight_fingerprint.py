@@ -1,19 +1,35 @@
-"""Cheap, exact-enough fingerprints of model weights (verified weight sync).
+"""Cheap fingerprints of model weights (verified weight sync).
 
-The fingerprint of one tensor ``x`` (``n`` elements, zero-padded to rows of ``ROW``
-elements: ``X`` of shape ``[rows, ROW]``) is::
+A tensor ``x`` (``n`` elements, flattened, viewed as rows of ``ROW`` elements, the last row
+possibly shorter) is summarised by a *digest* that does not depend on the seed:
 
-    [c @ X @ R[:, 0], ..., c @ X @ R[:, k-1], sum(x * x)]
+- ``row_sums``: the sum of every row (float32 sums, kept in float64), ``ceil(n / ROW)``
+  numbers (groups of consecutive rows summed in float64 beyond ``MAX_SUMS``): every
+  element counts, one vectorised reduction (about the cost of reading the tensor once,
+  much less when it was just written);
+- ``sample``: the elements at fixed strided positions (``SAMPLE`` of them, offset by a CRC
+  of the name; every element of a tensor of up to ``FULL_SAMPLE_MAX`` elements), exact.
 
-with ``R`` (``[ROW, k]``) and ``c`` (``[rows]``) standard normal, drawn from generators
-seeded by ``seed`` and by ``seed`` + a CRC of the tensor's name. ``c @ X`` is computed
-block by block in float32 (partial sums accumulated in float64), so it costs about two
-multiply-adds per element and no copy of the tensor: a few percent of moving it. Any
-change ``delta`` moves each projection by about ``|delta|`` (a tensor left at its old
-value, a swapped or zeroed tensor), far above the round-off (``RTOL`` of ``|x|``). Both
-sides compute it from the tensor in the dtype the server holds (float32 of a bfloat16
-value is exact), so the trainer's and the server's fingerprints agree to round-off unless
-the weights differ.
+The *fingerprint* for a ``seed`` is ``k + 3`` numbers computed from the digest alone::
+
+    [g_1 . row_sums, ..., g_k . row_sums, |row_sums|^2, h . sample, |sample|^2]
+
+with ``g_i`` and ``h`` standard normal, drawn from a generator seeded by ``seed`` and the
+tensor's name. Any change ``delta`` of one element moves each projection by about
+``|delta|`` (k independent chances), far above the round-off of float32 row sums
+(``RTOL`` of ``|row_sums|``); a tensor left at its previous version, zeroed, swapped with
+another or of another dtype is caught by both parts; a permutation inside one row is
+caught by the sample when it moves sampled elements. The sample part is exact (float64 of
+float32/bfloat16 values), so it is compared with ``SAMPLE_RTOL``.
+
+Because the digest is seed-free, it is computed where the tensor is touched anyway: the
+trainer digests each tensor as it gathers it for the export (``FSDPEngine._gather_buckets``,
+``WeightDigests``), the built-in server digests each tensor right after copying it in
+(``local_server.weights``). The seeded projections cost a few microseconds per tensor at
+check time; the server takes its sample from the live tensor then, so a tensor changed
+after the load is still caught. Both sides work on the tensor in the dtype the server
+holds. ``AREAL_WEIGHT_DIGESTS=0`` turns the export/load-time digests off (every
+fingerprint is then computed from the live tensors when asked: same result, slower).
 
 Used by the built-in server (``POST /weights_fingerprint``), ``FSDPEngine.weights_fingerprint``
 and ``areal.infra.weight_verify.WeightFingerprintHook``.
@@ -21,62 +37,175 @@ and ``areal.infra.weight_verify.WeightFingerprintHook``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import zlib
 from collections.abc import Iterable, Mapping
 
 import torch
 
 ROW = 1024
-#: Rows per block: the tensor is read in float32 blocks of ``BLOCK_ROWS * ROW`` elements
-#: (no full-size copy); each block's partial sums are accumulated in float64.
-BLOCK_ROWS = 512
+#: At most this many row sums per tensor: larger tensors sum groups of consecutive rows
+#: (in float64), so checking costs O(tensors), not O(parameters).
+MAX_SUMS = 4096
+#: Elements sampled (strided) per tensor; tensors of up to ``FULL_SAMPLE_MAX`` elements
+#: are sampled whole.
+SAMPLE = 256
+FULL_SAMPLE_MAX = 4096
 DEFAULT_K = 4
-#: Relative tolerance (of |x|): float32 block sums computed by other kernels (CPU vs GPU)
-#: differ by ~1e-7 relative; a tensor left at its previous version differs by at least one
-#: optimizer step, typically > 1e-5 relative.
+#: Relative tolerance (of |row_sums|) of the row-sum projections: float32 sums of 1024
+#: elements computed by other kernels (CPU vs GPU) differ by ~1e-7 relative; a tensor left
+#: at its previous version differs by at least one optimizer step, typically > 1e-5.
 RTOL = 2e-6
+#: Relative tolerance (of |sample|) of the sample part: exact values, float64 dot products.
+SAMPLE_RTOL = 1e-9
+ENV_DIGESTS = "AREAL_WEIGHT_DIGESTS"
 
-_R_CACHE: dict[tuple[int, int, str], torch.Tensor] = {}
+
+def digests_enabled() -> bool:
+    """Whether export/load-time digests are computed (``AREAL_WEIGHT_DIGESTS`` != "0")."""
+    return os.environ.get(ENV_DIGESTS, "1").strip() != "0"
 
 
-def _projection(seed: int, k: int, device: torch.device) -> torch.Tensor:
-    key = (seed, k, str(device))
-    r = _R_CACHE.get(key)
-    if r is None:
-        g = torch.Generator().manual_seed(seed)
-        r = torch.randn(ROW, k, generator=g, dtype=torch.float64).to(device)
-        if len(_R_CACHE) > 16:
-            _R_CACHE.clear()
-        _R_CACHE[key] = r
-    return r
+@dataclasses.dataclass
+class TensorDigest:
+    """Seed-free summary of one tensor: float64 CPU ``row_sums`` and ``sample``."""
+
+    row_sums: torch.Tensor
+    sample: torch.Tensor
+
+
+def _sample_slice(name: str, n: int) -> tuple[int, int, int]:
+    """(offset, stride, count) of the sampled elements of a tensor of ``n`` elements."""
+    if n <= FULL_SAMPLE_MAX:
+        return 0, 1, n
+    stride = n // SAMPLE
+    offset = zlib.crc32(name.encode()) % stride
+    return offset, stride, SAMPLE
 
 
 @torch.no_grad()
+def tensor_sample(name: str, t: torch.Tensor) -> torch.Tensor:
+    """The sampled elements of ``t`` (see the module doc), float64 on the CPU."""
+    flat = t.detach().reshape(-1)
+    offset, stride, count = _sample_slice(name, flat.numel())
+    return flat[offset : offset + stride * count : stride].to("cpu", torch.float64)
+
+
+@torch.no_grad()
+def digest_tensor(name: str, t: torch.Tensor) -> TensorDigest:
+    """Row sums and sample of ``t`` (one vectorised pass, no full-size copy)."""
+    flat = t.detach().reshape(-1)
+    n = flat.numel()
+    full = n // ROW
+    parts = []
+    if full:
+        rows = flat[: full * ROW].view(full, ROW)
+        parts.append(rows.sum(1, dtype=torch.float32).to(torch.float64))
+    if n > full * ROW or n == 0:  # the short last row (or the empty tensor)
+        parts.append(flat[full * ROW :].to(torch.float32).sum().to(torch.float64).reshape(1))
+    row_sums = parts[0] if len(parts) == 1 else torch.cat(parts)
+    group = _group(n)
+    if group > 1:  # consecutive rows summed (float64) so that at most MAX_SUMS remain
+        pad = -row_sums.numel() % group
+        row_sums = torch.nn.functional.pad(row_sums, (0, pad)).view(-1, group).sum(1)
+    return TensorDigest(row_sums.cpu(), tensor_sample(name, flat))
+
+
+def _group(n: int) -> int:
+    """Rows summed together in the digest of a tensor of ``n`` elements."""
+    return max(1, math.ceil(math.ceil(n / ROW) / MAX_SUMS))
+
+
+def _n_sums(n: int) -> int:
+    """Length of the ``row_sums`` of a tensor of ``n`` elements."""
+    return max(1, math.ceil(math.ceil(n / ROW) / _group(n)))
+
+
+_M64 = 2**64 - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64 finaliser (Python ints): per-tensor constants from (seed, name, i)."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def _frac(x: torch.Tensor) -> torch.Tensor:
+    return x - torch.floor(x)
+
+
+def _weights(pos: torch.Tensor, consts: torch.Tensor) -> torch.Tensor:
+    """Pseudo-random weights ``+-[0.5, 1)`` (float64 ``[N, m]``) of element ``pos``
+    (float64 ``[N]``) for each constant pair (``consts``: float64 ``[N, m, 2]`` in
+    ``[0, 1)``): a Weyl sequence scrambled by a square. Plain IEEE arithmetic, so other
+    machines draw the same to round-off; no weight is near zero, so one changed element
+    moves every projection by at least half its change."""
+    u = _frac(pos[:, None] * (0.5 + 0.5 * consts[..., 0]) + consts[..., 1])
+    v = _frac(u * (u + 1.0 + consts[..., 0]) * 4096.0)
+    return torch.where(v < 0.5, -0.5 - v, v)
+
+
+def _consts(names: list[str], seed: int, m: int, salt: int) -> torch.Tensor:
+    """float64 ``[len(names), m, 2]`` constants in ``[0, 1)`` for ``(seed, name, salt)``."""
+    out = []
+    for name in names:
+        base = _mix((seed * 1_000_003 + zlib.crc32(name.encode())) ^ (salt << 56))
+        out.append([(_mix(base + 2 * i) >> 11, _mix(base + 2 * i + 1) >> 11) for i in range(m)])
+    return torch.tensor(out, dtype=torch.float64).reshape(len(names), m, 2) / 2.0**53
+
+
+def _segment_projections(
+    vectors: list[torch.Tensor], consts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each vector v_t (float64): ``[w_t,i . v_t for i < m]`` and ``v_t . v_t``, all
+    vectors at once (concatenated, weights drawn per element, segment sums)."""
+    n_t = len(vectors)
+    m = consts.shape[1]
+    lengths = torch.tensor([v.numel() for v in vectors], dtype=torch.int64)
+    flat = torch.cat(vectors) if n_t else torch.zeros(0, dtype=torch.float64)
+    ids = torch.repeat_interleave(torch.arange(n_t), lengths)
+    starts = torch.cumsum(lengths, 0) - lengths
+    pos = (torch.arange(flat.numel(), dtype=torch.int64) - starts[ids]).to(torch.float64)
+    w = _weights(pos, consts[ids])
+    proj = torch.zeros(n_t, m, dtype=torch.float64).index_add_(0, ids, w * flat[:, None])
+    sq = torch.zeros(n_t, dtype=torch.float64).index_add_(0, ids, flat * flat)
+    return proj, sq
+
+
+@torch.no_grad()
+def fingerprint_digests(
+    digests: Mapping[str, TensorDigest] | Iterable[tuple[str, TensorDigest]],
+    seed: int = 0,
+    k: int = DEFAULT_K,
+) -> dict[str, list[float]]:
+    """Fingerprints (``k + 3`` numbers each, module doc) of many digests at once: a few
+    vectorised operations whatever the number of tensors."""
+    items = list(digests.items() if isinstance(digests, Mapping) else digests)
+    if not items:
+        return {}
+    names = [n for n, _ in items]
+    proj, s_sq = _segment_projections([d.row_sums for _, d in items], _consts(names, seed, k, 1))
+    q, x_sq = _segment_projections([d.sample for _, d in items], _consts(names, seed, 1, 2))
+    table = torch.cat([proj, s_sq[:, None], q, x_sq[:, None]], dim=1).tolist()
+    return dict(zip(names, table))
+
+
+def fingerprint_from_digest(
+    name: str, digest: TensorDigest, seed: int = 0, k: int = DEFAULT_K
+) -> list[float]:
+    """The ``k + 3`` numbers of ``name``'s fingerprint for ``seed`` (module doc)."""
+    return fingerprint_digests([(name, digest)], seed, k)[name]
+
+
 def fingerprint_tensor(
     name: str, t: torch.Tensor, seed: int = 0, k: int = DEFAULT_K
 ) -> list[float]:
-    """``k`` random projections and the sum of squares of ``t`` (see the module doc)."""
-    flat = t.detach().reshape(-1)
-    n = flat.numel()
-    full_rows = n // ROW
-    rows = max(1, math.ceil(n / ROW))
-    g = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
-    c = torch.randn(rows, generator=g, dtype=torch.float32).to(flat.device)
-    v = torch.zeros(ROW, dtype=torch.float64, device=flat.device)
-    sq = torch.zeros((), dtype=torch.float64, device=flat.device)
-    for r0 in range(0, full_rows, BLOCK_ROWS):
-        r1 = min(full_rows, r0 + BLOCK_ROWS)
-        blk = flat[r0 * ROW : r1 * ROW].to(torch.float32).view(r1 - r0, ROW)
-        v += (c[r0:r1] @ blk).to(torch.float64)
-        b = blk.view(-1)
-        sq += torch.dot(b, b).to(torch.float64)
-    if full_rows * ROW < n:  # the tail row, zero-padded
-        tail = flat[full_rows * ROW :].to(torch.float64)
-        v[: tail.numel()] += c[-1].to(torch.float64) * tail
-        sq += torch.dot(tail, tail)
-    proj = v @ _projection(seed, k, flat.device)
-    return [float(p) for p in proj.tolist()] + [float(sq)]
+    """Fingerprint of ``t`` computed from the tensor itself."""
+    return fingerprint_from_digest(name, digest_tensor(name, t), seed, k)
 
 
 def fingerprint_named(
@@ -84,20 +213,53 @@ def fingerprint_named(
     seed: int = 0,
     dtypes: Mapping[str, str] | None = None,
     k: int = DEFAULT_K,
+    digests: Mapping[str, TensorDigest] | None = None,
 ) -> dict[str, list[float]]:
-    """Fingerprints by name; ``dtypes[name]`` (e.g. ``"bfloat16"``) casts a tensor first."""
+    """Fingerprints by name; ``dtypes[name]`` (e.g. ``"bfloat16"``) casts a tensor first.
+
+    ``digests[name]`` (taken when the tensor was last written, e.g. by the server's weight
+    loader) supplies the row sums; the sample is always read from the live tensor."""
     items = named.items() if isinstance(named, Mapping) else named
-    out = {}
+    out = []
     for name, t in items:
         dt = (dtypes or {}).get(name)
         if dt is not None:
             t = t.to(getattr(torch, dt))
-        out[name] = fingerprint_tensor(name, t, seed, k)
-    return out
+        d = (digests or {}).get(name) if dt is None else None
+        if d is not None and d.row_sums.numel() == _n_sums(t.numel()):
+            d = TensorDigest(d.row_sums, tensor_sample(name, t))
+        else:
+            d = digest_tensor(name, t)
+        out.append((name, d))
+    return fingerprint_digests(out, seed, k)
+
+
+class WeightDigests:
+    """Digests of exported tensors, taken while they are gathered (trainer side).
+
+    ``add(name, tensor)`` digests when ``enabled`` (e.g. only on the rank that answers);
+    ``complete`` is set by the exporter once every tensor went through ``add``.
+    ``fingerprints(seed)`` then answers without touching the weights again."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = bool(enabled) and digests_enabled()
+        self.usable = digests_enabled()  # the same on every rank (same environment)
+        self.digests: dict[str, TensorDigest] = {}
+        self.complete = False
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        if self.enabled:
+            self.digests[name] = digest_tensor(name, t)
+
+    def fingerprints(self, seed: int = 0, k: int = DEFAULT_K) -> dict[str, list[float]]:
+        return fingerprint_digests(self.digests, seed, k)
 
 
 def compare_fingerprints(
-    reference: Mapping[str, list[float]], got: Mapping[str, list[float]], rtol: float = RTOL
+    reference: Mapping[str, list[float]],
+    got: Mapping[str, list[float]],
+    rtol: float = RTOL,
+    sample_rtol: float = SAMPLE_RTOL,
 ) -> list[str]:
     """Names of the tensors of ``reference`` that ``got`` lacks or whose fingerprint differs
     (with how much), in reference order; names only ``got`` has are ignored (e.g. a tied
@@ -108,15 +270,26 @@ def compare_fingerprints(
         if fp is None:
             bad.append(f"{name} (missing on the server)")
             continue
-        if len(fp) != len(ref):
+        if len(fp) != len(ref) or len(ref) < 4:
             bad.append(f"{name} (fingerprint of length {len(fp)}, expected {len(ref)})")
             continue
-        scale = math.sqrt(max(ref[-1], 0.0)) + 1e-30  # |x|: the std of a projection
-        tol = rtol * scale
-        diffs = [abs(a - b) for a, b in zip(ref[:-1], fp[:-1])]
-        d_sq = abs(ref[-1] - fp[-1])
-        if max(diffs, default=0.0) > tol or d_sq > rtol * (abs(ref[-1]) + 1e-30):
+        if not all(isinstance(v, int | float) and math.isfinite(v) for v in fp):
+            bad.append(f"{name} (malformed fingerprint from the server: {str(fp)[:80]})")
+            continue
+        k = len(ref) - 3
+        s_sq, x_sq = max(ref[k], 0.0), max(ref[k + 2], 0.0)
+        scale = math.sqrt(s_sq) + 1e-30  # |row_sums|: the std of a projection
+        d_proj = max(abs(a - b) for a, b in zip(ref[:k], fp[:k]))
+        if d_proj > rtol * scale or abs(s_sq - fp[k]) > 4 * rtol * (s_sq + 1e-30):
+            bad.append(f"{name} (row-sum projection differs by {d_proj:.3g}, |sums| {scale:.3g})")
+            continue
+        x_scale = math.sqrt(x_sq) + 1e-30
+        d_sample = abs(ref[k + 1] - fp[k + 1])
+        if d_sample > sample_rtol * x_scale or abs(x_sq - fp[k + 2]) > 4 * sample_rtol * (
+            x_sq + 1e-30
+        ):
             bad.append(
-                f"{name} (projection differs by {max(diffs, default=0.0):.3g}, |x| {scale:.3g})"
+                f"{name} (sampled elements differ: projection by {d_sample:.3g}, "
+                f"|sample| {x_scale:.3g})"
             )
     return bad

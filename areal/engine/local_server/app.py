@@ -65,6 +65,8 @@ class LocalInferenceServer(OpenAIRoutes):
         self.model_path = model_path
         self.model_name = served_model_name or model_path
         self.groups: dict[str, Any] = {}
+        #: digests of the tensors written by the last weight loads (``/weights_fingerprint``)
+        self.weight_digests: dict[str, Any] = {}
 
     @classmethod
     def from_pretrained(
@@ -312,7 +314,7 @@ class LocalInferenceServer(OpenAIRoutes):
         the core's thread, between generation steps."""
         from aiohttp import web
 
-        from areal.engine.local_server.weights import _named_tensors
+        from areal.engine.local_server.weights import _named_tensors, _tied_names
         from areal.utils.weight_fingerprint import fingerprint_named
 
         body = await self._json(request)
@@ -322,8 +324,10 @@ class LocalInferenceServer(OpenAIRoutes):
 
         def _do():
             named = _named_tensors(self.core.model)
+            for alias in _tied_names(self.core.model):  # the same storage as another name
+                named.pop(alias, None)
             return {
-                "fingerprints": fingerprint_named(named, seed),
+                "fingerprints": fingerprint_named(named, seed, digests=self.weight_digests),
                 "dtypes": {n: str(t.dtype).removeprefix("torch.") for n, t in named.items()},
                 "version": self.core.version,
             }
@@ -345,6 +349,7 @@ class LocalInferenceServer(OpenAIRoutes):
         t0 = time.monotonic()
 
         def _do():
+            digests, self.weight_digests = {}, {}
             if os.path.isfile(os.path.join(path, "adapter_config.json")):
                 # LoRA adapter only: merged into the base weights (W0 kept aside)
                 from areal.engine.lora import apply_adapter
@@ -352,7 +357,8 @@ class LocalInferenceServer(OpenAIRoutes):
                 cache = self.__dict__.setdefault("_lora_base_weights", {})
                 n = apply_adapter(self.core.model, path, cache)
             else:
-                n = load_weights_from_disk(self.core.model, path)
+                n = load_weights_from_disk(self.core.model, path, digests=digests)
+                self.weight_digests = digests
                 self.__dict__.pop("_lora_base_weights", None)  # new base weights
             if version is not None:
                 self.core.version = version
@@ -438,7 +444,9 @@ class LocalInferenceServer(OpenAIRoutes):
         t0 = time.monotonic()
 
         def _do():
-            n = receive_bucket(self.core.model, pg, specs)
+            digests, self.weight_digests = self.weight_digests, {}
+            n = receive_bucket(self.core.model, pg, specs, digests=digests)
+            self.weight_digests = digests
             if isinstance(version, int):
                 self.core.version = version
             return n
