@@ -213,6 +213,36 @@ def test_weight_sync_failing_push_resumes_servers_keeps_versions_clear_error(sta
     assert len(resp.output_tokens) == 6 and set(resp.output_versions) == {v_before}
 
 
+class _DroppedOnce(WeightSyncHook):
+    """A verification whose first request meets a dropped connection (a real one: a port
+    nobody listens on), then checks the real server."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def verify(self, ctx):
+        from areal.utils.network import find_free_ports
+
+        self.calls += 1
+        if self.calls == 1:
+            requests.get(f"http://127.0.0.1:{find_free_ports(1)[0]}/x", timeout=5)
+        assert _server(ctx.rollout, "/health")["status"] == "ok"
+
+
+def test_weight_sync_verify_dropped_connection_retried_server_kept(stack):
+    actor, engine, meta = stack
+    hook = _DroppedOnce()
+    sync = WeightSynchronizer(actor, engine, meta, hooks=[hook])
+    v = engine.get_version() + 5  # not the version whose directory the push test spoiled
+
+    sync.sync(v)
+
+    assert hook.calls == 2  # a transport failure is no verdict on the weights: retried once
+    assert engine.healthy_addresses == engine.addresses  # the server answers: it stays
+    assert actor.get_version() == v == engine.get_version()
+    assert _server(engine, "/version")["version"] == v
+
+
 class _SkipOneTensor(WeightSyncHook):
     """After the push, reload the server with the pushed weights except ``name``, which keeps
     its initial value: a server that silently skipped one tensor."""

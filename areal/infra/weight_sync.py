@@ -59,6 +59,16 @@ from areal.utils import logging
 logger = logging.getLogger("WeightSynchronizer")
 
 
+def _answers_health(rollout: Any, addr: str, timeout: float = 5.0) -> bool:
+    import requests
+
+    path = getattr(getattr(rollout, "backend", None), "health_path", "/health")
+    try:
+        return requests.get(f"http://{addr}{path}", timeout=timeout).status_code == 200
+    except requests.RequestException:
+        return False
+
+
 class WeightSyncError(RuntimeError):
     """A weight sync failed; ``step`` is where ("pause", "before_push", "push", ...)."""
 
@@ -204,7 +214,7 @@ class WeightSynchronizer:
             ctx.stats["weight_sync/push_seconds"] = time.monotonic() - t_push
             step = "verify"
             for h in self.hooks:
-                h.verify(ctx)
+                self._verify(h, ctx)
             step = "set_version"
             self._set_versions(version)
             step = "after_push"
@@ -269,6 +279,31 @@ class WeightSynchronizer:
 
     def _healthy(self) -> list[str]:
         return list(getattr(self.rollout, "healthy_addresses", []) or [])
+
+    def _verify(self, hook: WeightSyncHook, ctx: WeightSyncContext) -> None:
+        """``hook.verify(ctx)``; a *transport* failure (a server killed, hung or whose
+        connection dropped while it answered) is not a verdict on the weights: servers
+        that no longer answer their health endpoint are taken out of rotation (the
+        ``ServerWatchdog`` restarts them with the current weights) and the check runs once
+        more on the servers in rotation. A mismatch is raised at once."""
+        try:
+            hook.verify(ctx)
+            return
+        except (ConnectionError, TimeoutError, OSError) as e:  # requests' errors are OSErrors
+            first = e
+        logger.warning(
+            "%s.verify could not reach a server (%s: %s); checking which servers answer",
+            type(hook).__name__,
+            type(first).__name__,
+            first,
+        )
+        exclude = getattr(self.rollout, "exclude_server", None)
+        for addr in self._healthy():
+            if not _answers_health(self.rollout, addr) and callable(exclude):
+                exclude(addr, "no answer during the weight verification")
+        if not self._healthy():
+            raise first
+        hook.verify(ctx)
 
     # ------------------------------------------------------------------ xccl group
     def _reform_group_if_needed(self, reason: str) -> bool:
