@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 __all__ = [
+    "PADDED_ATTN_MAX_WASTE",
     "VARLEN_SDPA",
     "ChunkedLogprobHead",
     "register_varlen_sdpa",
@@ -23,6 +24,30 @@ __all__ = [
 
 
 VARLEN_SDPA = "areal_varlen_sdpa"
+
+
+# A padded batch may cost at most this many times the attention work of the sequences
+# alone (sum of L^2): above it (lengths too uneven) each sequence runs on its own.
+PADDED_ATTN_MAX_WASTE = 2.0
+_PAD_INDEX: dict[tuple, tuple[torch.Tensor, int, int]] = {}
+
+
+def _padded_index(bounds: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, int, int]:
+    """``(flat, B, L)``: packed token ``i`` sits at row ``flat[i]`` of a ``[B * L]`` padded
+    layout (sequence b at rows ``b * L ... b * L + len_b - 1``). One entry is cached: the
+    same ``cu_seqlens`` serves every layer of a forward (and its backward)."""
+    key = (bounds, str(device))
+    hit = _PAD_INDEX.get(key)
+    if hit is not None:
+        return hit
+    cu = torch.tensor(bounds, dtype=torch.long)
+    lens = cu[1:] - cu[:-1]
+    b, length = lens.numel(), int(lens.max())
+    seq = torch.repeat_interleave(torch.arange(b), lens)
+    flat = seq * length + (torch.arange(int(cu[-1])) - cu[:-1][seq])
+    _PAD_INDEX.clear()
+    _PAD_INDEX[key] = (flat.to(device), b, length)
+    return _PAD_INDEX[key]
 
 
 def varlen_sdpa_attention(
@@ -39,11 +64,16 @@ def varlen_sdpa_attention(
     """transformers attention function for packed sequences without flash-attn (CPU).
 
     With ``cu_seq_lens_q`` in ``kwargs`` (the flash-attn varlen kwargs, also given to
-    ``flash_attention_2`` on GPU), the packed ``[1, heads, N, D]`` query is split at the
-    sequence boundaries and causal SDPA runs on each sequence alone: no ``[N, N]`` mask
-    and no attention across sequences. Without it: causal SDPA on the whole row, which is
-    exact for unpadded or right-padded rows (real tokens only see earlier real tokens).
-    Returns ``[B, N, heads, D]`` like transformers' own attention functions.
+    ``flash_attention_2`` on GPU), attention never crosses sequence boundaries: the packed
+    ``[1, heads, N, D]`` query/key/value are scattered into a right-padded
+    ``[B, heads, L, D]`` batch and ONE causal SDPA runs on it (a real token only sees
+    earlier tokens of its own row, never the padding after it), then the real positions
+    are gathered back. When the padding would cost more than ``PADDED_ATTN_MAX_WASTE``
+    times the sequences' own attention work (very uneven lengths), causal SDPA runs on
+    each sequence alone instead. Both are exact up to float rounding (``tests/test_fsdp.py``).
+    Without ``cu_seq_lens_q``: causal SDPA on the whole row, which is exact for unpadded
+    or right-padded rows. Returns ``[B, N, heads, D]`` like transformers' own attention
+    functions.
     """
     if attention_mask is not None:
         raise ValueError(
@@ -64,21 +94,37 @@ def varlen_sdpa_attention(
             enable_gqa=gqa,
         )
         return out.transpose(1, 2).contiguous(), None
-    bounds = cu.tolist() if torch.is_tensor(cu) else list(cu)
+    bounds = tuple(cu.tolist() if torch.is_tensor(cu) else cu)
+    lens = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    if len(lens) == 1:
+        out = F.scaled_dot_product_attention(
+            query, key, value, dropout_p=p, is_causal=lens[0] > 1, scale=scaling, enable_gqa=gqa
+        )
+        return out.transpose(1, 2).contiguous(), None
+    if len(lens) * max(lens) ** 2 <= PADDED_ATTN_MAX_WASTE * sum(n * n for n in lens):
+        flat, b, length = _padded_index(bounds, query.device)
+
+        def pad(x: torch.Tensor) -> torch.Tensor:  # [1, H, N, D] -> [B, H, L, D]
+            x = x[0].transpose(0, 1)  # [N, H, D]
+            z = x.new_zeros(b * length, x.shape[1], x.shape[2]).index_copy(0, flat, x)
+            return z.view(b, length, x.shape[1], x.shape[2]).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(
+            pad(query), pad(key), pad(value), dropout_p=p, is_causal=True, scale=scaling,
+            enable_gqa=gqa,
+        )  # fmt: skip
+        h, d = out.shape[1], out.shape[3]
+        out = out.transpose(1, 2).reshape(b * length, h, d).index_select(0, flat)
+        return out[None], None
+    # split (one backward op for all pieces), not slices (one full-size zero tensor each)
+    qs, ks, vs = (t.split(lens, dim=2) for t in (query, key, value))
     outs = [
         F.scaled_dot_product_attention(
-            query[:, :, s:e],
-            key[:, :, s:e],
-            value[:, :, s:e],
-            dropout_p=p,
-            is_causal=e - s > 1,
-            scale=scaling,
-            enable_gqa=gqa,
+            q, k, v, dropout_p=p, is_causal=q.shape[2] > 1, scale=scaling, enable_gqa=gqa
         )
-        for s, e in zip(bounds[:-1], bounds[1:])
+        for q, k, v in zip(qs, ks, vs)
     ]
-    out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
-    return out.transpose(1, 2).contiguous(), None
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
 
 
 def register_varlen_sdpa() -> str:
