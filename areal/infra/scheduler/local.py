@@ -30,29 +30,32 @@ it can be bound again, else a new one (the returned ``Worker`` has the new addre
 
 from __future__ import annotations
 
-import atexit
-import ctypes
 import os
 import shlex
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import weakref
-from collections import deque
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 import psutil
-import requests
 
-from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, WorkerDiedError
-from areal.infra.rpc.client import RPCClient, spawn_daemon
-from areal.infra.scheduler.base import RPCEngineMixin
+from areal.api.scheduler_api import Job, SchedulingSpec, Worker, WorkerDiedError
+from areal.infra.rpc.client import RPCClient
+from areal.infra.scheduler.base import (
+    LOG_TAIL_LINES,
+    SchedulerBase,
+    format_command,
+    log_tail_block,
+    poll_until_healthy,
+    read_log_tail,
+    set_pdeathsig,
+    worker_base_env,
+)
 from areal.utils import logging
 from areal.utils.auth import ensure_run_secret
 from areal.utils.name_resolve import FileNameRecordRepository
@@ -60,15 +63,7 @@ from areal.utils.network import find_free_ports
 
 logger = logging.getLogger("LocalScheduler")
 
-LOG_TAIL_LINES = 30
-_PR_SET_PDEATHSIG = 1
-
-
-def _set_pdeathsig() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except Exception:  # noqa: BLE001 - best effort (non-glibc systems)
-        pass
+__all__ = ["LOG_TAIL_LINES", "LocalScheduler", "read_log_tail"]
 
 
 def _can_bind(ports: list[int], host: str = "127.0.0.1") -> bool:
@@ -83,14 +78,6 @@ def _can_bind(ports: list[int], host: str = "127.0.0.1") -> bool:
         finally:
             s.close()
     return True
-
-
-def read_log_tail(path: str, n: int = LOG_TAIL_LINES) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(deque(f, maxlen=n))
-    except OSError as e:
-        return f"<could not read {path}: {e}>"
 
 
 @dataclass
@@ -122,11 +109,11 @@ class _WorkerProc:
         return WorkerDiedError(
             f"Worker {self.worker.id} (role={self.role}, index={self.index}, pid={self.pid}) "
             f"is dead{what}: exit code {code}. Command: {shlex.join(self.cmd)}\n"
-            f"--- last {LOG_TAIL_LINES} lines of {self.log_path} ---\n{read_log_tail(self.log_path)}"
+            f"{log_tail_block(self.log_path)}"
         )
 
 
-class LocalScheduler(RPCEngineMixin, Scheduler):
+class LocalScheduler(SchedulerBase):
     """Subprocess scheduler (see module docstring).
 
     ``exp_config`` (a ``BaseExperimentConfig``-like object) supplies defaults for
@@ -150,32 +137,19 @@ class LocalScheduler(RPCEngineMixin, Scheduler):
     ):
         # the per-run secret every worker/server we start inherits (environment only)
         ensure_run_secret()
+        self._init_base(exp_config, fileroot, experiment_name, trial_name)
         cluster = getattr(exp_config, "cluster", None)
-        self.fileroot = (
-            fileroot
-            or getattr(cluster, "fileroot", None)
-            or os.path.join(tempfile.gettempdir(), "areal")
-        )
-        self.experiment_name = (
-            experiment_name or getattr(exp_config, "experiment_name", None) or "default"
-        )
-        self.trial_name = trial_name or getattr(exp_config, "trial_name", None) or "trial0"
         self.startup_timeout = startup_timeout
         self.kill_grace = kill_grace
         self.call_timeout = call_timeout
         self.host = host
         self.gpu_devices = gpu_devices
         self._next_gpu = 0
-        self.log_dir = os.path.join(self.fileroot, "logs", self.experiment_name, self.trial_name)
         nr_root = getattr(getattr(cluster, "name_resolve", None), "nfs_record_root", None)
         self.name_resolve = FileNameRecordRepository(
             nr_root or os.path.join(self.fileroot, "name_resolve")
         )
-        self._lock = threading.RLock()
-        self._roles: dict[str, list[_WorkerProc]] = {}
-        self._aliases: dict[str, str] = {}  # colocated role -> role that owns the processes
         self._used_ports: set[int] = set()
-        self._closed = False
         self._stop_monitor = threading.Event()
         self._monitor = threading.Thread(
             target=self._monitor_loop,
@@ -184,27 +158,15 @@ class LocalScheduler(RPCEngineMixin, Scheduler):
             name="local-scheduler-monitor",
         )
         self._monitor.start()
-        atexit.register(LocalScheduler._atexit, weakref.ref(self))
         self._install_sigterm_handler()
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> LocalScheduler:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    connection_grace = 2.0  # a dropped RPC connection: time for the worker's exit to show
 
     def close(self) -> None:
         """Stop every worker and the monitor."""
-        self.delete_workers()
+        super().close()
         self._stop_monitor.set()
-        self._closed = True
-
-    @staticmethod
-    def _atexit(ref: weakref.ref) -> None:
-        sched = ref()
-        if sched is not None and not sched._closed:
-            sched.close()
 
     @staticmethod
     def _install_sigterm_handler() -> None:
@@ -265,12 +227,7 @@ class LocalScheduler(RPCEngineMixin, Scheduler):
                 sys.executable, "-m", "areal.infra.rpc.rpc_server",
                 "--port", str(ports[0]), "--host", self.host, "--parent-pid", str(os.getpid()),
             ]  # fmt: skip
-        fmt = {"port": ports[0], "host": self.host, **{f"port{i}": p for i, p in enumerate(ports)}}
-        argv = shlex.split(spec.cmd) if isinstance(spec.cmd, str) else list(spec.cmd)
-        argv = [a.format(**fmt) for a in argv]
-        if argv and argv[0] in ("python", "python3"):
-            argv[0] = sys.executable
-        return argv
+        return format_command(spec.cmd, self.host, ports)
 
     def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
         """Start the workers of ``job`` and wait until all are healthy; returns their ids."""
@@ -278,22 +235,10 @@ class LocalScheduler(RPCEngineMixin, Scheduler):
         with self._lock:
             if self._closed:
                 raise RuntimeError("LocalScheduler is closed")
-            if role in self._roles or role in self._aliases:
-                raise ValueError(
-                    f"Role {role!r} already has workers; delete_workers({role!r}) first"
-                )
-        strategy = job.scheduling_strategy
-        if strategy is not None and strategy.type == "colocation":
-            target = strategy.target
-            with self._lock:
-                if target not in self._roles:
-                    raise ValueError(f"Colocation target role {target!r} has no workers")
-                if len(self._roles[target]) != job.replicas:
-                    raise ValueError(
-                        f"Colocation needs replicas={len(self._roles[target])} (as {target!r}); got {job.replicas}"
-                    )
-                self._aliases[role] = target
-            return [p.worker.id for p in self._roles[target]]
+        self._claim_role(role)
+        colocated = self._colocate(job)
+        if colocated is not None:
+            return colocated
 
         os.makedirs(self.log_dir, exist_ok=True)
         distributed = job.distributed_env
@@ -305,16 +250,7 @@ class LocalScheduler(RPCEngineMixin, Scheduler):
             all_ports = [self._allocate_ports(n_ports) for _ in range(job.replicas)]
             master_port = all_ports[0][1] if len(all_ports[0]) > 1 else self._allocate_ports(1)[0]
             base_env = dict(os.environ)
-            pythonpath = [
-                os.getcwd(),
-                os.path.dirname(
-                    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-                ),
-            ]
-            if base_env.get("PYTHONPATH"):
-                pythonpath.append(base_env["PYTHONPATH"])
-            base_env["PYTHONPATH"] = os.pathsep.join(pythonpath)
-            base_env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+            base_env.update(worker_base_env())
             for i in range(job.replicas):
                 ports = all_ports[i]
                 env = dict(base_env)
@@ -381,7 +317,7 @@ class LocalScheduler(RPCEngineMixin, Scheduler):
             env=env,
             cwd=os.getcwd(),
             start_new_session=True,
-            preexec_fn=_set_pdeathsig
+            preexec_fn=set_pdeathsig
             if threading.current_thread() is threading.main_thread() and sys.platform == "linux"
             else None,
         )
@@ -389,77 +325,31 @@ class LocalScheduler(RPCEngineMixin, Scheduler):
     def _wait_healthy(
         self, job: Job | None, procs: list[_WorkerProc], timeout: float | None = None
     ) -> None:
-        start = time.monotonic()
-        deadline = start + (self.startup_timeout if timeout is None else timeout)
-        pending = list(procs)
-        while pending:
-            for p in list(pending):
-                if p.proc.poll() is not None:
-                    raise p.dead_error(during="startup")
-                path = "/health" if p.client is not None else p.health_path
-                url = f"http://{p.worker.address}{path}"
-                try:
-                    if requests.get(url, timeout=2).status_code == 200:
-                        pending.remove(p)
-                except requests.RequestException:
-                    pass
-            if pending and time.monotonic() > deadline:
-                p = pending[0]
-                raise TimeoutError(
-                    f"Worker {p.worker.id} (pid {p.pid}) not healthy at {p.worker.address} within "
-                    f"{deadline - start:.0f} s\n--- last {LOG_TAIL_LINES} lines of {p.log_path} ---\n{read_log_tail(p.log_path)}"
-                )
-            if pending:
-                time.sleep(0.1)
+        limit = self.startup_timeout if timeout is None else timeout
+        poll_until_healthy(
+            procs,
+            url=lambda p: (
+                f"http://{p.worker.address}"
+                + ("/health" if p.client is not None else p.health_path)
+            ),
+            dead=lambda p: self._dead_error(p, "startup"),
+            deadline=time.monotonic() + limit,
+            timed_out=lambda p: TimeoutError(
+                f"Worker {p.worker.id} (pid {p.pid}) not healthy at {p.worker.address} within "
+                f"{limit:.0f} s\n{log_tail_block(p.log_path)}"
+            ),
+            interval=0.1,
+        )
         role = procs[0].role if procs else "?"
         logger.info(f"Workers of role {role!r} healthy: {[p.worker.id for p in procs]}")
 
-    def _key(self, role: str, index: int) -> str:
-        return f"{self.experiment_name}/{self.trial_name}/workers/{role}/{index}"
-
-    def _procs(self, role: str) -> list[_WorkerProc]:
-        with self._lock:
-            role = self._aliases.get(role, role)
-            if role not in self._roles:
-                raise KeyError(
-                    f"No workers with role {role!r}; have {sorted(self._roles) + sorted(self._aliases)}"
-                )
-            return list(self._roles[role])
-
-    def _proc(self, worker_id: str) -> _WorkerProc:
-        role, _, index = worker_id.rpartition("/")
-        procs = self._procs(role)
-        try:
-            return procs[int(index)]
-        except (ValueError, IndexError):
-            raise KeyError(f"No worker {worker_id!r}") from None
-
-    def get_workers(self, role: str, timeout: float | None = None) -> list[Worker]:
-        """Workers of ``role`` (waits up to ``timeout`` s for the role to appear).
-
-        Raises ``WorkerDiedError`` if one of them is dead.
-        """
-        deadline = time.monotonic() + (timeout or 0)
-        while True:
-            try:
-                procs = self._procs(role)
-                break
-            except KeyError:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.1)
-        for p in procs:
-            if p.proc.poll() is not None:
-                raise p.dead_error()
-        return [p.worker for p in procs]
+    def _dead_error(self, p: _WorkerProc, during: str = "") -> WorkerDiedError | None:
+        return p.dead_error(during) if p.proc.poll() is not None else None
 
     def worker_pids(self, role: str | None = None) -> list[int]:
         with self._lock:
             roles = [role] if role is not None else list(self._roles)
             return [p.pid for r in roles for p in self._roles.get(self._aliases.get(r, r), [])]
-
-    def log_path(self, worker_id: str) -> str:
-        return self._proc(worker_id).log_path
 
     # ------------------------------------------------------------------ restarts
     def dead_workers(self, role: str) -> list[str]:
@@ -468,14 +358,14 @@ class LocalScheduler(RPCEngineMixin, Scheduler):
         An unknown role has no dead workers (``[]``).
         """
         try:
-            procs = self._procs(role)
+            procs = self._workers(role)
         except KeyError:
             return []
         return [p.worker.id for p in procs if not p.stopping and p.proc.poll() is not None]
 
     def worker_exit_info(self, worker_id: str) -> str:
         """One paragraph on a (dead) worker: pid, exit code, command and its log tail."""
-        return str(self._proc(worker_id).dead_error())
+        return str(self._worker(worker_id).dead_error())
 
     def restart_worker(self, worker_id: str, timeout: float | None = None) -> Worker:
         """Start a dead *command* worker again in place and wait until it is healthy.
@@ -489,7 +379,7 @@ class LocalScheduler(RPCEngineMixin, Scheduler):
         ``WorkerDiedError`` / ``TimeoutError`` when the new process does not come up
         within ``timeout`` (default ``startup_timeout``) seconds.
         """
-        p = self._proc(worker_id)
+        p = self._worker(worker_id)
         if p.client is not None or p.spec is None or p.env is None:
             raise ValueError(
                 f"Worker {worker_id} is an RPC worker; only command workers can be restarted"
@@ -543,17 +433,7 @@ class LocalScheduler(RPCEngineMixin, Scheduler):
     def delete_workers(self, role: str | None = None) -> None:
         """SIGTERM each worker's process group, SIGKILL after ``kill_grace`` s; idempotent."""
         with self._lock:
-            if role is None:
-                roles = list(self._roles)
-                self._aliases.clear()
-            elif role in self._aliases:
-                del self._aliases[role]
-                return
-            else:
-                roles = [role] if role in self._roles else []
-                for alias, target in list(self._aliases.items()):
-                    if target == role:
-                        del self._aliases[alias]
+            roles = self._release_roles(role)
             procs = [p for r in roles for p in self._roles.pop(r)]
         if not procs:
             return
@@ -599,41 +479,3 @@ class LocalScheduler(RPCEngineMixin, Scheduler):
             os.killpg(p.pid, sig)  # the worker leads its own session/process group
         except (ProcessLookupError, PermissionError):
             pass
-
-    # ------------------------------------------------------------------ RPC
-    def _rpc(
-        self, worker_id: str, what: str, fn_name: str, *args, timeout: float | None = None, **kwargs
-    ) -> Any:
-        p = self._proc(worker_id)
-        if p.client is None:
-            raise ValueError(
-                f"Worker {worker_id} runs a command ({shlex.join(p.cmd)}), not an RPC server"
-            )
-        if p.proc.poll() is not None:
-            raise p.dead_error(during=what)
-        timeout = self.call_timeout if timeout is None else timeout
-        fut = spawn_daemon(
-            getattr(p.client, fn_name), *args, timeout=timeout, name=f"rpc-{worker_id}", **kwargs
-        )
-        deadline = None if timeout is None else time.monotonic() + timeout + 5.0
-        while True:
-            if wait_futures([fut], timeout=0.2).done:
-                try:
-                    return fut.result()
-                except requests.ConnectionError as e:
-                    # The connection dropped: most likely the worker died; give the OS a moment.
-                    for _ in range(20):
-                        if p.proc.poll() is not None:
-                            raise p.dead_error(during=what) from None
-                        time.sleep(0.1)
-                    raise RuntimeError(
-                        f"Worker {worker_id}: {what} failed: connection error {e}"
-                    ) from e
-                except requests.Timeout as e:
-                    raise TimeoutError(
-                        f"Worker {worker_id}: {what} did not finish within {timeout} s"
-                    ) from e
-            if p.proc.poll() is not None:
-                raise p.dead_error(during=what)
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"Worker {worker_id}: {what} did not finish within {timeout} s")

@@ -38,117 +38,44 @@ Failures: every actor has a pending ``run_until_stopped()`` call; when the actor
 from __future__ import annotations
 
 import asyncio
-import atexit
-import ctypes
 import logging as std_logging
 import os
 import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import weakref
-from collections import deque
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any
 
-import requests
-
-from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, WorkerDiedError
-from areal.infra.rpc.client import RPCClient, spawn_daemon
-from areal.infra.scheduler.base import RPCEngineMixin
+from areal.api.scheduler_api import Job, SchedulingSpec, Worker, WorkerDiedError
+from areal.infra.rpc.client import RPCClient
+from areal.infra.scheduler.base import (
+    LOG_TAIL_LINES,
+    SchedulerBase,
+    call_with_liveness,
+    format_command,
+    log_tail_block,
+    poll_until_healthy,
+    read_log_tail,
+    set_pdeathsig,
+    worker_base_env,
+)
 from areal.utils import logging
 from areal.utils.auth import RUN_SECRET_ENV, ensure_run_secret
 from areal.utils.network import find_free_ports
 
 logger = logging.getLogger("RayScheduler")
 
-LOG_TAIL_LINES = 30
-_PR_SET_PDEATHSIG = 1
-
-
-def read_log_tail(path: str, n: int = LOG_TAIL_LINES) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(deque(f, maxlen=n))
-    except OSError as e:
-        return f"<could not read {path}: {e}>"
-
-
-def _set_pdeathsig() -> None:  # child side of fork: die with the actor process
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except Exception:  # noqa: BLE001 - best effort
-        pass
-
-
-def _project_pythonpath() -> str:
-    repo = os.path.dirname(
-        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    )
-    parts = [os.getcwd(), repo]
-    if os.environ.get("PYTHONPATH"):
-        parts.append(os.environ["PYTHONPATH"])
-    return os.pathsep.join(dict.fromkeys(parts))
-
-
-def format_command(cmd: str | list[str], host: str, ports: list[int]) -> list[str]:
-    """Fill ``{host}``/``{port}``/``{portN}`` and replace a leading ``python`` by this interpreter."""
-    fmt = {"port": ports[0], "host": host, **{f"port{i}": p for i, p in enumerate(ports)}}
-    argv = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
-    argv = [a.format(**fmt) for a in argv]
-    if argv and argv[0] in ("python", "python3"):
-        argv[0] = sys.executable
-    return argv
-
-
-def call_with_liveness(
-    client: RPCClient,
-    fn_name: str,
-    *args,
-    worker_id: str,
-    what: str,
-    check_dead,
-    timeout: float | None = None,
-    check_interval: float = 0.2,
-    connection_grace: float = 5.0,
-    **kwargs,
-) -> Any:
-    """Run ``client.<fn_name>`` on a daemon thread; raise ``check_dead()``'s error if the worker dies.
-
-    ``check_dead()`` returns a ``WorkerDiedError`` (worker dead) or None; it is polled
-    every ``check_interval`` s and, after a connection error, for ``connection_grace`` s.
-    """
-    fut = spawn_daemon(
-        getattr(client, fn_name), *args, timeout=timeout, name=f"rpc-{worker_id}", **kwargs
-    )
-    deadline = None if timeout is None else time.monotonic() + timeout + 5.0
-    while True:
-        if wait_futures([fut], timeout=check_interval).done:
-            try:
-                return fut.result()
-            except requests.ConnectionError as e:
-                end = time.monotonic() + connection_grace
-                while time.monotonic() < end:
-                    err = check_dead()
-                    if err is not None:
-                        raise err from None
-                    time.sleep(0.2)
-                raise RuntimeError(
-                    f"Worker {worker_id}: {what} failed: connection error {e}"
-                ) from e
-            except requests.Timeout as e:
-                raise TimeoutError(
-                    f"Worker {worker_id}: {what} did not finish within {timeout} s"
-                ) from e
-        err = check_dead()
-        if err is not None:
-            raise err
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"Worker {worker_id}: {what} did not finish within {timeout} s")
+# re-exported: older imports of these helpers name this module
+__all__ = [
+    "LOG_TAIL_LINES",
+    "RayScheduler",
+    "call_with_liveness",
+    "format_command",
+    "read_log_tail",
+]
 
 
 # ---------------------------------------------------------------------------- actor bodies
@@ -263,7 +190,7 @@ class CommandWorkerActor(_ActorBase):
             env=full_env,
             cwd=cwd if cwd and os.path.isdir(cwd) else None,
             start_new_session=True,
-            preexec_fn=_set_pdeathsig if sys.platform == "linux" else None,
+            preexec_fn=set_pdeathsig if sys.platform == "linux" else None,
         )
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed by the forwarder
         log.write(
@@ -328,7 +255,7 @@ class _RayWorker:
     stopping: bool = False
 
 
-class RayScheduler(RPCEngineMixin, Scheduler):
+class RayScheduler(SchedulerBase):
     """Ray actor scheduler (see module docstring).
 
     ``exp_config`` supplies ``cluster.fileroot``, ``experiment_name``, ``trial_name`` and
@@ -350,16 +277,8 @@ class RayScheduler(RPCEngineMixin, Scheduler):
         kill_grace: float = 5.0,
         placement_strategy: str = "PACK",
     ):
+        self._init_base(exp_config, fileroot, experiment_name, trial_name)
         cluster = getattr(exp_config, "cluster", None)
-        self.fileroot = os.path.abspath(
-            fileroot
-            or getattr(cluster, "fileroot", None)
-            or os.path.join(tempfile.gettempdir(), "areal")
-        )
-        self.experiment_name = (
-            experiment_name or getattr(exp_config, "experiment_name", None) or "default"
-        )
-        self.trial_name = trial_name or getattr(exp_config, "trial_name", None) or "trial0"
         nr = getattr(cluster, "name_resolve", None)
         self.name_resolve_actor = getattr(nr, "ray_actor_name", None) or "ray_kv_store"
         self.address = address or os.environ.get("RAY_ADDRESS") or None
@@ -369,15 +288,9 @@ class RayScheduler(RPCEngineMixin, Scheduler):
         self.call_timeout = call_timeout
         self.kill_grace = kill_grace
         self.placement_strategy = placement_strategy
-        self.log_dir = os.path.join(self.fileroot, "logs", self.experiment_name, self.trial_name)
-        self._lock = threading.RLock()
-        self._roles: dict[str, list[_RayWorker]] = {}
         self._pgs: dict[str, Any] = {}
-        self._aliases: dict[str, str] = {}
         self._started_ray = False
         self._name_resolve = None
-        self._closed = False
-        atexit.register(RayScheduler._atexit, weakref.ref(self))
 
     # ------------------------------------------------------------------ ray session
     def _ensure_ray(self) -> None:
@@ -411,28 +324,9 @@ class RayScheduler(RPCEngineMixin, Scheduler):
             )
         return self._name_resolve
 
-    def __enter__(self) -> RayScheduler:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def close(self) -> None:
         """Kill every actor, remove placement groups, shut down a Ray started here."""
-        self.delete_workers()
-        self._closed = True
-
-    @staticmethod
-    def _atexit(ref: weakref.ref) -> None:
-        sched = ref()
-        if sched is not None and not sched._closed:
-            try:
-                sched.close()
-            except Exception:  # noqa: BLE001 - interpreter is exiting
-                pass
-
-    def _key(self, role: str, index: int) -> str:
-        return f"{self.experiment_name}/{self.trial_name}/workers/{role}/{index}"
+        super().close()
 
     # ------------------------------------------------------------------ workers
     def _bundle(self, spec: SchedulingSpec) -> dict[str, float]:
@@ -470,23 +364,10 @@ class RayScheduler(RPCEngineMixin, Scheduler):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         role = job.role
-        with self._lock:
-            if role in self._roles or role in self._aliases:
-                raise ValueError(
-                    f"Role {role!r} already has workers; delete_workers({role!r}) first"
-                )
-        strategy = job.scheduling_strategy
-        if strategy is not None and strategy.type == "colocation":
-            with self._lock:
-                target = strategy.target
-                if target not in self._roles:
-                    raise ValueError(f"Colocation target role {target!r} has no workers")
-                if len(self._roles[target]) != job.replicas:
-                    raise ValueError(
-                        f"Colocation needs replicas={len(self._roles[target])} (as {target!r}); got {job.replicas}"
-                    )
-                self._aliases[role] = target
-                return [w.worker.id for w in self._roles[target]]
+        self._claim_role(role)
+        colocated = self._colocate(job)
+        if colocated is not None:
+            return colocated
 
         self._ensure_ray()
         self._closed = False
@@ -506,11 +387,7 @@ class RayScheduler(RPCEngineMixin, Scheduler):
             )
             self._pgs[role] = pg
             self._wait(pg.ready(), f"Placement group of role {role!r} ({job.replicas} x {bundle})")
-            env_vars = {
-                "PYTHONPATH": _project_pythonpath(),
-                "PYTHONUNBUFFERED": "1",
-                "OMP_NUM_THREADS": "1",
-            }
+            env_vars = worker_base_env()
             env_vars.update(job.env_vars)
             pending = []
             for i in range(job.replicas):
@@ -618,7 +495,7 @@ class RayScheduler(RPCEngineMixin, Scheduler):
             cmd = f" Command: {shlex.join(w.cmd)}." if w.cmd else ""
             where = (
                 f" (Ray actor on node {w.worker.ip}, role={w.role}, index={w.index}).{cmd}\n"
-                f"--- last {LOG_TAIL_LINES} lines of {w.log_path} ---\n{read_log_tail(w.log_path)}"
+                f"{log_tail_block(w.log_path)}"
                 f"(actor stdout/stderr: Ray's session log dir, logs/worker-*)"
             )
         return WorkerDiedError(f"Worker {worker_id} is dead: {detail}{where}")
@@ -641,46 +518,24 @@ class RayScheduler(RPCEngineMixin, Scheduler):
         return self._died(w.worker.id, detail, w)
 
     def _wait_healthy(self, job: Job, workers: list[_RayWorker]) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        pending = list(workers)
-        while pending:
-            for w in list(pending):
-                err = self._dead_error(w, "startup")
-                if err is not None:
-                    raise err
-                path = "/health" if w.client is not None else job.health_path
-                url = f"http://{w.worker.address}{path}"
-                try:
-                    if requests.get(url, timeout=2).status_code == 200:
-                        pending.remove(w)
-                except requests.RequestException:
-                    pass
-            if pending and time.monotonic() > deadline:
-                w = pending[0]
-                raise TimeoutError(
-                    f"Worker {w.worker.id} not healthy at {w.worker.address} within "
-                    f"{self.startup_timeout} s\n--- last {LOG_TAIL_LINES} lines of {w.log_path} ---\n"
-                    f"{read_log_tail(w.log_path)}"
-                )
-            if pending:
-                time.sleep(0.2)
+        poll_until_healthy(
+            workers,
+            url=lambda w: (
+                f"http://{w.worker.address}"
+                + ("/health" if w.client is not None else job.health_path)
+            ),
+            dead=lambda w: self._dead_error(w, "startup"),
+            deadline=time.monotonic() + self.startup_timeout,
+            timed_out=lambda w: TimeoutError(
+                f"Worker {w.worker.id} not healthy at {w.worker.address} within "
+                f"{self.startup_timeout} s\n{log_tail_block(w.log_path)}"
+            ),
+        )
         logger.info(f"Workers of role {job.role!r} healthy: {[w.worker.id for w in workers]}")
-
-    def get_workers(self, role: str, timeout: float | None = None) -> list[Worker]:
-        """Workers of ``role``; raises ``WorkerDiedError`` if one of them is dead."""
-        ws = self._wait_for_role(role, timeout)
-        for w in ws:
-            err = self._dead_error(w)
-            if err is not None:
-                raise err
-        return [w.worker for w in ws]
 
     def actor_handle(self, worker_id: str) -> Any:
         """The Ray actor of a worker (tests and debugging)."""
         return self._worker(worker_id).actor
-
-    def log_path(self, worker_id: str) -> str:
-        return self._worker(worker_id).log_path
 
     def delete_workers(self, role: str | None = None, _shutdown: bool = True) -> None:
         """Kill the actors of ``role`` (all if None) and remove their placement groups.
@@ -688,17 +543,7 @@ class RayScheduler(RPCEngineMixin, Scheduler):
         With ``role=None`` a Ray started by this scheduler is shut down as well.
         """
         with self._lock:
-            if role is None:
-                roles = list(self._roles)
-                self._aliases.clear()
-            elif role in self._aliases:
-                del self._aliases[role]
-                return
-            else:
-                roles = [role] if role in self._roles else []
-                for alias, target in list(self._aliases.items()):
-                    if target == role:
-                        del self._aliases[alias]
+            roles = self._release_roles(role)
             workers = [w for r in roles for w in self._roles.pop(r)]
             pgs = [self._pgs.pop(r) for r in roles if r in self._pgs]
         if workers or pgs:
@@ -764,24 +609,3 @@ class RayScheduler(RPCEngineMixin, Scheduler):
             logger.info("Shutting down the local Ray started by RayScheduler")
             ray.shutdown()
         self._started_ray = False
-
-    # ------------------------------------------------------------------ RPC
-    def _rpc(
-        self, worker_id: str, what: str, fn_name: str, *args, timeout: float | None = None, **kwargs
-    ) -> Any:
-        w = self._worker(worker_id)
-        if w.client is None:
-            raise ValueError(f"Worker {worker_id} runs a command ({w.cmd}), not an RPC server")
-        err = self._dead_error(w, what)
-        if err is not None:
-            raise err
-        return call_with_liveness(
-            w.client,
-            fn_name,
-            *args,
-            worker_id=worker_id,
-            what=what,
-            check_dead=lambda: self._dead_error(w, what),
-            timeout=self.call_timeout if timeout is None else timeout,
-            **kwargs,
-        )

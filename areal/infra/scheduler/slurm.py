@@ -32,26 +32,25 @@ controller's interpreter and ``PYTHONPATH``) and ``srun_additional_args`` (use
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import math
 import os
 import shlex
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
-import requests
-
-from areal.api.scheduler_api import Job, Scheduler, Worker, WorkerDiedError
+from areal.api.scheduler_api import Job, Worker, WorkerDiedError
 from areal.infra.rpc.client import RPCClient
-from areal.infra.scheduler.base import RPCEngineMixin
-from areal.infra.scheduler.ray import call_with_liveness, format_command, read_log_tail
+from areal.infra.scheduler.base import (
+    SchedulerBase,
+    format_command,
+    log_tail_block,
+    poll_until_healthy,
+    worker_base_env,
+)
 from areal.utils import logging
 from areal.utils.auth import ensure_run_secret
 from areal.utils.name_resolve import FileNameRecordRepository, NameEntryNotFoundError
@@ -59,7 +58,6 @@ from areal.utils.network import find_free_ports, gethostip
 
 logger = logging.getLogger("SlurmScheduler")
 
-LOG_TAIL_LINES = 30
 ALIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "RESIZING", "SUSPENDED", "REQUEUED")
 
 
@@ -85,7 +83,7 @@ class _SlurmJob:
     checked_at: float = 0.0
 
 
-class SlurmScheduler(RPCEngineMixin, Scheduler):
+class SlurmScheduler(SchedulerBase):
     """Slurm scheduler (see module docstring).
 
     ``exp_config`` supplies ``cluster.fileroot`` (must be shared by all nodes),
@@ -108,16 +106,7 @@ class SlurmScheduler(RPCEngineMixin, Scheduler):
         state_poll_interval: float = 2.0,
         command_timeout: float = 60.0,
     ):
-        cluster = getattr(exp_config, "cluster", None)
-        self.fileroot = os.path.abspath(
-            fileroot
-            or getattr(cluster, "fileroot", None)
-            or os.path.join(tempfile.gettempdir(), "areal")
-        )
-        self.experiment_name = (
-            experiment_name or getattr(exp_config, "experiment_name", None) or "default"
-        )
-        self.trial_name = trial_name or getattr(exp_config, "trial_name", None) or "trial0"
+        self._init_base(exp_config, fileroot, experiment_name, trial_name)
         self.partition = partition
         # the per-run secret reaches the jobs through sbatch's environment (never the
         # batch script, which is a file on disk)
@@ -131,35 +120,12 @@ class SlurmScheduler(RPCEngineMixin, Scheduler):
         self.call_timeout = call_timeout
         self.state_poll_interval = state_poll_interval
         self.command_timeout = command_timeout
-        self.log_dir = os.path.join(self.fileroot, "logs", self.experiment_name, self.trial_name)
         self.name_resolve_root = os.path.join(self.fileroot, "name_resolve")
         self.name_resolve = FileNameRecordRepository(self.name_resolve_root)
-        self._lock = threading.RLock()
-        self._roles: dict[str, list[_SlurmWorker]] = {}
         self._jobs: dict[str, _SlurmJob] = {}
-        self._aliases: dict[str, str] = {}
-        self._closed = False
-        atexit.register(SlurmScheduler._atexit, weakref.ref(self))
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> SlurmScheduler:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.delete_workers()
-        self._closed = True
-
-    @staticmethod
-    def _atexit(ref: weakref.ref) -> None:
-        sched = ref()
-        if sched is not None and not sched._closed:
-            try:
-                sched.close()
-            except Exception:  # noqa: BLE001 - interpreter is exiting
-                pass
+    connection_grace = 15.0  # a task's death reaches squeue with some delay
 
     def _prefix(self) -> str:
         return f"{self.experiment_name}/{self.trial_name}"
@@ -212,13 +178,7 @@ class SlurmScheduler(RPCEngineMixin, Scheduler):
             lines.append(f"#SBATCH --nodelist={spec.nodelist}")
         if spec.exclude:
             lines.append(f"#SBATCH --exclude={spec.exclude}")
-        repo = os.path.dirname(
-            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        )
-        pythonpath = os.pathsep.join(
-            dict.fromkeys(p for p in (os.getcwd(), repo, os.environ.get("PYTHONPATH")) if p)
-        )
-        env = {"PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        env = worker_base_env()
         env.update(job.env_vars)
         lines += [f"export {k}={shlex.quote(str(v))}" for k, v in env.items()]
         lines += list(spec.additional_bash_cmds or [])
@@ -248,23 +208,10 @@ class SlurmScheduler(RPCEngineMixin, Scheduler):
     def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
         """Submit the role's batch job and wait until every task is healthy; returns worker ids."""
         role = job.role
-        with self._lock:
-            if role in self._roles or role in self._aliases:
-                raise ValueError(
-                    f"Role {role!r} already has workers; delete_workers({role!r}) first"
-                )
-        strategy = job.scheduling_strategy
-        if strategy is not None and strategy.type == "colocation":
-            with self._lock:
-                target = strategy.target
-                if target not in self._roles:
-                    raise ValueError(f"Colocation target role {target!r} has no workers")
-                if len(self._roles[target]) != job.replicas:
-                    raise ValueError(
-                        f"Colocation needs replicas={len(self._roles[target])} (as {target!r}); got {job.replicas}"
-                    )
-                self._aliases[role] = target
-                return [w.worker.id for w in self._roles[target]]
+        self._claim_role(role)
+        colocated = self._colocate(job)
+        if colocated is not None:
+            return colocated
 
         self._closed = False
         os.makedirs(self.log_dir, exist_ok=True)
@@ -347,7 +294,7 @@ class SlurmScheduler(RPCEngineMixin, Scheduler):
         ]
         paths = [sjob.log_paths[int(worker_id.rsplit("/", 1)[1])]] if worker_id else sjob.log_paths
         for p in [*paths, sjob.batch_log]:
-            lines.append(f"--- last {LOG_TAIL_LINES} lines of {p} ---\n{read_log_tail(p)}")
+            lines.append(log_tail_block(p))
         return "\n".join(lines)
 
     def _wait_address(self, sjob: _SlurmJob, rank: int, deadline: float) -> dict:
@@ -376,32 +323,28 @@ class SlurmScheduler(RPCEngineMixin, Scheduler):
     def _wait_healthy(
         self, job: Job, sjob: _SlurmJob, workers: list[_SlurmWorker], deadline: float
     ) -> None:
-        pending = list(workers)
-        while pending:
-            for w in list(pending):
-                path = "/health" if w.client is not None else job.health_path
-                try:
-                    if (
-                        requests.get(f"http://{w.worker.address}{path}", timeout=2).status_code
-                        == 200
-                    ):
-                        pending.remove(w)
-                except requests.RequestException:
-                    pass
-            if not pending:
-                break
-            state = self._job_state(sjob, max_age=1.0)
-            if not state.startswith(ALIVE_STATES):
-                raise WorkerDiedError(self._job_dead_error(sjob, pending[0].worker.id, "startup"))
-            if time.monotonic() > deadline:
-                headline = (
-                    f"Worker {pending[0].worker.id} not healthy at {pending[0].worker.address} "
-                    f"within {self.startup_timeout} s (job state {state})"
-                )
-                raise TimeoutError(
-                    self._job_dead_error(sjob, pending[0].worker.id, headline=headline)
-                )
-            time.sleep(0.2)
+        def dead(w: _SlurmWorker) -> WorkerDiedError | None:
+            if self._job_state(sjob, max_age=1.0).startswith(ALIVE_STATES):
+                return None
+            return WorkerDiedError(self._job_dead_error(sjob, w.worker.id, "startup"))
+
+        def timed_out(w: _SlurmWorker) -> TimeoutError:
+            headline = (
+                f"Worker {w.worker.id} not healthy at {w.worker.address} "
+                f"within {self.startup_timeout} s (job state {sjob.state})"
+            )
+            return TimeoutError(self._job_dead_error(sjob, w.worker.id, headline=headline))
+
+        poll_until_healthy(
+            workers,
+            url=lambda w: (
+                f"http://{w.worker.address}"
+                + ("/health" if w.client is not None else job.health_path)
+            ),
+            dead=dead,
+            deadline=deadline,
+            timed_out=timed_out,
+        )
         logger.info(f"Workers of role {job.role!r} healthy: {[w.worker.id for w in workers]}")
 
     def _dead_error(self, w: _SlurmWorker, during: str = "") -> WorkerDiedError | None:
@@ -413,15 +356,6 @@ class SlurmScheduler(RPCEngineMixin, Scheduler):
             return None
         return WorkerDiedError(self._job_dead_error(sjob, w.worker.id, during))
 
-    def get_workers(self, role: str, timeout: float | None = None) -> list[Worker]:
-        """Workers of ``role``; raises ``WorkerDiedError`` if their job has ended."""
-        ws = self._wait_for_role(role, timeout)
-        for w in ws:
-            err = self._dead_error(w)
-            if err is not None:
-                raise err
-        return [w.worker for w in ws]
-
     def job_id(self, role: str) -> str:
         """Slurm job id of a role's workers."""
         with self._lock:
@@ -431,23 +365,10 @@ class SlurmScheduler(RPCEngineMixin, Scheduler):
         """``ip``, ``ports``, ``pid`` and ``host`` as published by the task."""
         return dict(self._worker(worker_id).info)
 
-    def log_path(self, worker_id: str) -> str:
-        return self._worker(worker_id).log_path
-
     def delete_workers(self, role: str | None = None) -> None:
         """``scancel`` the jobs of ``role`` (all if None) and wait until squeue drops them."""
         with self._lock:
-            if role is None:
-                roles = list(self._jobs)
-                self._aliases.clear()
-            elif role in self._aliases:
-                del self._aliases[role]
-                return
-            else:
-                roles = [role] if role in self._jobs else []
-                for alias, target in list(self._aliases.items()):
-                    if target == role:
-                        del self._aliases[alias]
+            roles = [r for r in self._release_roles(role) if r in self._jobs]
             jobs = [self._jobs.pop(r) for r in roles]
             for r in roles:
                 self._roles.pop(r, None)
@@ -470,28 +391,6 @@ class SlurmScheduler(RPCEngineMixin, Scheduler):
             self.name_resolve.clear_subtree(f"{self._prefix()}/slurm/{j.role}")
             self.name_resolve.clear_subtree(f"{self._prefix()}/workers/{j.role}")
         logger.info(f"Cancelled Slurm jobs {ids} (roles {roles})")
-
-    # ------------------------------------------------------------------ RPC
-    def _rpc(
-        self, worker_id: str, what: str, fn_name: str, *args, timeout: float | None = None, **kwargs
-    ) -> Any:
-        w = self._worker(worker_id)
-        if w.client is None:
-            raise ValueError(f"Worker {worker_id} runs a command, not an RPC server")
-        err = self._dead_error(w, what)
-        if err is not None:
-            raise err
-        return call_with_liveness(
-            w.client,
-            fn_name,
-            *args,
-            worker_id=worker_id,
-            what=what,
-            check_dead=lambda: self._dead_error(w, what),
-            timeout=self.call_timeout if timeout is None else timeout,
-            connection_grace=15.0,
-            **kwargs,
-        )
 
 
 # ---------------------------------------------------------------------------- task entry
