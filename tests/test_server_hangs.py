@@ -7,6 +7,8 @@
 - ``ServerWatchdog`` replaces the hung server (SIGKILL + restart) in the background: its
   ``check()`` returns while the restart is still blocked, rollout continues on the healthy
   server meanwhile, and the restarted server is readmitted at the current version;
+- a dropped connection to a server that still answers its health probe is retried
+  beyond ``request_retries`` (the soak's ``dropped_connection`` fault);
 - a live server taken out of rotation for a transient error is readmitted with the
   weights it missed, without a restart;
 - ``areal.infra.wait_log``: a long wait logs what it waits for, rate-limited.
@@ -210,6 +212,69 @@ def test_live_server_out_of_rotation_readmitted_with_missed_weights_without_rest
     stats = dog.step_stats()
     assert stats["rollout/server_readmits_total"] == 1.0
     assert stats["rollout/server_restarts_total"] == 0.0
+
+
+@pytest.fixture
+def dropping_server():
+    """A real HTTP server on 127.0.0.1 speaking the built-in backend's protocol whose
+    ``/generate`` drops (resets) the connection the first ``drops`` times."""
+    from aiohttp import web
+
+    from areal.utils.network import find_free_ports
+
+    state = {"drops": 5, "calls": 0}
+
+    async def health(request):
+        return web.json_response({"status": "ok", "version": 0})
+
+    async def generate(request):
+        body = await request.json()
+        state["calls"] += 1
+        if state["calls"] <= state["drops"]:
+            request.transport.abort()  # connection reset mid-request
+            return web.Response()
+        n = body["sampling_params"]["max_new_tokens"]
+        return web.json_response(
+            {
+                "output_ids": list(range(n)),
+                "output_logprobs": [-1.0] * n,
+                "output_versions": [0] * n,
+                "finish_reason": {"type": "length"},
+            }
+        )
+
+    port = find_free_ports(1)[0]
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.add_routes([web.get("/health", health), web.post("/generate", generate)])
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{port}", state
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+
+
+def test_dropped_connections_retried_beyond_request_retries_server_stays(dropping_server):
+    from areal.engine.local_remote import RemoteLocalEngine
+
+    addr, state = dropping_server
+    eng = RemoteLocalEngine(
+        InferenceEngineConfig(setup_timeout=30, request_timeout=60, request_retries=1)
+    )
+    eng.initialize([addr])
+    try:
+        out = _generate(eng, [[1, 2, 3]])
+    finally:
+        eng.destroy()
+    assert out == [list(range(N_NEW))]  # one answer: nothing lost, nothing twice
+    assert state["calls"] == state["drops"] + 1  # 5 drops > request_retries=1
+    assert eng.healthy_addresses == [addr]  # it answers its health probe: it stays
 
 
 def test_wait_log_rate_limited_and_names_what_it_waits_for(caplog):

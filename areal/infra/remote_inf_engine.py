@@ -9,9 +9,11 @@ maps a backend name to them and to its server command.
 What the engine does on top of the adapters:
 
 - ``agenerate``: picks a server (the rid's server if it has one, else the healthy server
-  with the fewest requests in flight), retries transport failures with exponential
-  backoff, marks a server that stops answering unhealthy and moves its requests to the
-  others, and makes generation *interruptible*: a chunk that comes back with stop reason
+  with the fewest requests in flight), retries 5xx answers and timeouts
+  ``request_retries`` times with exponential backoff (a dropped connection to a server
+  that still answers its health probe is retried for up to ``request_timeout`` s without
+  using them up), marks a server that stops answering unhealthy and moves its requests
+  to the others, and makes generation *interruptible*: a chunk that comes back with stop reason
   ``abort`` (a pause for a weight update) is resubmitted after ``continue_generation``
   as prompt + tokens so far, with ``max_new_tokens`` reduced; tokens, logprobs and
   per-token versions are concatenated, so one response may span several weight versions.
@@ -658,8 +660,12 @@ class RemoteInfEngine(InferenceEngine):
 
         retries = self.config.request_retries
         last: Exception | None = None
-        for attempt in range(retries + 1):
+        failures = 0  # 5xx answers and timeouts: bounded by request_retries
+        tries = 0
+        start = time.monotonic()
+        while True:
             addr = self._choose_server(rid)
+            tries += 1
             with self._lock:
                 self._inflight[addr] += 1
             try:
@@ -669,6 +675,7 @@ class RemoteInfEngine(InferenceEngine):
                 if e.status < 500:
                     raise ValueError(str(e)) from e
                 last = e
+                failures += 1
             except ServerLeftRotationError as e:
                 # not a failure of the request: it moves (its unfinished chunk is dropped)
                 last = e
@@ -676,25 +683,35 @@ class RemoteInfEngine(InferenceEngine):
                     self.requests_moved += 1
                 logger.warning("request %s moves off %s: %s", rid, addr, e)
                 continue
-            except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            except TimeoutError as e:  # before OSError: TimeoutError is one
+                last = e
+                failures += 1
+                if not await self._probe(addr):
+                    self._mark_unhealthy(addr, f"{type(e).__name__}: {e}")
+            except (aiohttp.ClientError, OSError) as e:
+                # A broken connection: if the server still answers its health probe (a
+                # dropped connection, a proxy restart) the request is retried without
+                # using up request_retries, for up to request_timeout seconds in all;
+                # else the server leaves the rotation and the request moves.
                 last = e
                 if not await self._probe(addr):
                     self._mark_unhealthy(addr, f"{type(e).__name__}: {e}")
+                elif time.monotonic() - start > self.config.request_timeout:
+                    failures = retries + 1
             finally:
                 with self._lock:
                     self._inflight[addr] -= 1
-            if attempt < retries:
-                delay = min(0.2 * 2**attempt, 5.0) * (0.5 + random.random())
-                logger.info(
-                    "request %s failed on %s (%s); retry %d in %.2fs",
-                    rid,
-                    addr,
-                    last,
-                    attempt + 1,
-                    delay,
-                )
-                await asyncio.sleep(delay)
-        raise RuntimeError(f"request {rid} failed after {retries + 1} attempts: {last}") from last
+            if failures > retries:
+                break
+            delay = min(0.2 * 2 ** min(tries - 1, 5), 5.0) * (0.5 + random.random())
+            logger.info(
+                "request %s failed on %s (%s); retry %d in %.2fs", rid, addr, last, tries, delay
+            )
+            await asyncio.sleep(delay)
+        raise RuntimeError(
+            f"request {rid} failed after {tries} attempts ({failures} 5xx/timeouts, "
+            f"{time.monotonic() - start:.0f} s): {last}"
+        ) from last
 
     async def _wait_resumed(self) -> None:
         while self._paused.is_set():

@@ -37,7 +37,7 @@ background), ``rollout/server_restarts_total``, ``rollout/servers_hung_total`` a
 
 Schedulers without ``dead_workers``/``restart_worker`` (Ray, Slurm): servers the engine
 took out (dead or hung) stay out of rotation (logged once each); training continues on
-the others. A server that failed to restart ``max_restarts`` times is left out as well.
+the others. A server whose restart failed ``max_restarts`` times in a row is left out as well.
 ``background=False`` restarts and readmits inside ``check()`` (blocking, as before).
 """
 
@@ -297,6 +297,7 @@ class ServerWatchdog:
                 )
                 continue
             self._addr[r.wid] = r.worker.address
+            self._failures.pop(r.wid, None)  # max_restarts counts failures in a row
             path, version = r.readmitted
             n += 1
             if r.why == "out":
