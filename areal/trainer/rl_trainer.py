@@ -255,7 +255,7 @@ class PPOTrainer:
         uses ``areal.utils.functional.dynamic_sampling_accept`` (drop all-equal groups).
         ``total_epochs`` overrides ``config.total_train_epochs``. ``max_seconds``
         (optional, for benchmarks) also stops after that much training wall time,
-        measured from the first step.
+        measured from the first step, evaluation excluded (see :meth:`training_seconds`).
         """
         config = self.config
         online = config.rollout.agent.mode == "online"
@@ -316,6 +316,7 @@ class PPOTrainer:
 
         pbar = tqdm(total=total_steps, initial=self.start_step, desc="train", dynamic_ncols=True)
         t_run = time.monotonic()
+        self._t_run, self._eval_seconds = t_run, 0.0
         from areal.utils.stop_signals import StopOnSignal
 
         # SIGTERM/SIGINT: finish the step, write a recover checkpoint, stop (exit 128+sig)
@@ -346,6 +347,7 @@ class PPOTrainer:
             self.rollout.resume()
 
             evaluated = None
+            t_eval = time.monotonic()
             if self.valid_dataset is not None and eval_workflow is not None:
                 evaluated = self.evaluator.evaluate(
                     lambda gs=global_step: self._evaluate(
@@ -355,11 +357,13 @@ class PPOTrainer:
                     step,
                     global_step,
                 )
+            self._eval_seconds += time.monotonic() - t_eval
             if evaluated:
                 stats.update(evaluated)
             with stats_tracker.record_timing("save"):
                 self.saver.save(self.actor, epoch, step, global_step, tokenizer=self.tokenizer)
             stats["time/elapsed"] = time.monotonic() - t_run
+            stats["time/train_elapsed"] = self.training_seconds()
             self.stats_logger.commit(epoch, step, global_step, stats)
             pbar.set_postfix(reward=f"{stats.get('batch/reward', float('nan')):.3f}")
             pbar.update(1)
@@ -382,7 +386,7 @@ class PPOTrainer:
                     "(recover checkpoint written; a rerun resumes from it)"
                 )
                 break
-            if max_seconds is not None and time.monotonic() - t_run >= max_seconds:
+            if max_seconds is not None and self.training_seconds() >= max_seconds:
                 logger.info(
                     f"Stopping after {global_step + 1} steps: max_seconds={max_seconds} reached"
                 )
@@ -391,7 +395,8 @@ class PPOTrainer:
         self._stop.uninstall()
         if self._stop.requested:  # close() (the caller's with-block) tears children down
             raise SystemExit(128 + self._stop.signum)
-        result["train_seconds"] = time.monotonic() - t_run
+        result["train_seconds"] = self.training_seconds()
+        result["eval_seconds"] = self._eval_seconds
 
         if self.valid_dataset is not None and eval_workflow is not None:
             last = self.eval_history[-1] if self.eval_history else None
@@ -405,6 +410,14 @@ class PPOTrainer:
         result["total_steps"] = self.start_step + result.get("steps_done", 0)
         result["log_dir"] = self.log_dir
         return result
+
+    def training_seconds(self) -> float:
+        """Wall time of the current ``train()`` call since its first step, minus the time
+        spent in periodic evaluation (0.0 before ``train()`` starts)."""
+        t_run = getattr(self, "_t_run", None)
+        if t_run is None:
+            return 0.0
+        return time.monotonic() - t_run - self._eval_seconds
 
     def _train_step(
         self, step_info: StepInfo, workflow, workflow_kwargs, should_accept_fn
@@ -574,7 +587,10 @@ class PPOTrainer:
         loss_mask = batch["loss_mask"].bool()
         gen_len = loss_mask.sum(-1).float()
         stats["batch/gen_len"] = float(gen_len.mean())
-        stats["batch/seq_len"] = float(batch["attention_mask"].sum(-1).float().mean())
+        seq_len = batch["attention_mask"].sum(-1).float()
+        stats["batch/seq_len"] = float(seq_len.mean())
+        stats["batch/seq_len_min"] = float(seq_len.min())
+        stats["batch/seq_len_max"] = float(seq_len.max())
         stats["batch/n_seqs"] = float(rewards.numel())
         versions = batch["versions"][loss_mask]
         if versions.numel() > 0:
