@@ -102,3 +102,18 @@ def test_shuffled_reward_control_permutes_values_across_batch_keeps_multiset():
         {"rewards": rewards.clone()}
     )
     assert torch.equal(again[0], seen[0])
+
+
+@pytest.mark.slow
+def test_answer_margins_shipped_base_prefers_off_by_one_in_every_class():
+    import importlib.util
+
+    path = os.path.join(ROOT, "examples", "vlm", "answer_margins.py")
+    spec = importlib.util.spec_from_file_location("answer_margins", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = module.main(["--n", "32"])
+    assert sorted(result) == ["1", "2", "3", "4"]
+    for cls in result.values():
+        # the demo's premise: greedy answers N+1, by a margin RL has to cross
+        assert cls["greedy_correct"] == 0 and cls["min_margin"] > 0.2, result
