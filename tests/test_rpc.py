@@ -15,6 +15,7 @@ import requests
 import torch
 from aiohttp.test_utils import TestClient, TestServer
 
+from areal.api.scheduler_api import RemoteCallError
 from areal.infra.rpc import rpc_server
 from areal.infra.rpc.client import RPCClient
 from areal.infra.rpc.rpc_server import EngineHost, build_app, import_from_path
@@ -50,7 +51,8 @@ async def test_rpc_app_create_call_attribute_and_errors():
         resp = await client.get("/health")
         assert resp.status == 200 and (await resp.json())["engines"] == []
         status, out = await _post(client, "/call", {"method": "add", "args": (1, 2)})
-        assert status == 500 and "No engine named 'default'" in out["error"]
+        assert status == 404 and "No engine named 'default'" in out["error"]
+        assert out["error_type"] == "KeyError" and out["client_error"] is True
         status, out = await _post(
             client, "/create_engine", {"engine": ECHO, "kwargs": {"scale": 3.0}}
         )
@@ -264,3 +266,74 @@ def test_rpc_worker_fuzzed_bodies_never_5xx_never_die(secured_worker):
 
     check()
     assert requests.get(f"http://{addr}/health", timeout=10).status_code == 200
+
+
+def test_rpc_worker_fuzzed_call_shapes_client_errors_are_4xx_valid_calls_200(secured_worker):
+    """Property over well-formed pickles of the wrong shape: wrong types or missing fields,
+    unknown engines/methods/classes, arguments that do not fit, invalid environment
+    variables. A client error is 400/404 (named in the payload, nothing executed), a valid
+    call 200; never a 5xx, and the worker stays alive."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    addr, secret, _ = secured_worker
+    client = RPCClient(addr, secret=secret)
+    client.create_engine(ECHO, engine_name="fz")
+    headers = {"Content-Type": CONTENT_TYPE, "Authorization": f"Bearer {secret}"}
+    values = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.floats(allow_nan=True),
+        st.text(max_size=20),
+        st.lists(st.integers(), max_size=3),
+        st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+    )
+    # methods that never raise when called correctly, so any 5xx is a server bug
+    names = st.one_of(st.sampled_from(["pid", "num_threads", "scale", "nope", ""]), values)
+    engines = st.one_of(st.sampled_from(["fz", "default", "missing"]), values)
+    classes = st.one_of(
+        st.sampled_from([ECHO, "tests._rpc_engines.Nope", "no_such_pkg_xyz.Mod", "x", ""]),
+        values,
+    )
+    fields = {
+        "method": names,
+        "engine": classes,
+        "engine_name": engines,
+        "args": st.one_of(st.lists(values, max_size=3), st.tuples(values), values),
+        "kwargs": st.one_of(st.dictionaries(st.text(max_size=8), values, max_size=3), values),
+    }
+    payloads = st.fixed_dictionaries({}, optional=fields)
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(path=st.sampled_from(["/call", "/create_engine"]), payload=payloads)
+    def check(path, payload):
+        if payload.get("engine") == ECHO and path == "/create_engine":
+            payload["engine_name"] = "fz2"  # keep "fz" as created above
+        r = requests.post(
+            f"http://{addr}{path}", data=serialize(payload), headers=headers, timeout=30
+        )
+        assert r.status_code < 500, (path, payload, r.status_code, r.content[:300])
+        out = deserialize(r.content)
+        if r.status_code == 200:
+            assert out["ok"] is True
+        else:
+            assert r.status_code in (400, 404) and out["ok"] is False
+            assert out["client_error"] is True and out["error_type"] and out["error"]
+
+    check()
+    for env in ({"A=B": "1"}, {"": "x"}, {"K": "a\x00b"}, {"\x00": "1"}):
+        r = requests.post(
+            f"http://{addr}/set_env",
+            json={"env": env},
+            headers={"Authorization": f"Bearer {secret}"},
+            timeout=30,
+        )
+        assert r.status_code == 400, (env, r.status_code, r.text)
+    # the worker is alive and the engine still answers correctly
+    assert client.call("scale", engine_name="fz") == 1.0
+    assert client.call("pid", engine_name="fz") > 0
+    with pytest.raises(RemoteCallError, match="raised KeyError: No engine named 'nope'"):
+        client.call("pid", engine_name="nope")
+    with pytest.raises(RemoteCallError, match=r"raised TypeError: pid: arguments do not fit"):
+        client.call("pid", 1, engine_name="fz")

@@ -14,8 +14,17 @@ refuses to start without a secret unless ``--insecure-no-auth`` is given.
   "engine_name"}`` imports the class and instantiates it.
 - ``POST /call`` ``{"method", "args", "kwargs", "engine_name"}`` runs
   ``engine.method(*args, **kwargs)`` (or reads a non-callable attribute) and returns ``{"ok": True, "result": ...}``, or
-  ``{"ok": False, "error_type", "error", "traceback"}`` with HTTP 500.
+  ``{"ok": False, "error_type", "error", "traceback"}`` with HTTP 500 when the engine
+  (its method or constructor) raised.
 - ``POST /set_env`` JSON ``{"env": {...}}`` updates ``os.environ``.
+
+Client errors never give a 5xx: a body that is not a pickled dict of the right shape
+(``method``/``engine``/``engine_name`` strings, ``args`` a list or tuple, ``kwargs`` a dict
+with string keys), arguments that do not fit the method's or class's signature, or an
+invalid environment variable -> 400; an unknown engine, method or engine class -> 404.
+The payload says ``"client_error": True`` and the Python exception it stands for
+(``error_type``: ``TypeError``, ``AttributeError``, ``KeyError``, ...); ``RPCClient``
+raises ``RemoteCallError`` as for any remote error.
 
 Every engine construction and call runs on ONE dedicated thread, in arrival order:
 ``torch.distributed`` collectives need the same thread-affine order on all ranks, and
@@ -75,7 +84,46 @@ def import_from_path(path: str) -> Any:
 
 
 class _BadRequest(ValueError):
-    pass
+    """The request is malformed (HTTP 400). ``error_type``: the Python exception it stands
+    for (``TypeError`` for arguments that do not fit, ...)."""
+
+    status = 400
+
+    def __init__(self, msg: str, error_type: str = "TypeError"):
+        super().__init__(msg)
+        self.error_type = error_type
+
+
+class _NotFound(_BadRequest):
+    """The request names an engine, method or class that does not exist (HTTP 404)."""
+
+    status = 404
+
+
+def _check_arguments(fn: Any, args: Any, kwargs: Any, what: str) -> None:
+    """Raise ``_BadRequest`` unless ``args``/``kwargs`` have the right types and fit ``fn``'s
+    signature (when it has one)."""
+    import inspect
+
+    if not isinstance(args, list | tuple):
+        raise _BadRequest(f"{what}: 'args' must be a list or tuple, got {type(args).__name__}")
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise _BadRequest(f"{what}: 'kwargs' must be a dict with string keys")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature: the call will tell
+        return
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise _BadRequest(f"{what}: arguments do not fit {what}{sig}: {e}") from None
+
+
+def _name(payload: dict, key: str, default: str | None = None) -> str:
+    value = payload.get(key, default)
+    if not isinstance(value, str) or not value:
+        raise _BadRequest(f"{key!r} must be a non-empty string, got {type(value).__name__!r}")
+    return value
 
 
 class EngineHost:
@@ -87,25 +135,42 @@ class EngineHost:
         self.busy = 0
 
     def _create(self, payload: dict) -> dict:
-        name = payload.get("engine_name", "default")
-        cls = import_from_path(payload["engine"])
-        self.engines[name] = cls(*payload.get("args", ()), **payload.get("kwargs", {}))
-        logger.info(f"Created engine {name!r}: {payload['engine']}")
+        name = _name(payload, "engine_name", "default")
+        path = _name(payload, "engine")
+        args, kwargs = payload.get("args", ()), payload.get("kwargs", {})
+        try:
+            cls = import_from_path(path)
+        except ValueError as e:
+            raise _BadRequest(str(e), "ValueError") from None
+        except (ImportError, AttributeError) as e:
+            raise _NotFound(f"no engine class {path!r}: {e}", type(e).__name__) from None
+        if not callable(cls):
+            raise _BadRequest(f"{path!r} is not a class")
+        _check_arguments(cls, args, kwargs, path)
+        self.engines[name] = cls(*args, **kwargs)
+        logger.info(f"Created engine {name!r}: {path}")
         return {"ok": True}
 
     def _call(self, payload: dict) -> dict:
-        name = payload.get("engine_name", "default")
-        method = payload["method"]
+        name = _name(payload, "engine_name", "default")
+        method = _name(payload, "method")
         if name not in self.engines:
-            raise RuntimeError(
-                f"No engine named {name!r} in this worker (create_engine first); have {sorted(self.engines)}"
+            raise _NotFound(
+                f"No engine named {name!r} in this worker (create_engine first); have {sorted(self.engines)}",
+                "KeyError",
             )
         args, kwargs = payload.get("args", ()), payload.get("kwargs", {})
-        attr = getattr(self.engines[name], method)
+        try:
+            attr = getattr(self.engines[name], method)
+        except AttributeError as e:
+            raise _NotFound(str(e), "AttributeError") from None
         if not callable(attr):  # a property/attribute such as ``data_parallel_rank``
             if args or kwargs:
-                raise TypeError(f"{method!r} is an attribute, not a method; it takes no arguments")
+                raise _BadRequest(
+                    f"{method!r} is an attribute, not a method; it takes no arguments"
+                )
             return {"ok": True, "result": attr}
+        _check_arguments(attr, args, kwargs, method)
         return {"ok": True, "result": attr(*args, **kwargs)}
 
     def run(self, kind: str, body: bytes) -> tuple[int, bytes]:
@@ -122,12 +187,21 @@ class EngineHost:
                 raise _BadRequest("create: the body must be a pickled dict with 'engine'")
         except Exception as e:  # noqa: BLE001 - a malformed request is the client's error
             logger.warning(f"{kind}: bad request body: {type(e).__name__}: {e}")
-            err = {"ok": False, "error_type": "BadRequest", "error": f"{type(e).__name__}: {e}"}
+            err = {
+                "ok": False,
+                "error_type": "BadRequest",
+                "error": f"{type(e).__name__}: {e}",
+                "client_error": True,
+            }
             return 400, serialize(err)
         try:
             method = payload.get("method", "create_engine")
             out = self._create(payload) if kind == "create" else self._call(payload)
             return 200, serialize(out)
+        except _BadRequest as e:  # the client's error (400/404): nothing ran
+            logger.warning(f"{kind} {method}: client error {e.status}: {e.error_type}: {e}")
+            err = {"ok": False, "error_type": e.error_type, "error": str(e), "client_error": True}
+            return e.status, serialize(err)
         except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
             tb = traceback.format_exc()
             logger.error(f"{kind} {method} failed: {type(e).__name__}: {e}\n{tb}")
@@ -190,7 +264,16 @@ def build_app(host: EngineHost, secret: Any = _FROM_ENV) -> web.Application:
         except ValueError as e:  # JSONDecodeError is a ValueError
             return web.json_response({"ok": False, "error": f"bad request: {e}"}, status=400)
         env = {str(k): str(v) for k, v in data.get("env", {}).items()}
-        os.environ.update(env)
+        bad = [k for k, v in env.items() if not k or "=" in k or "\0" in k or "\0" in v]
+        if bad:  # os.environ would raise on these
+            return web.json_response(
+                {"ok": False, "error": f"bad request: invalid environment variables {bad[:5]!r}"},
+                status=400,
+            )
+        try:
+            os.environ.update(env)
+        except (ValueError, UnicodeError) as e:
+            return web.json_response({"ok": False, "error": f"bad request: {e}"}, status=400)
         return web.json_response({"ok": True, "set": sorted(env)})
 
     app.add_routes(routes)
