@@ -243,7 +243,9 @@ def test_training_server_killed_restarted_run_continues_with_current_weights(tmp
     """kill -9 of one of two servers after step 1: training goes on (full batches) while it
     restarts in the background; once readmitted (xccl: after re-forming the broadcast group
     with it) it serves the current weights: server logprobs = trainer logprobs, and the
-    fingerprint check of every sync passes on both servers. Stopped by SIGTERM."""
+    fingerprint check of every sync passes on both servers. Stopped by SIGTERM (xccl) or
+    by kill -9 (disk): then every process it started, the restarted server included (it
+    was started from the watchdog's spawner thread), dies with it."""
     root = str(tmp_path / "run")
     log = str(tmp_path / "run.log")
     with open(log, "w") as f:
@@ -266,14 +268,19 @@ def test_training_server_killed_restarted_run_continues_with_current_weights(tmp
         _until(lambda st: st and st[-1]["rollout/server_restarts_total"] >= 1, "the readmission")
         n_at_restart = len(_stats(root))
         _until(lambda st: len(st) >= n_at_restart + 3, "3 steps after the readmission")
-        proc.send_signal(signal.SIGTERM)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(_servers(proc.pid)) == 2
+        proc.send_signal(signal.SIGTERM if mode == "xccl" else signal.SIGKILL)
         rc = proc.wait(timeout=300)
+        if mode == "disk":  # no orphan: PR_SET_PDEATHSIG of every child fired
+            _, alive = psutil.wait_procs(children, timeout=30)
+            assert not alive, [p.cmdline() for p in alive]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
     out = open(log).read()
-    assert rc == 128 + signal.SIGTERM, out[-4000:]
+    assert rc == (128 + signal.SIGTERM if mode == "xccl" else -signal.SIGKILL), out[-4000:]
     stats = _stats(root)
     assert [r["global_step"] for r in stats] == list(range(len(stats)))
     assert all(r["batch/n_seqs"] == 16 for r in stats), [r["batch/n_seqs"] for r in stats]

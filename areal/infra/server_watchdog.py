@@ -18,7 +18,9 @@ it logs a warning (exit code and log tail for a dead one), takes the address out
 engine's rotation (its in-flight requests move to the other servers: no sample is lost,
 none is generated twice) and starts a background thread that restarts the process
 through the scheduler (``restart_worker``: same command, same port if possible) and waits
-until it is healthy, while rollout continues on the healthy servers.
+until it is healthy, while rollout continues on the healthy servers. The process itself
+is started from one long-lived spawner thread, so that it still dies with the controller
+(``PR_SET_PDEATHSIG`` is tied to the thread that started it).
 
 A restarted server gets traffic only once it holds the current weights:
 ``WeightSynchronizer.readmit`` loads them and sets the current version under the
@@ -43,11 +45,14 @@ the others. A server whose restart failed ``max_restarts`` times in a row is lef
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import queue
 import signal
 import threading
 import time
 import types
+from collections.abc import Callable
 from typing import Any
 
 from areal.api.io_struct import WeightUpdateMeta
@@ -55,6 +60,34 @@ from areal.infra.weight_sync import WeightSynchronizer
 from areal.utils import logging
 
 logger = logging.getLogger("ServerWatchdog")
+
+
+class _Spawner:
+    """One daemon thread that lives as long as the process and starts the restarted
+    servers. ``PR_SET_PDEATHSIG`` fires when the thread that started a child ends, so a
+    server started from a short-lived thread would outlive a ``kill -9`` of the
+    controller; this thread is flagged ``lives_with_process`` so the scheduler arms it."""
+
+    def __init__(self):
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="server-spawner", daemon=True)
+        self._thread.lives_with_process = True  # read by LocalScheduler._popen
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            fn, fut = self._jobs.get()
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(e)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the spawner thread; wait for and return its result."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._jobs.put((fn, fut))
+        return fut.result()
 
 
 class _Restart:
@@ -114,6 +147,7 @@ class ServerWatchdog:
         self._given_up: set[str] = set()
         self._reported_out: set[str] = set()
         self._addr: dict[str, str] = {}
+        self._spawner: _Spawner | None = None
         if self.can_restart:
             try:
                 self._addr = {w.id: w.address for w in scheduler.get_workers(role)}
@@ -252,7 +286,13 @@ class ServerWatchdog:
             if r.worker is None:
                 if hung:
                     self._kill(r.wid)
-                r.worker = self.scheduler.restart_worker(r.wid)
+                if self.background:  # started from a thread that lives with the process
+                    with self._lock:
+                        if self._spawner is None:
+                            self._spawner = _Spawner()
+                    r.worker = self._spawner.call(lambda: self.scheduler.restart_worker(r.wid))
+                else:
+                    r.worker = self.scheduler.restart_worker(r.wid)
             if self.background:  # else (or when the actor is needed) _collect readmits it
                 r.readmitted = self.weight_sync.readmit(
                     r.worker.address, replaces=r.old, allow_actor=False

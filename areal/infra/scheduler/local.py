@@ -317,8 +317,15 @@ class LocalScheduler(SchedulerBase):
             env=env,
             cwd=os.getcwd(),
             start_new_session=True,
+            # PR_SET_PDEATHSIG fires when the *thread* that started the child ends: only the
+            # main thread, or a thread flagged ``lives_with_process`` (e.g. the
+            # ServerWatchdog's spawner), may arm it
             preexec_fn=set_pdeathsig
-            if threading.current_thread() is threading.main_thread() and sys.platform == "linux"
+            if sys.platform == "linux"
+            and (
+                threading.current_thread() is threading.main_thread()
+                or getattr(threading.current_thread(), "lives_with_process", False)
+            )
             else None,
         )
 
