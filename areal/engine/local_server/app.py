@@ -42,6 +42,15 @@ CONTROL_PATHS = (
 )
 
 
+def _strict_json_loads(text: str) -> Any:
+    import json
+
+    def _refuse(token: str) -> Any:
+        raise ValueError(f"{token} is not a JSON number")
+
+    return json.loads(text, parse_constant=_refuse)
+
+
 def resolve_device(device: str) -> Any:
     """``auto`` -> ``cuda`` when available, else ``cpu``; anything else as given (validated)."""
     import torch
@@ -173,8 +182,8 @@ class LocalInferenceServer(OpenAIRoutes):
 
         if not request.can_read_body:
             return {}
-        try:
-            body = await request.json()
+        try:  # NaN/Infinity are no JSON: refused (they would reach int()/sampling)
+            body = await request.json(loads=_strict_json_loads)
         except Exception as e:
             raise web.HTTPBadRequest(
                 text=f'{{"object": "error", "code": 400, "type": "BadRequestError", "message": "malformed JSON body: {type(e).__name__}"}}',
@@ -295,6 +304,8 @@ class LocalInferenceServer(OpenAIRoutes):
         rid = body.get("rid") or uuid.uuid4().hex
         if not isinstance(rid, str):
             return _error(400, "'rid' must be a string")
+        if not isinstance(body.get("sampling_params") or {}, dict):
+            return _error(400, "'sampling_params' must be an object")
         try:
             params = SamplingParams.from_dict(body.get("sampling_params"))
             mm_inputs = None
@@ -391,10 +402,22 @@ class LocalInferenceServer(OpenAIRoutes):
             group_name = str(body.get("group_name", "areal_weight_update"))
             backend = str(body.get("backend", "gloo"))
             timeout_s = float(body.get("timeout_s", 120.0))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
             return _error(400, f"bad init_weights_update_group request: {e!r}")
         if not 0 < rank < world_size:
             return _error(400, f"rank={rank} must be in [1, world_size={world_size})")
+        checks = [
+            (0 < port < 65536, f"master_port={port} outside [1, 65535]"),
+            (world_size <= 65536, f"world_size={world_size} above 65536"),
+            (0 < timeout_s <= 3600, f"timeout_s={timeout_s}; must be in (0, 3600]"),
+            (
+                backend == "gloo" or (backend == "nccl" and self.core.device.type == "cuda"),
+                f"backend={backend!r}; allowed: 'gloo', 'nccl' (CUDA servers)",
+            ),
+        ]
+        bad = next((msg for ok, msg in checks if not ok), None)
+        if bad:
+            return _error(400, bad)
         loop = asyncio.get_running_loop()
         try:
             pg = await loop.run_in_executor(
@@ -418,6 +441,8 @@ class LocalInferenceServer(OpenAIRoutes):
 
         body = await self._json(request)
         group_name = body.get("group_name", "areal_weight_update")
+        if not isinstance(group_name, str):
+            return _error(400, "'group_name' must be a string")
         pg = self.groups.get(group_name)
         if pg is None:
             return _error(
