@@ -359,10 +359,72 @@ def test_ppo_update_minibatches_steps_and_loss_improves_objective():
     assert after > before  # policy moved towards positive-advantage tokens
 
 
-def test_ppo_update_gspo_sapo_m2po_run_and_log():
+def _spy_actor_loss(monkeypatch):
+    """Record every call of the actor's PPO loss: its inputs and per-token stats."""
+    import areal.trainer.ppo.actor as actor_mod
+
+    calls = []
+    real = actor_mod.ppo_actor_loss_fn
+
+    def spy(logprobs, prox, old, adv, eps, mask, **kw):
+        loss, stat = real(logprobs, prox, old, adv, eps, mask, **kw)
+        calls.append(
+            dict(
+                logprobs=logprobs.detach(),
+                prox=prox.detach(),
+                mask=mask.bool(),
+                cu=kw.get("cu_seqlens"),
+                level=kw.get("importance_sampling_level"),
+                weight=stat["importance_weight"].detach(),
+            )
+        )
+        return loss, stat
+
+    monkeypatch.setattr(actor_mod, "ppo_actor_loss_fn", spy)
+    return calls
+
+
+@pytest.mark.parametrize("level", ["sequence", "token"])
+def test_ppo_update_gspo_ratio_is_per_sequence_geometric_mean(monkeypatch, level):
+    """GSPO (importance_sampling_level="sequence") through PPOActor.ppo_update: every token
+    of a sequence carries one importance ratio, the geometric mean of its tokens' ratios
+    exp(mean_t(logp_t - prox_t)); token-level PPO (the control) gives ratios that differ
+    within a sequence, so the check can fail."""
+    torch.manual_seed(0)
+    calls = _spy_actor_loss(monkeypatch)
+    data = make_batch(bs=4)
+    eng = TinyEngine()
+    actor = PPOActor(cfg(importance_sampling_level=level, ppo_n_minibatches=2), eng)
+    # proximal logprobs off the current policy, so token ratios differ from 1 and each other
+    data["prox_logp"] = actor.compute_logp(data) + 0.3 * torch.randn(4, 7) * data["loss_mask"]
+    actor.compute_advantages(data)
+    actor.ppo_update(data)
+    out = stats_tracker.export()
+    assert calls and all(c["level"] == level for c in calls)
+    n_seqs = spread = 0
+    for c in calls:
+        cu = c["cu"].tolist()
+        for s, e in zip(cu[:-1], cu[1:]):
+            m = c["mask"][s:e]
+            if m.sum() < 2:
+                continue
+            n_seqs += 1
+            token_ratio = torch.exp(c["logprobs"][s:e] - c["prox"][s:e])[m]
+            w = c["weight"][s:e][m]
+            spread = max(spread, float(token_ratio.max() - token_ratio.min()))
+            if level == "sequence":
+                geo = torch.exp(torch.log(token_ratio).mean())
+                torch.testing.assert_close(w, geo.expand_as(w), rtol=1e-5, atol=0)
+            else:
+                torch.testing.assert_close(w, token_ratio, rtol=1e-5, atol=0)
+    assert n_seqs >= 4 and spread > 0.1  # real per-token variation inside sequences
+    w_avg = out["ppo_actor/update/importance_weight/avg"]
+    assert w_avg != pytest.approx(1.0, abs=1e-3)
+
+
+def test_ppo_update_sapo_m2po_run_and_log():
     torch.manual_seed(0)
     for kw, key in (
-        (dict(importance_sampling_level="sequence"), "ppo_actor/update/importance_weight/avg"),
         (dict(use_sapo_loss=True), "ppo_actor/update/sapo_soft_gate/avg"),
         (
             dict(m2_threshold=0.01, recompute_logprob=True, use_decoupled_loss=True),
