@@ -116,11 +116,16 @@ class _Request:
     device: torch.device | str = "cpu"  # where the per-request sampling generator lives
     # Vision-language models: {"pixel_values", "image_grid_thw"} of the prompt's images.
     mm: dict[str, Any] | None = None
+    plain: bool = dataclasses.field(default=False, init=False)
 
     def __post_init__(self):
         if self.params.seed is not None and not self.params.greedy:
             self.generator = torch.Generator(device=self.device)
             self.generator.manual_seed(self.params.seed % (2**63))
+        p = self.params
+        # Plain sampling (no seed, no top-k/top-p truncation): the whole batch is sampled
+        # with a few tensor ops when every row is plain (see ``_sample``).
+        self.plain = not p.greedy and self.generator is None and p.top_k <= 0 and p.top_p >= 1.0
 
 
 class _BufferLayer(DynamicLayer):
@@ -178,7 +183,7 @@ class _Batch:
         for bufs in (self.kbufs, self.vbufs):
             for i, old in enumerate(bufs):
                 buf = old.new_zeros(len(rows), old.shape[1], cap, old.shape[3])
-                buf[:, :, left_pad:T] = old.index_select(0, idx)[:, :, start : self.T]
+                buf[:, :, left_pad:T] = old[:, :, start : self.T].index_select(0, idx)
                 bufs[i] = buf
         mask = torch.zeros(len(rows), T, dtype=torch.long, device=self.mask.device)
         mask[:, left_pad:] = self.mask.index_select(0, idx)[:, start:]
@@ -204,6 +209,50 @@ class _Batch:
             if self.T + extra <= self.kbufs[0].shape[2]:
                 return
         self._reshape(every, 0, max(self.T + extra, 2 * cap))
+
+    def row_starts(self) -> list[int]:
+        """First cache column of every row (``T`` for free rows)."""
+        if not self.reqs:
+            return []
+        has = self.mask.any(dim=1)
+        first = torch.where(
+            has, self.mask.argmax(dim=1), torch.full_like(has, self.T, dtype=torch.long)
+        )
+        return first.tolist()
+
+    def segments(self, starts: list[int], rows_per_segment: int) -> list[tuple[int, int, int]]:
+        """``(row_start, row_end, first_column)`` blocks for the fast decode step; blocks of
+        free rows only are left out (their rows' outputs are never read)."""
+        out = []
+        for r0 in range(0, len(starts), rows_per_segment):
+            r1 = min(r0 + rows_per_segment, len(starts))
+            c0 = min(starts[r0:r1])
+            if c0 < self.T:
+                out.append((r0, r1, c0))
+        return out
+
+    def sort_rows(self, starts: list[int], rows_per_segment: int) -> bool:
+        """Reorder rows by first column (free rows last) when that cuts the attention work
+        of segmented decoding by more than the copy costs over a few steps."""
+        R = len(starts)
+        if R <= rows_per_segment:
+            return False
+
+        def cost(st: list[int]) -> int:
+            total = 0
+            for r0 in range(0, R, rows_per_segment):
+                c0 = min(st[r0 : r0 + rows_per_segment])
+                if c0 < self.T:
+                    total += min(rows_per_segment, R - r0) * (self.T - c0)
+            return total
+
+        order = sorted(range(R), key=lambda i: starts[i])
+        gain = cost(starts) - cost([starts[i] for i in order])
+        if gain * 16 < R * self.T:  # a sort copies the whole cache once
+            return False
+        lead = min(starts)
+        self._reshape(order, lead, self.kbufs[0].shape[2])
+        return True
 
     def release(self, rows: list[int]) -> None:
         for i in rows:
@@ -246,7 +295,8 @@ class _Batch:
             self.reqs = list(reqs)
             self.T, self.mask, self.next_pos, self.next_tok = P, mask, next_pos, next_tok
             return
-        free = [i for i, r in enumerate(self.reqs) if r is None]
+        # Free rows from the end: after ``sort_rows`` the youngest rows sit there.
+        free = [i for i in range(len(self.reqs) - 1, -1, -1) if self.reqs[i] is None]
         if P <= self.T and free:
             # Write into free rows in place: columns [T - P, T).
             k_fill = min(len(free), n)
@@ -297,6 +347,15 @@ class _Batch:
         return cache
 
 
+def _draw(probs: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``probs`` (rows need not be normalised) by inverse CDF: one
+    uniform number per row (``torch.multinomial`` draws one per vocabulary entry on CPU,
+    ~15x slower here)."""
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
+
+
 def _sample(
     logits: torch.Tensor, reqs: list[_Request], gen_counts: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -304,6 +363,16 @@ def _sample(
     logits = logits.float()
     B, V = logits.shape
     dev = logits.device
+    if all(r.plain for r in reqs) and not any(
+        r.params.min_new_tokens > c and r.stop_set for r, c in zip(reqs, gen_counts)
+    ):
+        temps = [r.params.temperature for r in reqs]
+        scaled = logits
+        if any(t != 1.0 for t in temps):
+            scaled = logits / torch.tensor(temps, device=dev).unsqueeze(1)
+        logp = torch.log_softmax(scaled, dim=-1)
+        tokens = _draw(logp.exp())
+        return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
     greedy = torch.tensor([r.params.greedy for r in reqs], device=dev)
     temps = torch.tensor(
         [1.0 if r.params.greedy else r.params.temperature for r in reqs], device=dev
@@ -344,7 +413,7 @@ def _sample(
         seeded = [i for i, r in enumerate(s_reqs) if r.generator is not None]
         unseeded = [i for i, r in enumerate(s_reqs) if r.generator is None]
         if unseeded:
-            drawn[unseeded] = torch.multinomial(probs[unseeded], 1).squeeze(1)
+            drawn[unseeded] = _draw(probs[unseeded])
         for i in seeded:  # one draw per seeded request from its own generator
             drawn[i] = torch.multinomial(probs[i], 1, generator=s_reqs[i].generator)[0]
         tokens[samp] = drawn
@@ -363,8 +432,22 @@ class GenerationCore:
         eos_token_ids: list[int] | None = None,
         context_length: int | None = None,
         version: int = 0,
+        fast_decode: bool = True,
+        segment_rows: int = 32,
     ):
         self.model = model.eval()
+        # Decode steps skip the HF forward's per-step machinery for known decoder-only
+        # structures (areal.engine.local_server.decode); checked once against the forward.
+        self._fast = None
+        if fast_decode:
+            from areal.engine.local_server.decode import FastDecoder
+
+            self._fast = FastDecoder.build(model)
+        self._fast_checked = False
+        # Fast decode attends per block of ``segment_rows`` rows from the block's first
+        # non-padding column; rows are re-sorted by start every few steps when that pays.
+        self.segment_rows = max(1, int(segment_rows))
+        self._since_sort = 0
         # Where the model lives (CPU, or a CUDA device): every batch tensor is put there.
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
@@ -556,19 +639,36 @@ class GenerationCore:
         new: list[_Request] = []
         with self._lock:
             budget = self.max_prefill_tokens
+            seen: set[tuple[int, ...]] = set()
             while self._waiting and len(self._batch) + len(new) < self.max_batch_size:
                 r = self._waiting[0]
-                if new and budget - len(r.input_ids) < 0:
+                key = tuple(r.input_ids) if r.mm is None else None
+                cost = 0 if key in seen else len(r.input_ids)  # repeats are prefilled once
+                if new and budget - cost < 0:
                     break
-                budget -= len(r.input_ids)
+                budget -= cost
+                if key is not None:
+                    seen.add(key)
                 new.append(self._waiting.popleft())
         if not new:
             return
-        P = max(len(r.input_ids) for r in new)
-        n = len(new)
+        # Identical prompts (n samples of one prompt) are prefilled once and their cache
+        # rows copied: the same computation, done once.
+        slot: dict[Any, int] = {}
+        uniq: list[_Request] = []
+        inverse: list[int] = []
+        for r in new:
+            key = tuple(r.input_ids) if r.mm is None else id(r)
+            j = slot.get(key)
+            if j is None:
+                j = slot[key] = len(uniq)
+                uniq.append(r)
+            inverse.append(j)
+        P = max(len(r.input_ids) for r in uniq)
+        n = len(uniq)
         ids = torch.zeros(n, P, dtype=torch.long)
         mask = torch.zeros(n, P, dtype=torch.long)
-        for i, r in enumerate(new):
+        for i, r in enumerate(uniq):
             L = len(r.input_ids)
             ids[i, P - L :] = torch.tensor(r.input_ids)
             mask[i, P - L :] = 1
@@ -579,7 +679,7 @@ class GenerationCore:
         if self.is_vlm:  # M-RoPE positions (+ pixel values of the rows that have images)
             from areal.engine.local_server.vision import prefill_mm_kwargs
 
-            extra, deltas = prefill_mm_kwargs(self.model, new, ids, mask)
+            extra, deltas = prefill_mm_kwargs(self.model, uniq, ids, mask)
         cache = DynamicCache()
         out = self.model(
             input_ids=ids,
@@ -592,10 +692,16 @@ class GenerationCore:
         pad = (mask == 0).view(n, 1, P, 1)
         keys = [layer.keys.masked_fill(pad, 0.0) for layer in cache.layers]
         values = [layer.values.masked_fill(pad, 0.0) for layer in cache.layers]
-        tokens, logps = _sample(out.logits[:, -1, :], new, [0] * n)
+        logits = out.logits[:, -1, :]
         next_pos = mask.sum(-1)
         if deltas is not None:  # text after images continues from the largest M-RoPE position
             next_pos = next_pos + deltas
+        if len(uniq) < len(new):
+            inv = torch.tensor(inverse, dtype=torch.long, device=self.device)
+            keys = [k.index_select(0, inv) for k in keys]
+            values = [v.index_select(0, inv) for v in values]
+            logits, mask, next_pos = logits[inv], mask[inv], next_pos[inv]
+        tokens, logps = _sample(logits, new, [0] * len(new))
         self._record(new, tokens, logps)
         self._batch.merge(new, keys, values, mask, next_pos, tokens)
         self._finish_done()
@@ -603,20 +709,31 @@ class GenerationCore:
     def _decode_step(self) -> None:
         b = self._batch
         b.ensure_capacity(1)
+        segments = None
+        if self._fast is not None:
+            starts = b.row_starts()
+            self._since_sort += 1
+            if self._since_sort >= 16:
+                self._since_sort = 0
+                if b.sort_rows(starts, self.segment_rows):
+                    starts = b.row_starts()
+            segments = b.segments(starts, self.segment_rows)
         B = len(b.reqs)
         mask = torch.cat([b.mask, b.mask.new_ones(B, 1)], dim=1)
-        out = self.model(
-            input_ids=b.next_tok.unsqueeze(1),
-            attention_mask=mask,
-            position_ids=b.next_pos.unsqueeze(1),
-            cache=b.cache(),
-            use_cache=True,
-        )
+        if self._fast is not None:
+            logits = self._fast.step(b.next_tok, b.next_pos, b.kbufs, b.vbufs, b.T, mask, segments)
+            if not self._fast_checked:  # once: the HF forward must agree (it rewrites column T)
+                ref = self._hf_decode(b, mask)
+                self._fast_checked = True
+                if not self._fast.matches_reference(logits, ref):
+                    self._fast = None
+                    logits = ref
+        else:
+            logits = self._hf_decode(b, mask)
         b.mask = mask
         b.T += 1
         live = b.live
         reqs = [b.reqs[i] for i in live]
-        logits = out.logits[:, -1, :]
         if len(live) < B:
             idx = torch.tensor(live, dtype=torch.long, device=logits.device)
             logits = logits.index_select(0, idx)
@@ -629,6 +746,16 @@ class GenerationCore:
             b.next_tok = tokens
         self._record(reqs, tokens, logps)
         self._finish_done()
+
+    def _hf_decode(self, b: _Batch, mask: torch.Tensor) -> torch.Tensor:
+        out = self.model(
+            input_ids=b.next_tok.unsqueeze(1),
+            attention_mask=mask,
+            position_ids=b.next_pos.unsqueeze(1),
+            cache=b.cache(),
+            use_cache=True,
+        )
+        return out.logits[:, -1, :]
 
     def _record(self, reqs: list[_Request], tokens: torch.Tensor, logps: torch.Tensor) -> None:
         now = time.monotonic()
