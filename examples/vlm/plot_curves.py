@@ -1,7 +1,7 @@
 """Held-out accuracy vs wall-clock of VLM demo runs (the run and its controls).
 
     python examples/vlm/plot_curves.py out.png "true rewards=RUN_LOG_DIR" \
-        "shuffled answers=LOG_DIR2" "random rewards=LOG_DIR3"
+        "shuffled rewards=LOG_DIR2" "random rewards=LOG_DIR3"
 
 Each LOG_DIR is a trainer log directory holding ``stats.jsonl`` (``eval/accuracy`` rows,
 ``time/elapsed``). Prints the points as JSON.
