@@ -181,3 +181,51 @@ def test_plain_sampling_logprobs_are_temperature_scaled_hf_logprobs(tiny_model_d
     for p, r in zip(prompts, results):
         ref = _hf_logprobs(model, p, r["output_ids"], temperature)
         torch.testing.assert_close(torch.tensor(r["output_logprobs"]), ref, atol=1e-4, rtol=0)
+
+
+def test_prompt_cache_reused_across_admissions_and_emptied_by_weight_updates(tiny_model_dir):
+    torch.set_num_threads(1)
+    core = GenerationCore(_hf(tiny_model_dir), max_batch_size=4)
+    prefills = []
+    forward = core.model.forward
+
+    def spy(*a, **k):
+        if k["input_ids"].shape[1] > 1:
+            prefills.append(k["input_ids"].shape[0])
+        return forward(*a, **k)
+
+    core.model.forward = spy
+    prompt = [7, 8, 9, 10, 11]
+
+    def greedy():
+        out = {}
+        ev = threading.Event()
+        core.submit(
+            "x",
+            prompt,
+            SamplingParams(max_new_tokens=8, greedy=True),
+            lambda r: (out.update(r), ev.set()),
+        )
+        assert ev.wait(60)
+        return out
+
+    try:
+        first, second = greedy(), greedy()
+        assert prefills == [1]  # the second request reused the cached prompt
+        assert second["output_ids"] == first["output_ids"]
+
+        def change_weights():
+            with torch.no_grad():
+                core.model.lm_head.weight.mul_(-1.0)
+
+        core.run_command(change_weights).result()
+        third = greedy()
+        assert prefills == [1, 1]  # prefilled again with the new weights
+    finally:
+        core.shutdown()
+    model = _hf(tiny_model_dir)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1.0)
+    assert third["output_ids"] == _hf_greedy(model, prompt, 8)
+    ref = _hf_logprobs(model, prompt, third["output_ids"])
+    torch.testing.assert_close(torch.tensor(third["output_logprobs"]), ref, atol=1e-4, rtol=0)

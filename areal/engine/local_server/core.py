@@ -434,6 +434,7 @@ class GenerationCore:
         version: int = 0,
         fast_decode: bool = True,
         segment_rows: int = 32,
+        prompt_cache_mb: float = 64.0,
     ):
         self.model = model.eval()
         # Decode steps skip the HF forward's per-step machinery for known decoder-only
@@ -448,6 +449,10 @@ class GenerationCore:
         # non-padding column; rows are re-sorted by start every few steps when that pays.
         self.segment_rows = max(1, int(segment_rows))
         self._since_sort = 0
+        # Recent prompts' prefill results (text only), emptied whenever a command runs.
+        self.prompt_cache_bytes = int(prompt_cache_mb * 2**20)
+        self._prompt_cache: collections.OrderedDict = collections.OrderedDict()
+        self._prompt_cache_used = 0
         # Where the model lives (CPU, or a CUDA device): every batch tensor is put there.
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
@@ -617,6 +622,8 @@ class GenerationCore:
                 fn, fut = self._commands.get_nowait()
             except queue.Empty:
                 return
+            self._prompt_cache.clear()  # a command may change the weights
+            self._prompt_cache_used = 0
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
@@ -664,6 +671,66 @@ class GenerationCore:
                 j = slot[key] = len(uniq)
                 uniq.append(r)
             inverse.append(j)
+        if self.is_vlm or self.prompt_cache_bytes <= 0:
+            keys, values, logits, mask, next_pos = self._prefill(uniq)
+        else:
+            keys, values, logits, mask, next_pos = self._prefill_cached(uniq)
+        if len(uniq) < len(new):
+            inv = torch.tensor(inverse, dtype=torch.long, device=self.device)
+            keys = [k.index_select(0, inv) for k in keys]
+            values = [v.index_select(0, inv) for v in values]
+            logits, mask, next_pos = logits[inv], mask[inv], next_pos[inv]
+        tokens, logps = _sample(logits, new, [0] * len(new))
+        self._record(new, tokens, logps)
+        self._batch.merge(new, keys, values, mask, next_pos, tokens)
+        self._finish_done()
+
+    def _prefill_cached(self, uniq: list[_Request]):
+        """``_prefill`` for text prompts through an LRU of recent prompts' cache columns and
+        last logits (the n samples of a prompt often arrive in different admissions). The
+        LRU is emptied whenever a command runs (weights may have changed)."""
+        pc = self._prompt_cache
+        keyed = [tuple(r.input_ids) for r in uniq]
+        for k in keyed:
+            if k in pc:
+                pc.move_to_end(k)  # the entries used now are the newest: never evicted below
+        misses = [r for r, k in zip(uniq, keyed) if k not in pc]
+        if misses:
+            keys, values, logits, _, _ = self._prefill(misses)
+            Pm = keys[0].shape[2]
+            for i, r in enumerate(misses):
+                L = len(r.input_ids)
+                entry = (
+                    [k[i, :, Pm - L :].clone() for k in keys],
+                    [v[i, :, Pm - L :].clone() for v in values],
+                    logits[i].clone(),
+                )
+                nbytes = sum(t.numel() * t.element_size() for t in entry[0] + entry[1])
+                pc[tuple(r.input_ids)] = entry
+                self._prompt_cache_used += nbytes
+            while self._prompt_cache_used > self.prompt_cache_bytes and len(pc) > len(uniq):
+                _, (ks, vs, _) = pc.popitem(last=False)
+                self._prompt_cache_used -= sum(t.numel() * t.element_size() for t in ks + vs)
+        entries = [pc[k] for k in keyed]
+        n = len(uniq)
+        P = max(len(k) for k in keyed)
+        keys, values = [], []
+        for layer in range(len(entries[0][0])):
+            for dst, part in ((keys, 0), (values, 1)):
+                ref = entries[0][part][layer]
+                buf = ref.new_zeros(n, ref.shape[0], P, ref.shape[2])
+                for j, e in enumerate(entries):
+                    t = e[part][layer]
+                    buf[j, :, P - t.shape[1] :] = t
+                dst.append(buf)
+        logits = torch.stack([e[2] for e in entries])
+        lens = torch.tensor([len(k) for k in keyed], device=self.device)
+        mask = (torch.arange(P, device=self.device).unsqueeze(0) >= (P - lens).unsqueeze(1)).long()
+        return keys, values, logits, mask, lens
+
+    def _prefill(self, uniq: list[_Request]):
+        """Left-padded prefill of ``uniq``: per-layer keys/values ``[n, kv, P, D]`` (zero at
+        padding), last logits ``[n, V]``, mask ``[n, P]``, next positions ``[n]``."""
         P = max(len(r.input_ids) for r in uniq)
         n = len(uniq)
         ids = torch.zeros(n, P, dtype=torch.long)
@@ -696,15 +763,7 @@ class GenerationCore:
         next_pos = mask.sum(-1)
         if deltas is not None:  # text after images continues from the largest M-RoPE position
             next_pos = next_pos + deltas
-        if len(uniq) < len(new):
-            inv = torch.tensor(inverse, dtype=torch.long, device=self.device)
-            keys = [k.index_select(0, inv) for k in keys]
-            values = [v.index_select(0, inv) for v in values]
-            logits, mask, next_pos = logits[inv], mask[inv], next_pos[inv]
-        tokens, logps = _sample(logits, new, [0] * len(new))
-        self._record(new, tokens, logps)
-        self._batch.merge(new, keys, values, mask, next_pos, tokens)
-        self._finish_done()
+        return keys, values, logits, mask, next_pos
 
     def _decode_step(self) -> None:
         b = self._batch
