@@ -181,6 +181,82 @@ def bench_server(addr, prompts, samples, max_new, stop_ids):
     return result
 
 
+def profile_core(model_dir, prompts, samples, max_new, fast_decode):
+    """Per decode step CPU time of the generation core in process (no HTTP): forward,
+    sampling, prefill/admission, the rest; thread CPU time, so less sensitive to load."""
+    from transformers import AutoModelForCausalLM
+
+    from areal.engine.local_server import core as core_mod
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    core = core_mod.GenerationCore(model, max_batch_size=128, fast_decode=fast_decode)
+    t = {"step": 0.0, "forward": 0.0, "sample": 0.0, "admit": 0.0}
+    n = {"steps": 0, "rows": 0, "live": 0}
+
+    def timed(key, fn):
+        def wrapper(*a, **k):
+            t0 = time.thread_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                t[key] += time.thread_time() - t0
+
+        return wrapper
+
+    step = core._decode_step
+
+    def counted_step():
+        n["steps"] += 1
+        n["rows"] += len(core._batch.reqs)
+        n["live"] += len(core._batch)
+        step()
+
+    core._decode_step = timed("step", counted_step)
+    core._admit = timed("admit", core._admit)
+    if core._fast is not None:
+        core._fast.step = timed("forward", core._fast.step)
+    core._hf_decode = timed("forward", core._hf_decode)
+    sample = core_mod._sample
+    core_mod._sample = timed("sample", sample)
+    done = threading.Semaphore(0)
+    tokens = [0]
+
+    def cb(res):
+        tokens[0] += len(res.get("output_ids", []))
+        done.release()
+
+    sp = core_mod.SamplingParams(max_new_tokens=max_new, temperature=1.0)
+    t0 = time.perf_counter()
+    try:
+        for i, p in enumerate(prompts):
+            for j in range(samples):
+                core.submit(f"{i}-{j}", p, sp, cb)
+        for _ in range(len(prompts) * samples):
+            done.acquire()
+    finally:
+        wall = time.perf_counter() - t0
+        core.shutdown()
+        core_mod._sample = sample
+    s = max(1, n["steps"])
+    ms = {k: round(1000 * v / s, 2) for k, v in t.items()}
+    return {
+        "fast_decode": fast_decode,
+        "tokens": tokens[0],
+        "wall_s": round(wall, 2),
+        "cpu_us_per_token": round(1e6 * (t["step"] + t["admit"]) / max(1, tokens[0]), 1),
+        "decode_steps": n["steps"],
+        "mean_rows": round(n["rows"] / s, 1),
+        "mean_live_rows": round(n["live"] / s, 1),
+        "ms_per_step": {
+            "decode_total": ms["step"],
+            "forward": ms["forward"],
+            "sampling": ms["sample"],
+            "other": round(ms["step"] - ms["forward"] - ms["sample"], 2),
+            "admission_prefill": ms["admit"],
+        },
+    }
+
+
 def bench_reload(tmp):
     path = _random_qwen2(os.path.join(tmp, "m100"), 768, 12, 12, 4, 2048, 32000, eos=2)
     from transformers import AutoModelForCausalLM
@@ -229,6 +305,13 @@ def main():
     )
     ap.add_argument("--max-batch-size", type=int, default=128)
     ap.add_argument("--skip-reload", action="store_true")
+    ap.add_argument(
+        "--profile-prompts",
+        type=int,
+        default=0,
+        help="also profile the core in process on this many prompts (x samples), with the "
+        "fast decode path and with the HF forward",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     report = {
@@ -261,6 +344,17 @@ def main():
         report["speedup"] = (
             report["server"]["throughput"]["tokens_per_s"] / report["hf_generate"]["tokens_per_s"]
         )
+        if args.profile_prompts:
+            report["core_profile"] = [
+                profile_core(
+                    model_dir,
+                    prompts[: args.profile_prompts],
+                    args.samples,
+                    args.max_new_tokens,
+                    fast,
+                )
+                for fast in (True, False)
+            ]
         if not args.skip_reload:
             report["reload_100m"] = bench_reload(tmp)
     print(json.dumps(report, indent=2))
