@@ -395,12 +395,21 @@ def main():
             report["server"]["throughput"]["tokens_per_s"] / report["hf_generate"]["tokens_per_s"]
         )
         if args.vllm_python:
-            report["vllm_cpu"] = bench_vllm(
-                args.vllm_python, model_dir, prompts, args.samples, args.max_new_tokens, stop_ids
-            )
-            report["speedup_vs_vllm"] = (
-                report["server"]["throughput"]["tokens_per_s"] / report["vllm_cpu"]["tokens_per_s"]
-            )
+            try:
+                report["vllm_cpu"] = bench_vllm(
+                    args.vllm_python,
+                    model_dir,
+                    prompts,
+                    args.samples,
+                    args.max_new_tokens,
+                    stop_ids,
+                )
+                report["speedup_vs_vllm"] = (
+                    report["server"]["throughput"]["tokens_per_s"]
+                    / report["vllm_cpu"]["tokens_per_s"]
+                )
+            except Exception as e:  # noqa: BLE001 - an optional comparison
+                report["vllm_cpu"] = {"error": f"{type(e).__name__}: {e}"}
         if args.profile_prompts:
             report["core_profile"] = [
                 profile_core(
