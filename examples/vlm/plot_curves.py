@@ -33,10 +33,12 @@ def main(argv):
     out, runs = argv[0], [a.split("=", 1) for a in argv[1:]]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     result = {}
-    for name, d in runs:
+    markers = ["o", "s", "^", "v", "x", "d"]  # controls often overlap (all at 0%)
+    for i, (name, d) in enumerate(runs):
         pts = eval_points(d)
         result[name] = pts
-        ax.plot([p[1] / 60 for p in pts], [100 * p[2] for p in pts], marker="o", label=name)
+        xs, ys = [p[1] / 60 for p in pts], [100 * p[2] for p in pts]
+        ax.plot(xs, ys, marker=markers[i % len(markers)], markerfacecolor="none", label=name)
     ax.set_xlabel("minutes of training")
     ax.set_ylabel("held-out greedy accuracy (%)")
     ax.set_title("GRPO on the tiny VLM, synthetic CLEVR counting (CPU)")
