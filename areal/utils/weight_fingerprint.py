@@ -45,7 +45,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-ROW = 1024
+ROW = 4096
 #: At most this many row sums per tensor: larger tensors sum groups of consecutive rows
 #: (in float64), so checking costs O(tensors), not O(parameters).
 MAX_SUMS = 4096
@@ -54,7 +54,7 @@ MAX_SUMS = 4096
 SAMPLE = 256
 FULL_SAMPLE_MAX = 4096
 DEFAULT_K = 4
-#: Relative tolerance (of |row_sums|) of the row-sum projections: float32 sums of 1024
+#: Relative tolerance (of |row_sums|) of the row-sum projections: float32 sums of 4096
 #: elements computed by other kernels (CPU vs GPU) differ by ~1e-7 relative; a tensor left
 #: at its previous version differs by at least one optimizer step, typically > 1e-5.
 RTOL = 2e-6
@@ -141,21 +141,27 @@ def _frac(x: torch.Tensor) -> torch.Tensor:
 def _weights(pos: torch.Tensor, consts: torch.Tensor) -> torch.Tensor:
     """Pseudo-random weights ``+-[0.5, 1)`` (float64 ``[N, m]``) of element ``pos``
     (float64 ``[N]``) for each constant pair (``consts``: float64 ``[N, m, 2]`` in
-    ``[0, 1)``): a Weyl sequence scrambled by a square. Plain IEEE arithmetic, so other
-    machines draw the same to round-off; no weight is near zero, so one changed element
-    moves every projection by at least half its change."""
+    ``[0, 1)``): a Weyl sequence ``frac(pos * a + b)`` with a random step ``a`` in
+    ``[0.5, 1)`` per tensor, seed and projection. Plain IEEE arithmetic, so other machines
+    draw the same to round-off; no weight is near zero, so one changed element moves every
+    projection by at least half its change."""
     u = _frac(pos[:, None] * (0.5 + 0.5 * consts[..., 0]) + consts[..., 1])
-    v = _frac(u * (u + 1.0 + consts[..., 0]) * 4096.0)
-    return torch.where(v < 0.5, -0.5 - v, v)
+    return torch.where(u < 0.5, -0.5 - u, u)
 
 
 def _consts(names: list[str], seed: int, m: int, salt: int) -> torch.Tensor:
-    """float64 ``[len(names), m, 2]`` constants in ``[0, 1)`` for ``(seed, name, salt)``."""
-    out = []
-    for name in names:
-        base = _mix((seed * 1_000_003 + zlib.crc32(name.encode())) ^ (salt << 56))
-        out.append([(_mix(base + 2 * i) >> 11, _mix(base + 2 * i + 1) >> 11) for i in range(m)])
-    return torch.tensor(out, dtype=torch.float64).reshape(len(names), m, 2) / 2.0**53
+    """float64 ``[len(names), m, 2]`` constants in ``[0, 1)`` for ``(seed, name, salt)``:
+    one splitmix64 draw per name, spread over the ``2m`` constants by irrational steps."""
+    base = (
+        torch.tensor(
+            [_mix((seed * 1_000_003 + zlib.crc32(n.encode())) ^ (salt << 56)) >> 11 for n in names],
+            dtype=torch.float64,
+        )
+        / 2.0**53
+    )
+    j = torch.arange(1, 2 * m + 1, dtype=torch.float64)
+    c = _frac(base[:, None] * (1.0 + 0.7548776662466927 * j) + 0.5698402909980532 * j)
+    return c.reshape(len(names), m, 2)
 
 
 def _segment_projections(
