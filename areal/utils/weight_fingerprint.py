@@ -95,22 +95,25 @@ def tensor_sample(name: str, t: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def digest_tensor(name: str, t: torch.Tensor) -> TensorDigest:
-    """Row sums and sample of ``t`` (one vectorised pass, no full-size copy)."""
+    """Row sums and sample of ``t`` (one vectorised pass, no full-size copy). A tensor of
+    at most ``FULL_SAMPLE_MAX`` elements is sampled whole; its one "row sum" is then the
+    float64 sum of the sample (a few operations: most tensors of a model are small)."""
     flat = t.detach().reshape(-1)
     n = flat.numel()
+    if n <= FULL_SAMPLE_MAX:
+        sample = flat.to("cpu", torch.float64)
+        return TensorDigest(sample.sum().reshape(1), sample)
     full = n // ROW
-    parts = []
-    if full:
-        rows = flat[: full * ROW].view(full, ROW)
-        parts.append(rows.sum(1, dtype=torch.float32).to(torch.float64))
-    if n > full * ROW or n == 0:  # the short last row (or the empty tensor)
-        parts.append(flat[full * ROW :].to(torch.float32).sum().to(torch.float64).reshape(1))
-    row_sums = parts[0] if len(parts) == 1 else torch.cat(parts)
+    row_sums = flat[: full * ROW].view(full, ROW).sum(1, dtype=torch.float32)
+    if n > full * ROW:  # the short last row
+        tail = flat[full * ROW :].sum(dtype=torch.float32).reshape(1)
+        row_sums = torch.cat([row_sums, tail])
+    row_sums = row_sums.to("cpu", torch.float64)
     group = _group(n)
     if group > 1:  # consecutive rows summed (float64) so that at most MAX_SUMS remain
         pad = -row_sums.numel() % group
         row_sums = torch.nn.functional.pad(row_sums, (0, pad)).view(-1, group).sum(1)
-    return TensorDigest(row_sums.cpu(), tensor_sample(name, flat))
+    return TensorDigest(row_sums, tensor_sample(name, flat))
 
 
 def _group(n: int) -> int:
