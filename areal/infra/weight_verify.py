@@ -17,7 +17,8 @@ server right after copying it in; at check time only the seeded projections are 
 version, so the numbers differ every time. Servers whose backend has no such endpoint
 (HTTP 404: vLLM, SGLang) are skipped with one warning.
 Stats: ``weight_sync/fingerprint_seconds`` (of which ``..._trainer_seconds`` and
-``..._server_seconds``, concurrent), ``weight_sync/fingerprint_tensors``,
+``..._server_seconds``, concurrent; ``..._server_digest_seconds``: the digests' share of
+the servers' load), ``weight_sync/fingerprint_tensors``,
 ``weight_sync/fingerprint_servers``.
 """
 
@@ -140,6 +141,9 @@ class WeightFingerprintHook(WeightSyncHook):
                 raise err
         n_checked = len(ref)
         dt = time.monotonic() - t0
+        ctx.stats["weight_sync/fingerprint_server_digest_seconds"] = max(
+            float(res.get("digest_seconds") or 0.0) for res in servers.values()
+        )
         ctx.stats["weight_sync/fingerprint_seconds"] = dt
         ctx.stats["weight_sync/fingerprint_tensors"] = float(n_checked)
         ctx.stats["weight_sync/fingerprint_servers"] = float(len(servers))

@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import time
 import zlib
 from collections.abc import Iterable, Mapping
 
@@ -243,22 +244,38 @@ def fingerprint_named(
     return fingerprint_digests(out, seed, k)
 
 
+class DigestMap(dict):
+    """``{name: TensorDigest}`` plus ``seconds``: the time spent taking them (server side)."""
+
+    seconds: float = 0.0
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        t0 = time.perf_counter()
+        self[name] = digest_tensor(name, t)
+        self.seconds += time.perf_counter() - t0
+
+
 class WeightDigests:
     """Digests of exported tensors, taken while they are gathered (trainer side).
 
     ``add(name, tensor)`` digests when ``enabled`` (e.g. only on the rank that answers);
     ``complete`` is set by the exporter once every tensor went through ``add``.
-    ``fingerprints(seed)`` then answers without touching the weights again."""
+    ``fingerprints(seed)`` then answers without touching the weights again; ``seconds``
+    is the time the digests took."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = bool(enabled) and digests_enabled()
         self.usable = digests_enabled()  # the same on every rank (same environment)
-        self.digests: dict[str, TensorDigest] = {}
+        self.digests = DigestMap()
         self.complete = False
+
+    @property
+    def seconds(self) -> float:
+        return self.digests.seconds
 
     def add(self, name: str, t: torch.Tensor) -> None:
         if self.enabled:
-            self.digests[name] = digest_tensor(name, t)
+            self.digests.add(name, t)
 
     def fingerprints(self, seed: int = 0, k: int = DEFAULT_K) -> dict[str, list[float]]:
         return fingerprint_digests(self.digests, seed, k)

@@ -341,6 +341,8 @@ class LocalInferenceServer(OpenAIRoutes):
                 "fingerprints": fingerprint_named(named, seed, digests=self.weight_digests),
                 "dtypes": {n: str(t.dtype).removeprefix("torch.") for n, t in named.items()},
                 "version": self.core.version,
+                # time the digests took since the last disk load (the check's share of it)
+                "digest_seconds": getattr(self.weight_digests, "seconds", 0.0),
             }
 
         return web.json_response(await self._call_core(self.core.run_command(_do)))
@@ -349,6 +351,7 @@ class LocalInferenceServer(OpenAIRoutes):
         from aiohttp import web
 
         from areal.engine.local_server.weights import load_weights_from_disk
+        from areal.utils.weight_fingerprint import DigestMap
 
         body = await self._json(request)
         path = body.get("model_path", body.get("path"))
@@ -360,7 +363,7 @@ class LocalInferenceServer(OpenAIRoutes):
         t0 = time.monotonic()
 
         def _do():
-            digests, self.weight_digests = {}, {}
+            digests, self.weight_digests = DigestMap(), {}
             if os.path.isfile(os.path.join(path, "adapter_config.json")):
                 # LoRA adapter only: merged into the base weights (W0 kept aside)
                 from areal.engine.lora import apply_adapter
@@ -438,6 +441,7 @@ class LocalInferenceServer(OpenAIRoutes):
 
         from areal.api.io_struct import ParamSpec
         from areal.engine.local_server.weights import receive_bucket
+        from areal.utils.weight_fingerprint import DigestMap
 
         body = await self._json(request)
         group_name = body.get("group_name", "areal_weight_update")
@@ -469,7 +473,10 @@ class LocalInferenceServer(OpenAIRoutes):
         t0 = time.monotonic()
 
         def _do():
-            digests, self.weight_digests = self.weight_digests, {}
+            digests = self.weight_digests
+            if not isinstance(digests, DigestMap):
+                digests = DigestMap(digests)
+            self.weight_digests = {}  # until this bucket is in
             n = receive_bucket(self.core.model, pg, specs, digests=digests)
             self.weight_digests = digests
             if isinstance(version, int):

@@ -42,9 +42,13 @@ def _tied_names(model: torch.nn.Module) -> set[str]:
 def _digest(digests: dict | None, name: str, dst: torch.Tensor) -> None:
     """Digest ``dst`` right after it was written (verified weight sync; the tensor is hot)."""
     if digests is not None:
-        from areal.utils.weight_fingerprint import digest_tensor, digests_enabled
+        from areal.utils.weight_fingerprint import DigestMap, digest_tensor, digests_enabled
 
-        if digests_enabled():
+        if not digests_enabled():
+            return
+        if isinstance(digests, DigestMap):
+            digests.add(name, dst)  # timed
+        else:
             digests[name] = digest_tensor(name, dst)
 
 
