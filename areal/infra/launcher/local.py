@@ -19,6 +19,7 @@ import time
 
 from omegaconf import OmegaConf
 
+from areal.infra.launcher.common import script_config
 from areal.utils import logging
 
 logger = logging.getLogger("LocalLauncher")
@@ -26,21 +27,7 @@ logger = logging.getLogger("LocalLauncher")
 
 def read_recover_settings(script_args: list[str]) -> tuple[str, int]:
     """``(recover.mode, recover.retries)`` from ``--config`` + overrides (defaults: disabled, 3)."""
-    cfg = OmegaConf.create()
-    overrides = []
-    i = 0
-    while i < len(script_args):
-        a = script_args[i]
-        if a == "--config" and i + 1 < len(script_args):
-            cfg = OmegaConf.merge(cfg, OmegaConf.load(script_args[i + 1]))
-            i += 1
-        elif a.startswith("--config="):
-            cfg = OmegaConf.merge(cfg, OmegaConf.load(a.split("=", 1)[1]))
-        elif "=" in a and not a.startswith("-"):
-            overrides.append(a.lstrip("+"))
-        i += 1
-    if overrides:
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+    cfg = script_config(script_args)
     mode = OmegaConf.select(cfg, "recover.mode", default="disabled") or "disabled"
     retries = OmegaConf.select(cfg, "recover.retries", default=3)
     return str(mode), int(3 if retries is None else retries)

@@ -19,15 +19,15 @@ import signal
 import subprocess
 import sys
 
+from areal.infra.launcher.common import script_command
 from areal.utils import logging
 
 logger = logging.getLogger("RayLauncher")
 
 
 def build_command(script: str, script_args: list[str]) -> list[str]:
-    """``python SCRIPT ARGS... scheduler.type=ray`` (an explicit scheduler.type is kept last)."""
-    args = [a for a in script_args if not a.startswith(("scheduler.type=", "+scheduler.type="))]
-    return [sys.executable, script, *args, "scheduler.type=ray"]
+    """``python SCRIPT ARGS... scheduler.type=ray`` (an explicit scheduler.type is replaced)."""
+    return script_command(script, script_args, "ray")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ import shlex
 import subprocess
 import sys
 
+from areal.infra.launcher.common import script_command, script_config
 from areal.utils import logging
 
 logger = logging.getLogger("SlurmLauncher")
@@ -28,17 +29,7 @@ def run_names(script_args: list[str]) -> tuple[str, str, str]:
     """``(fileroot, experiment_name, trial_name)`` from ``--config FILE`` plus overrides."""
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.create()
-    overrides = []
-    it = iter(script_args)
-    for a in it:
-        if a == "--config":
-            cfg = OmegaConf.load(next(it))
-        elif a.startswith("--config="):
-            cfg = OmegaConf.load(a.split("=", 1)[1])
-        elif "=" in a and not a.startswith("-"):
-            overrides.append(a.lstrip("+"))
-    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+    cfg = script_config(script_args)
     fileroot = OmegaConf.select(cfg, "cluster.fileroot", default=None) or "/tmp/areal/"
     exp = OmegaConf.select(cfg, "experiment_name", default=None) or "default"
     trial = OmegaConf.select(cfg, "trial_name", default=None) or "trial0"
@@ -56,8 +47,7 @@ def build_script(
     time_limit: str | None = None,
     job_name: str = "areal-controller",
 ) -> str:
-    args = [a for a in script_args if not a.startswith(("scheduler.type=", "+scheduler.type="))]
-    cmd = [sys.executable, script, *args, "scheduler.type=slurm"]
+    cmd = script_command(script, script_args, "slurm")
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={job_name}",
