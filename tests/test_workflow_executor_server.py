@@ -182,16 +182,17 @@ def test_real_server_wait_timeout_reports_counts(engine, tokenizer):
     ex = executor(
         engine, consumer_batch_size=2, max_concurrent_rollouts=1, max_head_offpolicyness=0
     )
-    # long enough that the first request is still running at the timeout (the server
-    # decodes one row in well under a millisecond per token)
-    slow = GenerationHyperparameters(n_samples=1, max_new_tokens=900, ignore_eos=True)
+    slow = GenerationHyperparameters(n_samples=1, max_new_tokens=400, ignore_eos=True)
     wf = RLVRWorkflow(parity_reward_fn, slow, tokenizer)
+    # generation paused: the first rollout stays running whatever the server's speed
+    engine.pause_generation()
     try:
         for item in make_loader(2, 2)[0]:
             ex.submit(item, wf)
         with pytest.raises(TimeoutError, match=r"0 arrived, 1 running, 1 queued"):
-            ex.wait(2, timeout=0.2)
+            ex.wait(2, timeout=0.5)
     finally:
+        engine.continue_generation()
         ex.destroy()
 
 

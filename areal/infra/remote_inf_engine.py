@@ -814,9 +814,12 @@ class RemoteInfEngine(InferenceEngine):
         return self._paused.is_set()
 
     def set_version(self, version: int) -> None:
-        self._version = int(version)
-        if self.backend.set_version_call(self._version) is not None and self.healthy_addresses:
-            self._call_all(lambda i, a: self.backend.set_version_call(self._version))
+        # Servers first: a rollout started under the new version (the executor reads
+        # get_version()) must not get tokens the servers still label with the old one.
+        version = int(version)
+        if self.backend.set_version_call(version) is not None and self.healthy_addresses:
+            self._call_all(lambda i, a: self.backend.set_version_call(version))
+        self._version = version
 
     def get_version(self) -> int:
         return self._version
