@@ -11,6 +11,12 @@ with left padding: row ``b`` holds its tokens in the last ``len_b`` columns of `
 and ``mask[b]`` marks them. Buffers grow by doubling, so a decode step writes one column in
 place instead of concatenating the cache.
 
+Decode steps of Llama-style text models go through ``decode.FastDecoder`` (checked once
+against the HF forward), attending per block of ``segment_rows`` rows from the block's
+first non-padding column; rows are re-sorted by start when that pays. Identical prompts
+admitted together are prefilled once, and recent prompts' prefill results are kept in an
+LRU (emptied by any command) for samples of the same prompt admitted later.
+
 Logprob convention: ``output_logprobs[i]`` is ``log_softmax(logits / temperature)`` of the
 sampled token when sampling (before top-k/top-p truncation and before the min-new-tokens
 stop masking, i.e. what a trainer recomputes from the model), and ``log_softmax(logits)``
