@@ -7,9 +7,10 @@ Both sides train the embedded ``tiny-base`` model on the same synthetic data (tr
 n=20000 seed 0, held-out n=512 seed 12345), 16 prompts x 8 samples per step, lr 5e-5
 (AdamW betas 0.9/0.99, no weight decay, gradient clipping 1.0), clip 0.2, no KL, T=1.0,
 the same reward (``areal.reward.gsm8k.gsm8k_reward_fn``: the final answer equals the gold
-one), fp32, and the whole machine (``torch.get_num_threads()`` of this process for TRL;
-areal's server and trainer processes share the same cores). The two runs go one after
-the other in this process.
+one), fp32, and the whole machine: TRL runs with the faster of 1 and all-cores torch
+threads (probed per setting right before its run, ``--threads`` to fix it; on a busy
+2-core machine two threads can be 10x slower than one), areal's server and trainer
+processes share the same cores. The two runs go one after the other in this process.
 
 Clocks start at the first training step (start-up is reported separately) and stop the
 run after ``--seconds`` of training. At the first step boundary after each checkpoint
