@@ -301,3 +301,27 @@ def test_waiting_context_logs_while_blocked_and_stops_after(caplog):
         time.sleep(0.2)  # nothing may be logged once the block has exited
         assert len(caplog.records) == n
     assert all("rpc 'train_batch' on actor/0" in r.getMessage() for r in caplog.records)
+
+
+def test_cycle_dataloader_restored_at_epoch_end_continues_with_next_epoch():
+    """Found by the chaos soak: a recover checkpoint taken after the last batch of an epoch
+    was drawn restores a loader whose first pass is empty; the run must go on with the next
+    epoch, not fail with 'the dataloader yielded no batch' on every relaunch."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from areal.infra.workflow_executor import _cycle
+
+    rows = [{"i": i} for i in range(8)]
+    first = StatefulDataLoader(rows, batch_size=4, collate_fn=lambda b: b)
+    it = iter(first)
+    next(it), next(it)  # the whole epoch drawn
+    state = first.state_dict()
+    restored = StatefulDataLoader(rows, batch_size=4, collate_fn=lambda b: b)
+    restored.load_state_dict(state)
+
+    cyc = _cycle(restored)
+    got = [next(cyc) for _ in range(2)]
+
+    assert [r["i"] for b in got for r in b] == list(range(8))  # the next epoch, in full
+    with pytest.raises(ValueError, match="yielded no batch"):
+        next(_cycle(StatefulDataLoader([], batch_size=4, collate_fn=lambda b: b)))

@@ -931,8 +931,13 @@ def _is_tensor_dict(x: Any) -> bool:
 
 
 def _cycle(dataloader: Iterable[Any]) -> Iterator[Any]:
-    """Iterate ``dataloader`` epoch after epoch (calls ``set_epoch`` on samplers that have it)."""
+    """Iterate ``dataloader`` epoch after epoch (calls ``set_epoch`` on samplers that have it).
+
+    A stateful dataloader restored from a checkpoint taken after the last batch of an
+    epoch was drawn yields nothing on its first pass (that epoch is over): only two empty
+    passes in a row mean an empty dataloader."""
     epoch = 0
+    empty_passes = 0
     while True:
         sampler = getattr(dataloader, "sampler", None)
         if sampler is not None and hasattr(sampler, "set_epoch"):
@@ -941,6 +946,7 @@ def _cycle(dataloader: Iterable[Any]) -> Iterator[Any]:
         for batch in dataloader:
             empty = False
             yield batch
-        if empty:
+        empty_passes = empty_passes + 1 if empty else 0
+        if empty_passes >= 2:
             raise ValueError("prepare_batch: the dataloader yielded no batch")
         epoch += 1
