@@ -281,9 +281,49 @@ def test_stale_result_dropped_when_version_moves_past_bound(engine):
         with pytest.raises(TimeoutError):
             ex.wait(1, timeout=0.6)
         assert ex.rejection_reasons == {"stale": 1}
+        # its row is not lost: it waits to be generated again (and a checkpoint keeps it)
+        assert ex.pending_data() == [dict(uid=1, latency=0.3)]
         # a fresh one at version 1 is fine
         ex.submit(dict(uid=2), wf)
         assert ex.wait(1, timeout=5)["uid"].tolist() == [2]
+    finally:
+        ex.destroy()
+
+
+def test_prepare_batch_row_of_stale_rollout_is_trained_later_not_lost(engine):
+    ex = start_executor(
+        engine, consumer_batch_size=1, max_concurrent_rollouts=2, max_head_offpolicyness=0
+    )
+
+    class SlowOnce(SleepWorkflow):
+        """The first attempt of each row takes 0.3 s more (e.g. retries after a drop)."""
+
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
+
+        async def arun_episode(self, engine, data):
+            if data["uid"] not in self.seen:
+                self.seen.add(data["uid"])
+                if data["uid"] == 7:
+                    await asyncio.sleep(0.3)
+            return await super().arun_episode(engine, data)
+
+    wf = SlowOnce()
+    try:
+        ex.submit(dict(uid=7), wf)
+        time.sleep(0.1)
+        engine.set_version(1)  # uid 7 finishes stale
+        deadline = time.monotonic() + 5
+        while not ex.rejection_reasons and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ex.rejection_reasons == {"stale": 1}
+        loader = list_loader(3, 1)
+        uids = []
+        for step in range(4):
+            uids += ex.prepare_batch(loader, wf, timeout=10)["uid"].tolist()
+            engine.set_version(2 + step)  # a trainer step (older results go stale too)
+        assert sorted(uids) == [0, 1, 2, 7]
     finally:
         ex.destroy()
 
@@ -304,6 +344,7 @@ def test_queued_result_dropped_at_consumption_when_too_old(engine):
         assert out is None
         assert ex.rejection_reasons == {"stale": 2}
         assert ex.get_stats().accepted == 0  # slots freed
+        assert [d["uid"] for d in ex.pending_data()] == [1, 2]  # re-queued, not lost
     finally:
         ex.destroy()
 

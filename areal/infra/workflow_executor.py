@@ -554,7 +554,8 @@ class WorkflowExecutor:
     def pending_data(self) -> list[Any]:
         """Training data items drawn from the dataloader but not yet consumed by ``wait``.
 
-        Queued, running and accepted-but-unconsumed rollouts, in submission order. A recover
+        Rows waiting to be re-run (re-queued after a resume or a stale rejection) first,
+        then queued, running and accepted-but-unconsumed rollouts, in submission order. A recover
         checkpoint stores them (with the dataloader state) so that a resumed run re-runs
         them instead of losing them.
         """
@@ -562,7 +563,8 @@ class WorkflowExecutor:
             tasks = [(t.task_id, t.data) for t in self._pending if not t.is_eval]
             tasks += [(t.task_id, t.data) for t in self._inflight.values() if not t.is_eval]
             tasks += [(r.task_id, r.data) for r in self._results if not r.is_eval]
-        return [d for _, d in sorted(tasks, key=lambda x: x[0])]
+            replay = list(self._replay)
+        return replay + [d for _, d in sorted(tasks, key=lambda x: x[0])]
 
     def requeue_data(self, items: list[Any]) -> None:
         """Run ``items`` before drawing from the dataloader again (used after a resume)."""
@@ -619,8 +621,10 @@ class WorkflowExecutor:
             if not r.is_eval and version - r.submit_version > self.max_staleness:
                 self.staleness_manager.on_rollout_discarded()
                 self._reject_locked("stale")
+                self._replay.append(r.data)
                 self.logger.info(
-                    "Dropped stale rollout %d (submitted at version %d, now %d, max %d)",
+                    "Dropped stale rollout %d (submitted at version %d, now %d, max %d); "
+                    "its row is re-queued",
                     r.task_id,
                     r.submit_version,
                     version,
@@ -872,6 +876,18 @@ class WorkflowExecutor:
                 )
             else:
                 self._reject_locked(reason, task.is_eval)
+                if reason == "stale" and not task.is_eval:
+                    # Too old to train on, through no fault of the row (e.g. retries after a
+                    # dropped connection): generate it again instead of losing it.
+                    self._replay.append(task.data)
+                    self.logger.info(
+                        "Rollout %d finished stale (submitted at version %d, now %d, max %d); "
+                        "its row is re-queued",
+                        task.task_id,
+                        submit_version,
+                        version,
+                        self.max_staleness,
+                    )
             self._cv.notify_all()
         if self._tracing:
             self.logger.info(
