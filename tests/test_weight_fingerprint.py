@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import types
 
 import pytest
@@ -244,3 +245,57 @@ async def test_fingerprint_hook_server_with_one_bad_tensor_caught_at_once_naming
     err = ei.value
     assert err.server == addr and len(err.tensors) == 1 and err.tensors[0].startswith(_FAULTY)
     assert addr in str(err) and _FAULTY in str(err) and "version 2" in str(err)
+
+
+class _Rotation:
+    """The inference engine's rotation: ``healthy_addresses`` and ``exclude_server``."""
+
+    def __init__(self, addresses):
+        self.healthy = list(addresses)
+        self.excluded = []
+
+    @property
+    def healthy_addresses(self):
+        return list(self.healthy)
+
+    def exclude_server(self, addr, why=""):
+        self.excluded.append(addr)
+        self.healthy = [a for a in self.healthy if a != addr]
+
+
+def test_fingerprint_fetch_hung_server_left_rotation_not_waited_for():
+    """A server that accepts the connection but never answers (SIGSTOP-like): once the
+    health deadline takes it out of rotation the check stops waiting (not its 300 s)."""
+    import socket
+    import threading
+
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(4)  # accepted by the kernel, never answered
+    addr = f"127.0.0.1:{hung.getsockname()[1]}"
+    rotation = _Rotation([addr])
+    threading.Timer(1.0, lambda: rotation.healthy.clear()).start()
+    hook = WeightFingerprintHook(timeout=60.0)
+    t0 = time.monotonic()
+    try:
+        assert hook.server_fingerprints([addr], seed=1, rollout=rotation) == {}
+    finally:
+        hung.close()
+    assert time.monotonic() - t0 < 10.0
+
+
+def test_fingerprint_fetch_refused_connection_excludes_server_or_raises_without_rotation():
+    import socket
+
+    import requests
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    addr = f"127.0.0.1:{s.getsockname()[1]}"
+    s.close()  # nothing listens there: connection refused
+    rotation = _Rotation([addr])
+    hook = WeightFingerprintHook(timeout=5.0)
+    assert hook.server_fingerprints([addr], seed=1, rollout=rotation) == {}
+    assert rotation.excluded == [addr]
+    with pytest.raises(requests.ConnectionError):
+        hook.server_fingerprints([addr], seed=1)

@@ -28,6 +28,7 @@ import concurrent.futures
 import time
 from typing import Any
 
+from areal.infra.wait_log import WaitLog
 from areal.infra.weight_sync import WeightSyncContext, WeightSyncHook
 from areal.utils import logging
 from areal.utils.auth import auth_headers, get_run_secret
@@ -80,25 +81,76 @@ class WeightFingerprintHook(WeightSyncHook):
             )
         return r.json()
 
-    def server_fingerprints(self, addresses: list[str], seed: int) -> dict[str, dict[str, Any]]:
-        """``{address: {"fingerprints", "dtypes", "version"}}`` of the servers that support it."""
+    def server_fingerprints(
+        self, addresses: list[str], seed: int, rollout: Any = None
+    ) -> dict[str, dict[str, Any]]:
+        """``{address: {"fingerprints", "dtypes", "version"}}`` of the servers that support it.
+
+        With ``rollout`` (the inference engine), a server that leaves its rotation while
+        this waits (declared hung or dead by the health deadline, or whose connection
+        fails) is not waited for any more: the watchdog replaces it and it gets the
+        weights again when readmitted. Without it every server must answer.
+        """
+        import requests
+
         out: dict[str, dict[str, Any]] = {}
         if not addresses:
             return out
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(addresses)) as pool:
-            futs = {a: pool.submit(self._fetch, a, seed) for a in addresses}
-            for a, f in futs.items():
-                res = f.result()
-                if res is None:
-                    if a not in self._unsupported:
-                        self._unsupported.add(a)
+        exclude = getattr(rollout, "exclude_server", None)
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(addresses))
+        try:
+            futs = {pool.submit(self._fetch, a, seed): a for a in addresses}
+            pending = set(futs)
+            wait_log = WaitLog(logger)
+            while pending:
+                done, pending = concurrent.futures.wait(pending, timeout=0.5)
+                for f in done:
+                    a = futs[f]
+                    try:
+                        res = f.result()
+                    except (requests.ConnectionError, requests.Timeout) as e:
+                        if exclude is None:
+                            raise
+                        # a dead or hung server leaves the rotation (the watchdog replaces
+                        # it), as in RemoteInfEngine._call_all; its weights are not checked
+                        exclude(a, f"{PATH}: {type(e).__name__}: {e}")
                         logger.warning(
-                            "inference server %s has no %s endpoint: its weights are not verified",
+                            "inference server %s did not answer %s (%s): taken out of "
+                            "rotation, not verified",
                             a,
                             PATH,
+                            type(e).__name__,
                         )
-                    continue
-                out[a] = res
+                        continue
+                    if res is None:
+                        if a not in self._unsupported:
+                            self._unsupported.add(a)
+                            logger.warning(
+                                "inference server %s has no %s endpoint: its weights are "
+                                "not verified",
+                                a,
+                                PATH,
+                            )
+                        continue
+                    out[a] = res
+                if rollout is not None and pending:
+                    healthy = set(getattr(rollout, "healthy_addresses", None) or ())
+                    for f in [f for f in pending if futs[f] not in healthy]:
+                        # declared hung/dead meanwhile (health deadline): do not wait for it
+                        pending.discard(f)
+                        logger.warning(
+                            "not waiting for %s to answer %s any more: it left the rotation",
+                            futs[f],
+                            PATH,
+                        )
+                wait_log.tick(
+                    lambda pending=pending: (
+                        f"{sorted(futs[f] for f in pending)} to answer {PATH} "
+                        f"({len(out)} of {len(addresses)} answered)"
+                    )
+                )
+        finally:
+            pool.shutdown(wait=False)  # a hung server's thread must not hold this up
         return out
 
     # ------------------------------------------------------------------ hook
@@ -119,7 +171,7 @@ class WeightFingerprintHook(WeightSyncHook):
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             ref_fut = pool.submit(_trainer)
-            servers = self.server_fingerprints(addresses, seed)
+            servers = self.server_fingerprints(addresses, seed, rollout)
             ctx.stats["weight_sync/fingerprint_server_seconds"] = time.monotonic() - t0
             ref, dt_trainer = ref_fut.result()
         ctx.stats["weight_sync/fingerprint_trainer_seconds"] = dt_trainer
