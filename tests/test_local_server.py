@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -120,6 +121,29 @@ def test_core_invalid_request_raises_request_error(tiny_model_dir):
             SamplingParams.from_dict({"top_p": 0})
     finally:
         core.shutdown()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -0.5])
+def test_sampling_params_non_finite_or_negative_temperature_rejected(bad):
+    with pytest.raises(RequestError, match="temperature"):
+        SamplingParams.from_dict({"temperature": bad})
+
+
+def test_core_tiny_temperature_is_greedy_with_finite_logprobs(tiny_model_dir):
+    sp = SamplingParams.from_dict({"temperature": 1e-300, "max_new_tokens": 8, "ignore_eos": True})
+    assert sp.greedy and sp.temperature == 1.0
+    model = _hf(tiny_model_dir)
+    core = GenerationCore(model)
+    results: dict[str, dict] = {}
+    done = threading.Event()
+    try:
+        core.submit("t", [5, 6, 7], sp, lambda r: (results.update(t=r), done.set()))
+        assert done.wait(60)
+    finally:
+        core.shutdown()
+    r = results["t"]
+    assert r["output_ids"] == _hf_greedy(model, [5, 6, 7], 8)
+    assert all(math.isfinite(x) for x in r["output_logprobs"])
 
 
 # ---------------------------------------------------------------------------- HTTP

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import queue
 import threading
 import time
@@ -42,6 +43,8 @@ from areal.utils import logging
 logger = logging.getLogger("LocalGenerationCore")
 
 _INF = float("inf")
+# Temperatures below this are treated as greedy decoding (vLLM uses the same cut-off).
+GREEDY_TEMPERATURE_EPS = 1e-5
 
 
 class RequestError(ValueError):
@@ -94,9 +97,13 @@ class SamplingParams:
             raise RequestError(
                 f"min_new_tokens={self.min_new_tokens}; must be in [0, max_new_tokens={self.max_new_tokens}]"
             )
-        if self.temperature < 0:
-            raise RequestError(f"temperature={self.temperature}; must be >= 0 (0 = greedy)")
-        if self.temperature == 0:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise RequestError(
+                f"temperature={self.temperature}; must be a finite number >= 0 (0 = greedy)"
+            )
+        if self.temperature < GREEDY_TEMPERATURE_EPS:
+            # As vLLM: a temperature this small is greedy decoding (dividing the logits by
+            # it would overflow to inf and give NaN logprobs).
             self.greedy = True
             self.temperature = 1.0
         if not 0 < self.top_p <= 1:
