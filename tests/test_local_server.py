@@ -10,42 +10,16 @@ import time
 import pytest
 import requests
 import torch
+from _hf_reference import hf_greedy, hf_logprobs, hf_model
 
 from areal.engine.local_server.core import GenerationCore, RequestError, SamplingParams
 from areal.engine.local_server.launch import launch_local_server
 from areal.infra.launcher.server_process import launch_server_process
 from areal.utils.auth import SERVER_API_KEY_ENV, auth_headers, get_run_secret
 
-EOS = 2
-
 # Control endpoints need the run secret (the session's, set in conftest.py).
 CTL = requests.Session()
 CTL.headers.update(auth_headers(get_run_secret()))
-
-
-def _hf(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-def _hf_greedy(model, prompt, max_new):
-    out = model.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-        max_new_tokens=max_new,
-        do_sample=False,
-        eos_token_id=EOS,
-        pad_token_id=0,
-    )
-    return out[0, len(prompt) :].tolist()
-
-
-@torch.no_grad()
-def _hf_logprobs(model, prompt, output, temperature=1.0):
-    logits = model(torch.tensor([prompt + output])).logits[0].float() / temperature
-    lp = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1]
-    return lp.gather(1, torch.tensor(output).unsqueeze(1)).squeeze(1)
 
 
 def _prompts(n, seed=0, lo=3, hi=40):
@@ -76,8 +50,8 @@ def _generate(addr, input_ids, **sp):
 def test_core_staggered_greedy_requests_match_hf_generate(tiny_model_dir):
     """Requests join a running batch at different steps, reuse freed rows, get compacted."""
     torch.set_num_threads(1)
-    model = _hf(tiny_model_dir)
-    core = GenerationCore(_hf(tiny_model_dir), max_batch_size=12)
+    model = hf_model(tiny_model_dir)
+    core = GenerationCore(hf_model(tiny_model_dir), max_batch_size=12)
     prompts = _prompts(40, seed=1, hi=60)
     rng = random.Random(5)
     lens = [rng.randrange(1, 40) for _ in prompts]
@@ -102,14 +76,14 @@ def test_core_staggered_greedy_requests_match_hf_generate(tiny_model_dir):
         core.shutdown()
     for i, p in enumerate(prompts):
         r = results[i]
-        assert r["output_ids"] == _hf_greedy(model, p, lens[i]), i
-        ref = _hf_logprobs(model, p, r["output_ids"])
+        assert r["output_ids"] == hf_greedy(model, p, lens[i]), i
+        ref = hf_logprobs(model, p, r["output_ids"])
         torch.testing.assert_close(torch.tensor(r["output_logprobs"]), ref, atol=1e-4, rtol=0)
         assert r["finish_reason"] in ("stop", "length")
 
 
 def test_core_invalid_request_raises_request_error(tiny_model_dir):
-    core = GenerationCore(_hf(tiny_model_dir))
+    core = GenerationCore(hf_model(tiny_model_dir))
     try:
         with pytest.raises(RequestError, match="context length"):
             core.submit("a", [5] * 600, SamplingParams(), lambda r: None)
@@ -132,7 +106,7 @@ def test_sampling_params_non_finite_or_negative_temperature_rejected(bad):
 def test_core_tiny_temperature_is_greedy_with_finite_logprobs(tiny_model_dir):
     sp = SamplingParams.from_dict({"temperature": 1e-300, "max_new_tokens": 8, "ignore_eos": True})
     assert sp.greedy and sp.temperature == 1.0
-    model = _hf(tiny_model_dir)
+    model = hf_model(tiny_model_dir)
     core = GenerationCore(model)
     results: dict[str, dict] = {}
     done = threading.Event()
@@ -142,7 +116,7 @@ def test_core_tiny_temperature_is_greedy_with_finite_logprobs(tiny_model_dir):
     finally:
         core.shutdown()
     r = results["t"]
-    assert r["output_ids"] == _hf_greedy(model, [5, 6, 7], 8)
+    assert r["output_ids"] == hf_greedy(model, [5, 6, 7], 8)
     assert all(math.isfinite(x) for x in r["output_logprobs"])
 
 
@@ -150,7 +124,7 @@ def test_core_tiny_temperature_is_greedy_with_finite_logprobs(tiny_model_dir):
 
 
 def test_generate_greedy_concurrent_matches_hf_generate_and_logprobs(server, tiny_model_dir):
-    model = _hf(tiny_model_dir)
+    model = hf_model(tiny_model_dir)
     prompts = _prompts(8, seed=2)
     out: dict[int, dict] = {}
 
@@ -164,10 +138,10 @@ def test_generate_greedy_concurrent_matches_hf_generate_and_logprobs(server, tin
         t.join()
     for i, p in enumerate(prompts):
         r = out[i]
-        assert r["output_ids"] == _hf_greedy(model, p, 30)
+        assert r["output_ids"] == hf_greedy(model, p, 30)
         torch.testing.assert_close(
             torch.tensor(r["output_logprobs"]),
-            _hf_logprobs(model, p, r["output_ids"]),
+            hf_logprobs(model, p, r["output_ids"]),
             atol=1e-4,
             rtol=0,
         )
@@ -175,20 +149,20 @@ def test_generate_greedy_concurrent_matches_hf_generate_and_logprobs(server, tin
 
 
 def test_generate_sampling_logprobs_use_temperature_scaled_distribution(server, tiny_model_dir):
-    model = _hf(tiny_model_dir)
+    model = hf_model(tiny_model_dir)
     p = _prompts(1, seed=3)[0]
     r = _generate(
         server, p, max_new_tokens=20, temperature=0.7, top_k=50, top_p=0.9, ignore_eos=True
     )
     assert len(r["output_ids"]) == 20 and r["finish_reason"] == "length"
-    ref = _hf_logprobs(model, p, r["output_ids"], temperature=0.7)
+    ref = hf_logprobs(model, p, r["output_ids"], temperature=0.7)
     torch.testing.assert_close(torch.tensor(r["output_logprobs"]), ref, atol=1e-4, rtol=0)
 
 
 def test_generate_stop_token_and_min_new_tokens_respected(server, tiny_model_dir):
-    model = _hf(tiny_model_dir)
+    model = hf_model(tiny_model_dir)
     p = _prompts(1, seed=4)[0]
-    ref = _hf_greedy(model, p, 10)
+    ref = hf_greedy(model, p, 10)
     stop = ref[3]
     first = ref.index(stop)
     r = _generate(server, p, max_new_tokens=10, greedy=True, stop_token_ids=[stop])
@@ -229,7 +203,7 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(server):
 
 
 def test_openai_completions_return_token_ids_and_logprobs(server, tiny_model_dir):
-    model = _hf(tiny_model_dir)
+    model = hf_model(tiny_model_dir)
     p = [7, 8, 9, 10]
     r = CTL.post(
         f"http://{server}/v1/completions",
@@ -244,10 +218,10 @@ def test_openai_completions_return_token_ids_and_logprobs(server, tiny_model_dir
     )
     assert r.status_code == 200, r.text
     c = r.json()["choices"][0]
-    assert c["token_ids"] == _hf_greedy(model, p, 6)
+    assert c["token_ids"] == hf_greedy(model, p, 6)
     torch.testing.assert_close(
         torch.tensor(c["logprobs"]["token_logprobs"]),
-        _hf_logprobs(model, p, c["token_ids"]),
+        hf_logprobs(model, p, c["token_ids"]),
         atol=1e-4,
         rtol=0,
     )

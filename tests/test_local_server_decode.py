@@ -8,37 +8,10 @@ import threading
 
 import pytest
 import torch
+from _hf_reference import hf_greedy, hf_logprobs, hf_model
 
 from areal.engine.local_server.core import GenerationCore, SamplingParams, _draw
 from areal.engine.local_server.decode import FastDecoder
-
-EOS = 2
-
-
-def _hf(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-@torch.no_grad()
-def _hf_greedy(model, prompt, max_new):
-    out = model.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-        max_new_tokens=max_new,
-        do_sample=False,
-        eos_token_id=EOS,
-        pad_token_id=0,
-    )
-    return out[0, len(prompt) :].tolist()
-
-
-@torch.no_grad()
-def _hf_logprobs(model, prompt, output, temperature=1.0):
-    logits = model(torch.tensor([prompt + output])).logits[0].float() / temperature
-    lp = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1]
-    return lp.gather(1, torch.tensor(output).unsqueeze(1)).squeeze(1)
 
 
 def _run(core, jobs, timeout=180):
@@ -66,7 +39,7 @@ def _run(core, jobs, timeout=180):
 
 
 def test_fast_decoder_built_for_qwen2_and_refused_for_unknown_structures(tiny_model_dir):
-    model = _hf(tiny_model_dir)
+    model = hf_model(tiny_model_dir)
     assert FastDecoder.build(model) is not None
     model.config.model_type = "gpt2"
     assert FastDecoder.build(model) is None
@@ -79,8 +52,8 @@ def test_segmented_sorted_decode_greedy_matches_hf_generate_and_logprobs(tiny_mo
     """Segments of 3 rows, staggered arrivals, rows freed and re-sorted: greedy tokens equal
     HF generate's and logprobs HF forward's (atol 1e-4)."""
     torch.set_num_threads(1)
-    model = _hf(tiny_model_dir)
-    core = GenerationCore(_hf(tiny_model_dir), max_batch_size=16, segment_rows=3)
+    model = hf_model(tiny_model_dir)
+    core = GenerationCore(hf_model(tiny_model_dir), max_batch_size=16, segment_rows=3)
     assert core._fast is not None
     rng = random.Random(3)
     prompts = [[rng.randrange(3, 400) for _ in range(rng.randrange(2, 70))] for _ in range(45)]
@@ -99,8 +72,8 @@ def test_segmented_sorted_decode_greedy_matches_hf_generate_and_logprobs(tiny_mo
     assert core._fast is not None, "fast path disagreed with the HF forward"
     assert any(sorts), "rows were never re-sorted: the test does not cover sort_rows"
     for (p, _), n, r in zip(jobs, lens, results):
-        assert r["output_ids"] == _hf_greedy(model, p, n)
-        ref = _hf_logprobs(model, p, r["output_ids"])
+        assert r["output_ids"] == hf_greedy(model, p, n)
+        ref = hf_logprobs(model, p, r["output_ids"])
         torch.testing.assert_close(torch.tensor(r["output_logprobs"]), ref, atol=1e-4, rtol=0)
 
 
@@ -109,7 +82,7 @@ def test_fast_and_hf_decode_paths_give_same_greedy_tokens(tiny_model_dir):
     prompts = [[rng.randrange(3, 400) for _ in range(rng.randrange(2, 40))] for _ in range(12)]
     outs = []
     for fast in (True, False):
-        core = GenerationCore(_hf(tiny_model_dir), max_batch_size=8, fast_decode=fast)
+        core = GenerationCore(hf_model(tiny_model_dir), max_batch_size=8, fast_decode=fast)
         assert (core._fast is not None) == fast
         jobs = [(p, SamplingParams(max_new_tokens=30, greedy=True)) for p in prompts]
         outs.append([r["output_ids"] for r in _run(core, jobs)])
@@ -118,8 +91,8 @@ def test_fast_and_hf_decode_paths_give_same_greedy_tokens(tiny_model_dir):
 
 def test_identical_prompts_are_prefilled_once_and_sampled_independently(tiny_model_dir):
     torch.set_num_threads(1)
-    model = _hf(tiny_model_dir)
-    core = GenerationCore(_hf(tiny_model_dir), max_batch_size=32)
+    model = hf_model(tiny_model_dir)
+    core = GenerationCore(hf_model(tiny_model_dir), max_batch_size=32)
     prefill_rows = []
     forward = core.model.forward
 
@@ -152,7 +125,7 @@ def test_identical_prompts_are_prefilled_once_and_sampled_independently(tiny_mod
     outs = [tuple(results[i]["output_ids"]) for i in range(16)]
     assert len(set(outs[:8])) > 1 and len(set(outs[8:])) > 1  # samples differ
     for i, (p, _) in enumerate(jobs):
-        ref = _hf_logprobs(model, p, results[i]["output_ids"])
+        ref = hf_logprobs(model, p, results[i]["output_ids"])
         torch.testing.assert_close(
             torch.tensor(results[i]["output_logprobs"]), ref, atol=1e-4, rtol=0
         )
@@ -170,22 +143,22 @@ def test_inverse_cdf_draw_follows_probs_and_never_picks_zero_probability_tokens(
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.3])
-def test_plain_sampling_logprobs_are_temperature_scaled_hf_logprobs(tiny_model_dir, temperature):
+def test_plain_sampling_logprobs_are_temperature_scaledhf_logprobs(tiny_model_dir, temperature):
     torch.set_num_threads(1)
-    model = _hf(tiny_model_dir)
-    core = GenerationCore(_hf(tiny_model_dir), max_batch_size=8)
+    model = hf_model(tiny_model_dir)
+    core = GenerationCore(hf_model(tiny_model_dir), max_batch_size=8)
     rng = random.Random(11)
     prompts = [[rng.randrange(3, 400) for _ in range(rng.randrange(2, 30))] for _ in range(6)]
     sp = SamplingParams(max_new_tokens=20, temperature=temperature)
     results = _run(core, [(p, sp) for p in prompts])
     for p, r in zip(prompts, results):
-        ref = _hf_logprobs(model, p, r["output_ids"], temperature)
+        ref = hf_logprobs(model, p, r["output_ids"], temperature)
         torch.testing.assert_close(torch.tensor(r["output_logprobs"]), ref, atol=1e-4, rtol=0)
 
 
 def test_prompt_cache_reused_across_admissions_and_emptied_by_weight_updates(tiny_model_dir):
     torch.set_num_threads(1)
-    core = GenerationCore(_hf(tiny_model_dir), max_batch_size=4)
+    core = GenerationCore(hf_model(tiny_model_dir), max_batch_size=4)
     prefills = []
     forward = core.model.forward
 
@@ -223,9 +196,9 @@ def test_prompt_cache_reused_across_admissions_and_emptied_by_weight_updates(tin
         assert prefills == [1, 1]  # prefilled again with the new weights
     finally:
         core.shutdown()
-    model = _hf(tiny_model_dir)
+    model = hf_model(tiny_model_dir)
     with torch.no_grad():
         model.lm_head.weight.mul_(-1.0)
-    assert third["output_ids"] == _hf_greedy(model, prompt, 8)
-    ref = _hf_logprobs(model, prompt, third["output_ids"])
+    assert third["output_ids"] == hf_greedy(model, prompt, 8)
+    ref = hf_logprobs(model, prompt, third["output_ids"])
     torch.testing.assert_close(torch.tensor(third["output_logprobs"]), ref, atol=1e-4, rtol=0)

@@ -12,6 +12,7 @@ import time
 import pytest
 import requests
 import torch
+from _hf_reference import hf_logprobs, hf_model
 from conftest import build_tiny_qwen2
 
 from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
@@ -21,19 +22,6 @@ from areal.engine.local_server.launch import launch_local_server
 from areal.engine.local_server.weights import init_custom_process_group
 from areal.infra.remote_inf_engine import NoHealthyServerError
 from areal.utils.network import find_free_ports
-
-
-def _hf(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-@torch.no_grad()
-def _hf_logprobs(model, prompt, output, temperature=1.0):
-    logits = model(torch.tensor([prompt + output])).logits[0].float() / temperature
-    lp = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1]
-    return lp.gather(1, torch.tensor(output).unsqueeze(1)).squeeze(1)
 
 
 def _cfg(**kw):
@@ -67,7 +55,7 @@ def engine(servers):
 
 
 async def test_agenerate_greedy_matches_hf(engine, tiny_model_dir):
-    model = _hf(tiny_model_dir)
+    model = hf_model(tiny_model_dir)
     prompt = [11, 12, 13, 14, 15]
     resp = await engine.agenerate(_req(prompt, max_new_tokens=25, greedy=True))
     ref = model.generate(
@@ -75,7 +63,7 @@ async def test_agenerate_greedy_matches_hf(engine, tiny_model_dir):
     )[0, len(prompt) :].tolist()
     assert resp.output_tokens == ref
     torch.testing.assert_close(
-        torch.tensor(resp.output_logprobs), _hf_logprobs(model, prompt, ref), atol=1e-4, rtol=0
+        torch.tensor(resp.output_logprobs), hf_logprobs(model, prompt, ref), atol=1e-4, rtol=0
     )
     assert resp.input_tokens == prompt and resp.output_versions == [0] * len(ref)
     assert resp.latency > 0 and resp.ttft <= resp.latency
@@ -156,7 +144,7 @@ def _check_versions_and_logprobs(resp, prompt, models):
     assert sorted(set(vs)) == sorted(models), vs
     assert vs == sorted(vs), "versions must be contiguous (old weights first)"
     for i, (tok_v, lp) in enumerate(zip(vs, resp.output_logprobs)):
-        ref = _hf_logprobs(models[tok_v], prompt + resp.output_tokens[:i], [resp.output_tokens[i]])
+        ref = hf_logprobs(models[tok_v], prompt + resp.output_tokens[:i], [resp.output_tokens[i]])
         assert abs(float(ref[0]) - lp) < 1e-4, (i, tok_v, float(ref[0]), lp)
 
 
@@ -196,7 +184,7 @@ def test_pause_disk_reload_continue_spans_both_versions(weight_setup):
         )
         assert eng.get_version() == 1
         t.join(120)
-        models = {0: _hf(v0), 1: _hf(v1)}
+        models = {0: hf_model(v0), 1: hf_model(v1)}
         for p, resp in zip(prompts, out):
             assert resp.output_len == 400 and resp.stop_reason == "length"
             _check_versions_and_logprobs(resp, p, models)
@@ -221,7 +209,7 @@ def test_distributed_gloo_update_reproduces_weights(weight_setup):
         fut = eng.init_weights_update_group(meta)
         pg = init_custom_process_group("gloo", "127.0.0.1", port, meta.world_size, 0, "test_wu")
         fut.result(timeout=60)
-        new = _hf(v1)
+        new = hf_model(v1)
         named = list(new.state_dict().items())
         buckets = [named[: len(named) // 2], named[len(named) // 2 :]]
         eng.pause_generation()
@@ -242,7 +230,7 @@ def test_distributed_gloo_update_reproduces_weights(weight_setup):
         assert resp.output_versions == [5] * 20
         torch.testing.assert_close(
             torch.tensor(resp.output_logprobs),
-            _hf_logprobs(new, prompt, resp.output_tokens),
+            hf_logprobs(new, prompt, resp.output_tokens),
             atol=1e-4,
             rtol=0,
         )
