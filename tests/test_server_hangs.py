@@ -222,7 +222,14 @@ def dropping_server():
 
     from areal.utils.network import find_free_ports
 
-    state = {"drops": 5, "calls": 0}
+    state = {"drops": 5, "calls": 0, "control_drops": 0, "control_calls": 0}
+
+    async def control(request):  # /pause, /continue: drop the first ``control_drops``
+        state["control_calls"] += 1
+        if state["control_calls"] <= state["control_drops"]:
+            request.transport.abort()
+            return web.Response()
+        return web.json_response({"ok": True})
 
     async def health(request):
         return web.json_response({"status": "ok", "version": 0})
@@ -246,7 +253,14 @@ def dropping_server():
     port = find_free_ports(1)[0]
     loop = asyncio.new_event_loop()
     app = web.Application()
-    app.add_routes([web.get("/health", health), web.post("/generate", generate)])
+    app.add_routes(
+        [
+            web.get("/health", health),
+            web.post("/generate", generate),
+            web.post("/pause", control),
+            web.post("/continue", control),
+        ]
+    )
     runner = web.AppRunner(app)
     loop.run_until_complete(runner.setup())
     loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
@@ -275,6 +289,30 @@ def test_dropped_connections_retried_beyond_request_retries_server_stays(droppin
     assert out == [list(range(N_NEW))]  # one answer: nothing lost, nothing twice
     assert state["calls"] == state["drops"] + 1  # 5 drops > request_retries=1
     assert eng.healthy_addresses == [addr]  # it answers its health probe: it stays
+
+
+@pytest.mark.parametrize("drops", [1, 2])
+def test_dropped_connection_on_continue_retried_once_server_stays(dropping_server, drops):
+    """A dropped connection during ``/continue`` (the chaos soak's one unplanned exit: every
+    server left the rotation) is retried once when the server still answers its probe."""
+    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.infra.remote_inf_engine import NoHealthyServerError
+
+    addr, state = dropping_server
+    state["control_drops"] = drops
+    eng = RemoteLocalEngine(InferenceEngineConfig(setup_timeout=30, request_timeout=30))
+    eng.initialize([addr])
+    try:
+        if drops == 1:
+            eng.continue_generation()
+            assert eng.healthy_addresses == [addr]
+        else:  # dropped again on the retry: the server leaves the rotation, as before
+            with pytest.raises(NoHealthyServerError):
+                eng.continue_generation()
+            assert eng.healthy_addresses == []
+    finally:
+        eng.destroy()
+    assert state["control_calls"] == 2  # the call and exactly one retry
 
 
 def test_wait_log_rate_limited_and_names_what_it_waits_for(caplog):

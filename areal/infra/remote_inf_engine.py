@@ -408,21 +408,44 @@ class RemoteInfEngine(InferenceEngine):
             raise HttpError(r.status_code, r.text[:2000], addr)
         return r.json() if r.content else {}
 
+    def _post_idempotent(
+        self, addr: str, call: HttpCall, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """``_post`` of a call that may safely arrive twice (pause, continue, set version,
+        reload from disk): a dropped connection to a server that still answers its health
+        probe is retried once instead of taking the server out of the rotation."""
+        import requests
+
+        try:
+            return self._post(addr, call, timeout)
+        except requests.ConnectionError as e:
+            try:
+                self._post(addr, HttpCall(self.backend.health_path, None, "GET"), 5.0)
+            except Exception:  # noqa: BLE001 - no answer: the original error stands
+                raise e from None
+            logger.warning("%s %s: connection dropped (%s); retrying once", addr, call.path, e)
+            return self._post(addr, call, timeout)
+
     def _call_all(
-        self, make_call: Callable[[int, str], HttpCall], timeout: float | None = None
+        self,
+        make_call: Callable[[int, str], HttpCall],
+        timeout: float | None = None,
+        idempotent: bool = False,
     ) -> list[Any]:
-        """Send one call to every healthy server concurrently; raise the first error."""
+        """Send one call to every healthy server concurrently; raise the first error.
+
+        ``idempotent``: the call may arrive twice, so a dropped connection to a server
+        that still answers its health probe is retried once (``_post_idempotent``)."""
         addrs = self.healthy_addresses
         if not addrs:
             raise NoHealthyServerError("no healthy inference server left")
         import requests
 
+        post = self._post_idempotent if idempotent else self._post
         results: list[Any] = []
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(addrs))
         try:
-            futs = {
-                pool.submit(self._post, a, make_call(i, a), timeout): a for i, a in enumerate(addrs)
-            }
+            futs = {pool.submit(post, a, make_call(i, a), timeout): a for i, a in enumerate(addrs)}
             pending = set(futs)
             futs_path = make_call(0, addrs[0]).path
             wait_log = WaitLog(logger)
@@ -802,12 +825,12 @@ class RemoteInfEngine(InferenceEngine):
     def pause_generation(self) -> None:
         """Interrupt in-flight generation everywhere; new chunks wait for ``continue_generation``."""
         self._paused.set()
-        self._call_all(lambda i, a: self.backend.pause_call())
+        self._call_all(lambda i, a: self.backend.pause_call(), idempotent=True)
         if self.config.pause_grace_period > 0:
             time.sleep(self.config.pause_grace_period)
 
     def continue_generation(self) -> None:
-        self._call_all(lambda i, a: self.backend.resume_call())
+        self._call_all(lambda i, a: self.backend.resume_call(), idempotent=True)
         self._paused.clear()
 
     def is_paused(self) -> bool:
@@ -818,7 +841,7 @@ class RemoteInfEngine(InferenceEngine):
         # get_version()) must not get tokens the servers still label with the old one.
         version = int(version)
         if self.backend.set_version_call(version) is not None and self.healthy_addresses:
-            self._call_all(lambda i, a: self.backend.set_version_call(version))
+            self._call_all(lambda i, a: self.backend.set_version_call(version), idempotent=True)
         self._version = version
 
     def get_version(self) -> int:
@@ -853,7 +876,8 @@ class RemoteInfEngine(InferenceEngine):
             t0 = time.monotonic()
             self._paused_update(
                 lambda: self._call_all(
-                    lambda i, a: self.backend.update_disk_call(meta.path, meta.version)
+                    lambda i, a: self.backend.update_disk_call(meta.path, meta.version),
+                    idempotent=True,
                 ),
                 meta.version,
             )
