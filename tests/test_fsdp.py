@@ -83,3 +83,61 @@ def test_varlen_sdpa_attention_padded_path_taken_and_no_leak_across_sequences():
     torch.testing.assert_close(out2[:, :6], out[:, :6])
     torch.testing.assert_close(out2[:, 12:], out[:, 12:])
     assert not torch.allclose(out2[:, 6:12], out[:, 6:12])
+
+
+# ------------------------------------------------------------------ shared prefixes
+def _grouped_ids(seed: int = 0) -> tuple[torch.Tensor, list[int]]:
+    """Packed ids: two prompts x 3 samples (sharing 9 and 6 leading tokens; two samples of
+    the first also share their first 2 generated tokens), one unrelated sequence, and a
+    sample that is itself a prefix of another."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda n: torch.randint(10, 300, (n,), generator=g)  # noqa: E731
+    p1, p2, c = r(9), r(6), r(2)
+    seqs = [
+        torch.cat([p1, c, r(4)]),
+        torch.cat([p2, r(7)]),
+        torch.cat([p1, r(3)]),
+        r(12),
+        torch.cat([p2, r(2)]),
+        torch.cat([p1, c, r(6)]),
+        torch.cat([p2, r(9)]),
+    ]
+    seqs.append(seqs[-1][:11].clone())  # a prefix of another sample
+    return torch.cat(seqs), [len(s) for s in seqs]
+
+
+def test_plan_shared_prefixes_groups_by_leading_tokens_each_member_keeps_own_token():
+    ids, lens = _grouped_ids()
+    cu = _cu(lens)
+    plan = fsdp.plan_shared_prefixes(ids, cu, min_shared=4, min_saving=0.0)
+    assert plan is not None
+    # every original token maps to a compressed row holding the same token
+    torch.testing.assert_close(ids.index_select(0, plan.src)[plan.back], ids)
+    # shared: p1 + c (11) once for two members, p1 (9) ... fewer rows than tokens
+    assert plan.n_tokens < ids.numel() - 2 * 9
+    # a member that is a prefix of another keeps its last token as its own row
+    last = plan.back[cu[-2] : cu[-1]]
+    assert last[-1] not in set(plan.back[cu[-3] : cu[-2]].tolist())
+    # nothing shared -> no plan
+    assert fsdp.plan_shared_prefixes(torch.arange(20), _cu([10, 10])) is None
+
+
+def test_varlen_sdpa_attention_shared_prefix_plan_equals_per_sequence_values_and_grads():
+    ids, lens = _grouped_ids(seed=3)
+    cu = _cu(lens)
+    plan = fsdp.plan_shared_prefixes(ids, cu, min_shared=4, min_saving=0.0)
+    qc, kc, vc = _qkv([plan.n_tokens], seed=4)
+    out, _ = fsdp.varlen_sdpa_attention(
+        _Attn(), qc, kc, vc, None, cu_seq_lens_q=torch.tensor(plan.seg_cu),
+        shared_prefix_plan=plan,
+    )  # fmt: skip
+    # reference: every sequence on its own, with the shared rows' q/k/v copied to it
+    expand = lambda x: x.index_select(2, plan.back)  # noqa: E731
+    ref = _reference(expand(qc), expand(kc), expand(vc), lens)
+    got = out.index_select(1, plan.back)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    w = torch.randn_like(ref)
+    g_out = torch.autograd.grad((got * w).sum(), (qc, kc, vc))
+    g_ref = torch.autograd.grad((ref * w).sum(), (qc, kc, vc))
+    for a, b in zip(g_out, g_ref, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -37,6 +37,37 @@ def make_batch(seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
+def make_grouped_batch(seed: int = 5, prompts: int = 3, group: int = 4):
+    """``prompts`` x ``group`` rows, each group sharing a prompt of 10-16 tokens, own
+    completions of 3-20 tokens (half of a group also share their first 2)."""
+    g = torch.Generator().manual_seed(seed)
+    rows, starts = [], []
+    for _ in range(prompts):
+        prompt = torch.randint(
+            3, VOCAB, (int(torch.randint(10, 17, (1,), generator=g)),), generator=g
+        )
+        head = torch.randint(3, VOCAB, (2,), generator=g)
+        for k in range(group):
+            c = torch.randint(
+                3, VOCAB, (int(torch.randint(3, 21, (1,), generator=g)),), generator=g
+            )
+            if k % 2 == 0:
+                c[:2] = head
+            rows.append(torch.cat([prompt, c]))
+            starts.append(prompt.numel())
+    t = max(r.numel() for r in rows)
+    ids = torch.zeros(len(rows), t, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    loss_mask = torch.zeros_like(ids)
+    for i, (r, p) in enumerate(zip(rows, starts, strict=True)):
+        ids[i, : r.numel()], mask[i, : r.numel()], loss_mask[i, p : r.numel()] = r, 1, 1
+    return {"input_ids": ids, "attention_mask": mask, "loss_mask": loss_mask}
+
+
+def _cu_of(mask: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(mask.sum(1).cumsum(0), (1, 0))
+
+
 def loss_fn(logp, entropy, d):
     m = d["loss_mask"].float()
     return -(logp * m).sum() / m.sum() - 0.01 * (entropy * m).sum() / m.sum()
@@ -132,6 +163,24 @@ def _one_rank_session(rank, world_size, path, tied_path, out_dir):
     res["stats_small_mb"] = eng2.train_batch(batch, loss_fn, loss_weight_fn)
     res["params_small_mb"] = full_params(eng2)
     res["n_mbs_small"] = len(eng2._split(batch))
+
+    # GRPO-shaped batch (samples of a prompt share it): the shared-prefix layout gives
+    # the same logprobs, loss and update as every sequence packed on its own.
+    gb = make_grouped_batch()
+    for share in (True, False):
+        e = make_engine(path)
+        e.share_prefixes = share
+        res[f"grouped_plan_{share}"] = (
+            e._shared_prefix_plan(
+                gb["input_ids"][gb["attention_mask"].bool()],
+                _cu_of(gb["attention_mask"]),
+            )
+            is not None
+        )
+        res[f"grouped_fwd_{share}"] = e.forward_batch(gb)
+        res[f"grouped_stats_{share}"] = e.train_batch(gb, loss_fn, loss_weight_fn)
+        res[f"grouped_params_{share}"] = full_params(e)
+    res["grouped_ref"] = reference_logprobs(path, gb)
 
     # HF export of the trained engine, reloaded by transformers.
     from areal.api.io_struct import SaveLoadMeta
@@ -367,6 +416,18 @@ def test_forward_batch_temperature_and_chunks_match_reference(one_rank):
     torch.testing.assert_close(one_rank["fwd_t07"], one_rank["ref_t07"], atol=ATOL, rtol=0)
     assert not torch.allclose(one_rank["fwd_t07"], one_rank["fwd"], atol=1e-3)
     torch.testing.assert_close(one_rank["fwd_chunked"], one_rank["fwd"], atol=ATOL, rtol=0)
+
+
+def test_shared_prefix_layout_same_logprobs_loss_and_update_as_plain_packing(one_rank):
+    assert one_rank["grouped_plan_True"] and not one_rank["grouped_plan_False"]
+    on, off = one_rank["grouped_fwd_True"], one_rank["grouped_fwd_False"]
+    torch.testing.assert_close(on, off, atol=ATOL, rtol=0)
+    torch.testing.assert_close(on, one_rank["grouped_ref"], atol=ATOL, rtol=0)
+    for k in ("loss", "grad_norm"):
+        a, b = one_rank["grouped_stats_True"][k], one_rank["grouped_stats_False"][k]
+        assert a == pytest.approx(b, abs=ATOL)
+    for k, v in one_rank["grouped_params_False"].items():
+        torch.testing.assert_close(one_rank["grouped_params_True"][k], v, atol=ATOL, rtol=0)
 
 
 def test_train_batch_small_micro_batches_same_update(one_rank):

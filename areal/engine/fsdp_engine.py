@@ -27,7 +27,11 @@ micro-batch by ``weight / total weight of all micro-batches of all ranks``.
 
 Attention over packed micro-batches: ``flash_attention_2`` varlen on CUDA when flash_attn
 is installed (untested here), otherwise ``areal.utils.fsdp.varlen_sdpa_attention``
-(causal SDPA per sequence); both receive ``cu_seq_lens_q/k`` from the engine.
+(causal SDPA per sequence); both receive ``cu_seq_lens_q/k`` from the engine. With the
+latter, sequences of a micro-batch that start with the same tokens (GRPO's samples of
+one prompt) run their shared prefix once (``plan_shared_prefixes``: exact, 1.8x less
+CPU per ``train_batch`` on the demo's batches; ``engine.share_prefixes = False`` turns
+it off).
 Logprobs are computed inside the model's forward by ``ChunkedLogprobHead`` (which
 replaces ``lm_head`` and keeps its weight), so no ``[tokens, vocab]`` logits tensor is
 held for long micro-batches.
@@ -63,6 +67,7 @@ from areal.utils.fsdp import (
     ChunkedLogprobHead,
     apply_fsdp2,
     lr_lambda,
+    plan_shared_prefixes,
     register_varlen_sdpa,
 )
 
@@ -183,6 +188,10 @@ class FSDPEngine(TrainEngine):
         self._weight_update_group_key: tuple | None = None
         self.dtype = torch.float32
         self._lora_scale: float | None = None  # set when the model carries a LoRA adapter
+        self._attn_impl = ""
+        # Pack the leading tokens that sequences of a micro-batch share once (GRPO's
+        # samples of one prompt): exact, used with the CPU packed attention only.
+        self.share_prefixes = True
 
     # ------------------------------------------------------------------ lifecycle
     def create_process_group(self, parallel_strategy: Any = None) -> None:
@@ -281,7 +290,7 @@ class FSDPEngine(TrainEngine):
 
         path = self._check_model_path()
         self.dtype = self._resolve_dtype()
-        attn = self._resolve_attn_impl()
+        attn = self._attn_impl = self._resolve_attn_impl()
         hf_config = AutoConfig.from_pretrained(path)
         if getattr(self.config, "disable_dropout", False):
             for k in (
@@ -473,9 +482,21 @@ class FSDPEngine(TrainEngine):
             return out.logits[0, :, 0].float(), None
         cu = cu.long()
         labels = torch.roll(ids, shifts=-1)
-        self._head.request(labels, self.temperature)
+        plan = self._shared_prefix_plan(ids, cu)
+        if plan is None:
+            self._head.request(labels, self.temperature)
+            inputs = ids[None]
+        else:  # samples of one prompt: the shared prefix runs once (exact, see the plan)
+            self._head.request(labels, self.temperature, rows=plan.back)
+            inputs = ids.index_select(0, plan.src)[None]
+            seg = torch.tensor(plan.seg_cu, dtype=torch.int32, device=ids.device)
+            extra = {"position_ids": pos.index_select(0, plan.src)[None]}
+            varlen = dict(
+                cu_seq_lens_q=seg, cu_seq_lens_k=seg, max_length_q=plan.seg_len,
+                max_length_k=plan.seg_len, shared_prefix_plan=plan,
+            )  # fmt: skip
         try:
-            out = model(input_ids=ids[None], use_cache=False, **extra, **varlen)
+            out = model(input_ids=inputs, use_cache=False, **extra, **varlen)
         finally:
             self._head.request(None)
         pred = out.logits[0]  # [N, 2]: row i scores token i + 1
@@ -484,6 +505,13 @@ class FSDPEngine(TrainEngine):
         is_first[cu[:-1]] = True
         shifted = torch.where(is_first[:, None], torch.zeros_like(shifted), shifted)
         return shifted[:, 0], shifted[:, 1]
+
+    def _shared_prefix_plan(self, ids: torch.Tensor, cu: torch.Tensor) -> Any:
+        """The shared-prefix layout of a packed text micro-batch, or None (off, not our
+        CPU attention, or too little shared)."""
+        if not self.share_prefixes or self.is_vlm or self._attn_impl != VARLEN_SDPA:
+            return None
+        return plan_shared_prefixes(ids, cu)
 
     def _all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.data_parallel_world_size > 1:

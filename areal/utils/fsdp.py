@@ -14,6 +14,8 @@ __all__ = [
     "PADDED_ATTN_MAX_WASTE",
     "VARLEN_SDPA",
     "ChunkedLogprobHead",
+    "SharedPrefixPlan",
+    "plan_shared_prefixes",
     "register_varlen_sdpa",
     "varlen_sdpa_attention",
     "apply_fsdp2",
@@ -50,6 +52,124 @@ def _padded_index(bounds: tuple[int, ...], device: torch.device) -> tuple[torch.
     return _PAD_INDEX[key]
 
 
+class SharedPrefixPlan:
+    """Sequences of a packed micro-batch that start with the same tokens, packed once.
+
+    GRPO's samples of one prompt share the prompt (and often the first generated tokens).
+    With causal attention, a token's hidden states depend only on the tokens up to it, so
+    a shared prefix gives the same activations in every sequence that has it: the plan
+    lays each group out as ``[prefix, rest of member 1, rest of member 2, ...]`` (one
+    *segment* per group), where a member's tokens attend to the prefix and to their own
+    earlier tokens only. Forward values equal those of the per-sequence layout up to
+    float rounding, and the prefix's gradients are the sum of its members' (autograd
+    does it through ``index_select``).
+
+    ``src`` ``[Nc]``: the original packed index of each token of the compressed layout;
+    ``back`` ``[N]``: the compressed row holding each original token (prefix tokens of
+    every member map to the group's one copy); ``seg_cu``: segment bounds in the
+    compressed layout; ``flat``/``n_seg``/``seg_len``: the padded ``[n_seg, seg_len]``
+    layout of the segments (as ``_padded_index``); ``mask`` ``[n_seg, 1, L, L]``: which
+    key each query may attend to.
+    """
+
+    def __init__(self, src, back, seg_cu, flat, n_seg, seg_len, mask):
+        self.src, self.back, self.seg_cu = src, back, seg_cu
+        self.flat, self.n_seg, self.seg_len, self.mask = flat, n_seg, seg_len, mask
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.src.numel())
+
+
+def plan_shared_prefixes(
+    input_ids: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    min_shared: int = 8,
+    min_saving: float = 0.1,
+) -> SharedPrefixPlan | None:
+    """Group the packed sequences by shared leading tokens (see :class:`SharedPrefixPlan`).
+
+    ``input_ids`` ``[N]`` packed, ``cu_seqlens`` ``[B + 1]``. A group shares at least
+    ``min_shared`` tokens and every member keeps at least one token of its own. Returns
+    None when grouping would save less than ``min_saving`` of the tokens (nothing to
+    gain: run the plain packed layout).
+    """
+    cu = cu_seqlens.long().cpu()
+    lens = (cu[1:] - cu[:-1]).tolist()
+    b = len(lens)
+    if b < 2:
+        return None
+    ids = input_ids.cpu()
+    length = max(lens)
+    pad = torch.full((b, length), -1, dtype=ids.dtype)
+    flat, _, _ = _padded_index(tuple(cu.tolist()), torch.device("cpu"))
+    pad.view(-1)[flat] = ids
+    lens_t = torch.tensor(lens)
+    assigned = [False] * b
+    groups: list[tuple[list[int], int]] = []
+    for i in range(b):
+        if assigned[i]:
+            continue
+        # leading tokens sequence i has in common with every sequence (one row at a time:
+        # memory B x L, and only the first sequence of each group computes one)
+        lcp = (pad[i] == pad).cumprod(-1).sum(-1)
+        lcp = torch.minimum(lcp, torch.minimum(lens_t, lens_t[i])).tolist()
+        cand = sorted(
+            (j for j in range(i + 1, b) if not assigned[j] and lcp[j] >= min_shared),
+            key=lambda j: -lcp[j],
+        )
+        best, best_m, best_p = 0, 0, 0
+        shortest = lens[i]
+        for m, j in enumerate(cand, start=1):
+            shortest = min(shortest, lens[j])
+            p = min(lcp[j], shortest - 1)
+            if p >= min_shared and m * p > best:
+                best, best_m, best_p = m * p, m, p
+        members = [i, *cand[:best_m]] if best_m else [i]
+        for j in members:
+            assigned[j] = True
+        groups.append((members, best_p if best_m else 0))
+    n = int(cu[-1])
+    saved = sum((len(m) - 1) * p for m, p in groups)
+    if saved < min_saving * n:
+        return None
+    src_parts: list[torch.Tensor] = []
+    br_parts: list[torch.Tensor] = []
+    back = torch.empty(n, dtype=torch.long)
+    seg = [0]
+    for members, p in groups:
+        start = seg[-1]
+        rep = int(cu[members[0]])
+        if p:
+            src_parts.append(torch.arange(rep, rep + p))
+            br_parts.append(torch.zeros(p, dtype=torch.long))
+        off = start + p
+        for k, j in enumerate(members, start=1):
+            s, e = int(cu[j]), int(cu[j + 1])
+            src_parts.append(torch.arange(s + p, e))
+            br_parts.append(torch.full((e - s - p,), k, dtype=torch.long))
+            back[s : s + p] = torch.arange(start, start + p)
+            back[s + p : e] = torch.arange(off, off + e - s - p)
+            off += e - s - p
+        seg.append(off)
+    src = torch.cat(src_parts)
+    branch = torch.cat(br_parts)
+    seg_flat, n_seg, seg_len = _padded_index(tuple(seg), torch.device("cpu"))
+    seg_flat = seg_flat.clone()
+    br = torch.full((n_seg * seg_len,), -1, dtype=torch.long)
+    br[seg_flat] = branch
+    br = br.view(n_seg, seg_len)
+    causal = torch.ones(seg_len, seg_len, dtype=torch.bool).tril()
+    # a query sees earlier keys of the prefix (branch 0) or of its own branch; padding
+    # rows (branch -1) see the prefix and themselves, so no row is empty (no NaN)
+    mask = causal & ((br[:, None, :] == 0) | (br[:, None, :] == br[:, :, None]))
+    dev = input_ids.device
+    return SharedPrefixPlan(
+        src.to(dev), back.to(dev), tuple(seg), seg_flat.to(dev), n_seg, seg_len,
+        mask[:, None].to(dev),
+    )  # fmt: skip
+
+
 def varlen_sdpa_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -72,8 +192,10 @@ def varlen_sdpa_attention(
     times the sequences' own attention work (very uneven lengths), causal SDPA runs on
     each sequence alone instead. Both are exact up to float rounding (``tests/test_fsdp.py``).
     Without ``cu_seq_lens_q``: causal SDPA on the whole row, which is exact for unpadded
-    or right-padded rows. Returns ``[B, N, heads, D]`` like transformers' own attention
-    functions.
+    or right-padded rows. With ``shared_prefix_plan`` in ``kwargs`` (a
+    :class:`SharedPrefixPlan`; the inputs are its compressed layout), each group segment
+    runs as one row of a padded SDPA under the plan's prefix/branch mask. Returns
+    ``[B, N, heads, D]`` like transformers' own attention functions.
     """
     if attention_mask is not None:
         raise ValueError(
@@ -82,6 +204,22 @@ def varlen_sdpa_attention(
         )
     gqa = getattr(module, "num_key_value_groups", 1) > 1
     p = dropout if module.training else 0.0
+    plan = kwargs.get("shared_prefix_plan")
+    if plan is not None and query.shape[0] == 1:
+        b, length, flat = plan.n_seg, plan.seg_len, plan.flat
+
+        def seg_pad(x: torch.Tensor) -> torch.Tensor:  # [1, H, Nc, D] -> [G, H, L, D]
+            x = x[0].transpose(0, 1)
+            z = x.new_zeros(b * length, x.shape[1], x.shape[2]).index_copy(0, flat, x)
+            return z.view(b, length, x.shape[1], x.shape[2]).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(
+            seg_pad(query), seg_pad(key), seg_pad(value), attn_mask=plan.mask, dropout_p=p,
+            scale=scaling, enable_gqa=gqa,
+        )  # fmt: skip
+        h, d = out.shape[1], out.shape[3]
+        out = out.transpose(1, 2).reshape(b * length, h, d).index_select(0, flat)
+        return out[None], None
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None or query.shape[0] != 1:
         out = F.scaled_dot_product_attention(
@@ -274,10 +412,20 @@ class ChunkedLogprobHead(nn.Module):
         self.chunk_size = chunk_size
         self.chunk_bytes = chunk_bytes
         self._labels: torch.Tensor | None = None
+        self._rows: torch.Tensor | None = None
         self._temperature = 1.0
 
-    def request(self, labels: torch.Tensor | None, temperature: float = 1.0) -> None:
+    def request(
+        self,
+        labels: torch.Tensor | None,
+        temperature: float = 1.0,
+        rows: torch.Tensor | None = None,
+    ) -> None:
+        """Return logprobs of ``labels`` from the next forward; ``rows`` (optional) picks
+        the hidden row that scores each label (``labels[i]`` is scored by ``hidden[rows[i]]``,
+        e.g. a shared prefix's last row for every member's first own token)."""
         self._labels = labels
+        self._rows = rows
         self._temperature = float(temperature)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -286,7 +434,8 @@ class ChunkedLogprobHead(nn.Module):
         if hidden.dim() != 3 or hidden.shape[0] != 1:
             raise ValueError(f"packed forward expects hidden [1, N, H], got {tuple(hidden.shape)}")
         rows = max(self.chunk_size, self.chunk_bytes // (4 * max(1, self.out_features)))
+        h = hidden[0] if self._rows is None else hidden[0].index_select(0, self._rows)
         logp, ent = chunked_logprobs_entropy(
-            hidden[0], self.weight, self.bias, self._labels, self._temperature, rows
+            h, self.weight, self.bias, self._labels, self._temperature, rows
         )
         return torch.stack([logp, ent], dim=-1).unsqueeze(0)
