@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -66,15 +67,25 @@ class SharedPrefixPlan:
 
     ``src`` ``[Nc]``: the original packed index of each token of the compressed layout;
     ``back`` ``[N]``: the compressed row holding each original token (prefix tokens of
-    every member map to the group's one copy); ``seg_cu``: segment bounds in the
-    compressed layout; ``flat``/``n_seg``/``seg_len``: the padded ``[n_seg, seg_len]``
-    layout of the segments (as ``_padded_index``); ``mask`` ``[n_seg, 1, L, L]``: which
-    key each query may attend to.
+    every member map to the group's one copy); ``seg_cu``/``seg_len``: segment bounds in
+    the compressed layout and the longest segment. Attention runs as two padded SDPA
+    calls: ``prefix_rows`` ``[G, P]`` (each group's prefix, causal) and ``member_rows``
+    ``[M, L]`` (each member's own tokens) against ``member_keys`` ``[M, P + L]`` (its
+    group's prefix, then its own tokens) under ``member_mask`` ``[M, 1, L, P + L]``;
+    index ``Nc`` is a zero padding row. ``out_index`` ``[Nc]``: where each compressed
+    row's output sits in the concatenated ``[G * P + M * L]`` outputs.
     """
 
-    def __init__(self, src, back, seg_cu, flat, n_seg, seg_len, mask):
-        self.src, self.back, self.seg_cu = src, back, seg_cu
-        self.flat, self.n_seg, self.seg_len, self.mask = flat, n_seg, seg_len, mask
+    def __init__(self, **fields: Any):
+        self.src: torch.Tensor = fields["src"]
+        self.back: torch.Tensor = fields["back"]
+        self.seg_cu: tuple[int, ...] = fields["seg_cu"]
+        self.seg_len: int = fields["seg_len"]
+        self.prefix_rows: torch.Tensor = fields["prefix_rows"]
+        self.member_rows: torch.Tensor = fields["member_rows"]
+        self.member_keys: torch.Tensor = fields["member_keys"]
+        self.member_mask: torch.Tensor = fields["member_mask"]
+        self.out_index: torch.Tensor = fields["out_index"]
 
     @property
     def n_tokens(self) -> int:
@@ -134,40 +145,100 @@ def plan_shared_prefixes(
     if saved < min_saving * n:
         return None
     src_parts: list[torch.Tensor] = []
-    br_parts: list[torch.Tensor] = []
     back = torch.empty(n, dtype=torch.long)
     seg = [0]
-    for members, p in groups:
+    # attention in two batched SDPA calls: every group's prefix (causal), and every
+    # member's own tokens against [its group's prefix, its own earlier tokens]
+    prefixes: list[tuple[int, int]] = []  # (first compressed row, length) per group
+    branches: list[tuple[int, int, int]] = []  # (first row, length, group) per member
+    for g, (members, p) in enumerate(groups):
         start = seg[-1]
         rep = int(cu[members[0]])
-        if p:
-            src_parts.append(torch.arange(rep, rep + p))
-            br_parts.append(torch.zeros(p, dtype=torch.long))
+        src_parts.append(torch.arange(rep, rep + p))
+        prefixes.append((start, p))
         off = start + p
-        for k, j in enumerate(members, start=1):
+        for j in members:
             s, e = int(cu[j]), int(cu[j + 1])
             src_parts.append(torch.arange(s + p, e))
-            br_parts.append(torch.full((e - s - p,), k, dtype=torch.long))
             back[s : s + p] = torch.arange(start, start + p)
             back[s + p : e] = torch.arange(off, off + e - s - p)
+            branches.append((off, e - s - p, g))
             off += e - s - p
         seg.append(off)
     src = torch.cat(src_parts)
-    branch = torch.cat(br_parts)
-    seg_flat, n_seg, seg_len = _padded_index(tuple(seg), torch.device("cpu"))
-    seg_flat = seg_flat.clone()
-    br = torch.full((n_seg * seg_len,), -1, dtype=torch.long)
-    br[seg_flat] = branch
-    br = br.view(n_seg, seg_len)
-    causal = torch.ones(seg_len, seg_len, dtype=torch.bool).tril()
-    # a query sees earlier keys of the prefix (branch 0) or of its own branch; padding
-    # rows (branch -1) see the prefix and themselves, so no row is empty (no NaN)
-    mask = causal & ((br[:, None, :] == 0) | (br[:, None, :] == br[:, :, None]))
+    nc = int(src.numel())  # row nc: an all-zero row for padding
+    pmax = max(p for _, p in prefixes)
+    lb = max(m for _, m, _ in branches)
+    t_p, t_b = torch.arange(pmax), torch.arange(lb)
+    p_start = torch.tensor([r for r, _ in prefixes])
+    p_len = torch.tensor([p for _, p in prefixes])
+    pq = torch.where(t_p < p_len[:, None], p_start[:, None] + t_p, nc)  # [G, pmax]
+    b_start = torch.tensor([r for r, _, _ in branches])
+    b_len = torch.tensor([m for _, m, _ in branches])
+    b_grp = torch.tensor([g for _, _, g in branches])
+    bq = torch.where(t_b < b_len[:, None], b_start[:, None] + t_b, nc)  # [NB, lb]
+    bkv = torch.cat([pq[b_grp], bq], dim=1)  # [NB, pmax + lb]
+    # a member's query sees its group's real prefix keys and its own earlier tokens
+    # (padding query rows see their own row's earlier keys: never an empty row, no NaN)
+    bmask = torch.cat(
+        [
+            (t_p < p_len[b_grp][:, None])[:, None, :].expand(-1, lb, -1),
+            torch.ones(lb, lb, dtype=torch.bool).tril().expand(len(branches), -1, -1),
+        ],
+        dim=2,
+    )
+    # where each compressed row's output sits in [prefix outputs, member outputs]
+    out_idx = torch.empty(nc, dtype=torch.long)
+    flat_p = pq.reshape(-1)
+    out_idx[flat_p[flat_p < nc]] = torch.nonzero(flat_p < nc)[:, 0]
+    flat_b = bq.reshape(-1)
+    out_idx[flat_b[flat_b < nc]] = flat_p.numel() + torch.nonzero(flat_b < nc)[:, 0]
     dev = input_ids.device
     return SharedPrefixPlan(
-        src.to(dev), back.to(dev), tuple(seg), seg_flat.to(dev), n_seg, seg_len,
-        mask[:, None].to(dev),
+        src=src.to(dev),
+        back=back.to(dev),
+        seg_cu=tuple(seg),
+        seg_len=max(e - s for s, e in zip(seg[:-1], seg[1:])),
+        prefix_rows=pq.to(dev),
+        member_rows=bq.to(dev),
+        member_keys=bkv.to(dev),
+        member_mask=bmask[:, None].to(dev),
+        out_index=out_idx.to(dev),
+    )
+
+
+def _shared_prefix_attention(
+    plan: SharedPrefixPlan,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    dropout: float,
+    scaling: float | None,
+    gqa: bool,
+) -> torch.Tensor:
+    """Attention over a :class:`SharedPrefixPlan`'s compressed layout: ``[1, H, Nc, D]``
+    inputs -> ``[1, Nc, H, D]``."""
+
+    def rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:  # -> [n, H, k, D]
+        x = x[0].transpose(0, 1)  # [Nc, H, D]
+        x = torch.cat([x, x.new_zeros(1, x.shape[1], x.shape[2])])
+        n, k = idx.shape
+        return x.index_select(0, idx.reshape(-1)).view(n, k, x.shape[1], x.shape[2]).transpose(1, 2)
+
+    pr, mr, mk = plan.prefix_rows, plan.member_rows, plan.member_keys
+    out_p = F.scaled_dot_product_attention(
+        rows(query, pr), rows(key, pr), rows(value, pr), dropout_p=dropout, is_causal=True,
+        scale=scaling, enable_gqa=gqa,
     )  # fmt: skip
+    out_m = F.scaled_dot_product_attention(
+        rows(query, mr), rows(key, mk), rows(value, mk), attn_mask=plan.member_mask,
+        dropout_p=dropout, scale=scaling, enable_gqa=gqa,
+    )  # fmt: skip
+    h, d = out_p.shape[1], out_p.shape[3]
+    flat = torch.cat(
+        [out_p.transpose(1, 2).reshape(-1, h, d), out_m.transpose(1, 2).reshape(-1, h, d)]
+    )
+    return flat.index_select(0, plan.out_index)[None]
 
 
 def varlen_sdpa_attention(
@@ -206,20 +277,7 @@ def varlen_sdpa_attention(
     p = dropout if module.training else 0.0
     plan = kwargs.get("shared_prefix_plan")
     if plan is not None and query.shape[0] == 1:
-        b, length, flat = plan.n_seg, plan.seg_len, plan.flat
-
-        def seg_pad(x: torch.Tensor) -> torch.Tensor:  # [1, H, Nc, D] -> [G, H, L, D]
-            x = x[0].transpose(0, 1)
-            z = x.new_zeros(b * length, x.shape[1], x.shape[2]).index_copy(0, flat, x)
-            return z.view(b, length, x.shape[1], x.shape[2]).transpose(1, 2)
-
-        out = F.scaled_dot_product_attention(
-            seg_pad(query), seg_pad(key), seg_pad(value), attn_mask=plan.mask, dropout_p=p,
-            scale=scaling, enable_gqa=gqa,
-        )  # fmt: skip
-        h, d = out.shape[1], out.shape[3]
-        out = out.transpose(1, 2).reshape(b * length, h, d).index_select(0, flat)
-        return out[None], None
+        return _shared_prefix_attention(plan, query, key, value, p, scaling, gqa), None
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None or query.shape[0] != 1:
         out = F.scaled_dot_product_attention(
