@@ -483,11 +483,16 @@ class FSDPEngine(TrainEngine):
         cu = cu.long()
         labels = torch.roll(ids, shifts=-1)
         plan = self._shared_prefix_plan(ids, cu)
+        pick = None
         if plan is None:
             self._head.request(labels, self.temperature)
             inputs = ids[None]
         else:  # samples of one prompt: the shared prefix runs once (exact, see the plan)
-            self._head.request(labels, self.temperature, rows=plan.back)
+            # one head row per distinct (hidden row, next token): a shared prefix's
+            # logprobs are computed once, then copied to every member
+            v = self._head.out_features
+            uniq, pick = torch.unique(plan.back * v + labels, return_inverse=True)
+            self._head.request(uniq % v, self.temperature, rows=uniq // v)
             inputs = ids.index_select(0, plan.src)[None]
             seg = torch.tensor(plan.seg_cu, dtype=torch.int32, device=ids.device)
             extra = {"position_ids": pos.index_select(0, plan.src)[None]}
@@ -500,6 +505,8 @@ class FSDPEngine(TrainEngine):
         finally:
             self._head.request(None)
         pred = out.logits[0]  # [N, 2]: row i scores token i + 1
+        if pick is not None:
+            pred = pred.index_select(0, pick)
         shifted = torch.roll(pred, shifts=1, dims=0)  # row i scores token i
         is_first = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
         is_first[cu[:-1]] = True
