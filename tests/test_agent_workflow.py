@@ -12,6 +12,7 @@ import json
 import os
 
 import pytest
+import torch
 from _local_engine import local_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -231,6 +232,113 @@ def test_ppo_trainer_trains_agent_through_proxy_crashes_counted_batch_completes(
     failed = [r.get("rollout/agent_failed") for r in rows]
     assert any(f is not None and f > 0 for f in failed), failed
     assert all(r["update_successful"] == 1.0 for r in rows)
+
+
+class VariableCallsAgent:
+    """1-3 calls per episode (one row each with ``individual`` export; groups get 7, 8 or
+    9 rows); questions of even length get the same reward in every episode (a uniform
+    group), the others ``sample_index / 3``. Records what it did per task."""
+
+    def __init__(self):
+        self.episodes: dict[int, dict[int, tuple[int, float]]] = {}  # task -> member -> ...
+
+    async def run(self, data, **extra_kwargs):
+        from openai import AsyncOpenAI
+
+        from areal.infra import workflow_context
+
+        ctx = workflow_context.get()
+        question = data["messages"][0]["content"]
+        uniform = len(question) % 2 == 0
+        i = ctx.sample_index
+        n_calls = 1 + (i + len(question)) % 3
+        reward = 1.0 if uniform else i / 3
+        client = AsyncOpenAI(
+            base_url=extra_kwargs["base_url"],
+            api_key=extra_kwargs["api_key"],
+            http_client=extra_kwargs["http_client"],
+        )
+        messages = list(data["messages"])
+        for _ in range(n_calls):
+            out = await client.chat.completions.create(model="m", messages=messages, max_tokens=4)
+            messages += [
+                out.choices[0].message.model_dump(exclude_none=True),
+                {"role": "user", "content": "Again?"},
+            ]
+        self.episodes.setdefault(ctx.task_id, {})[i] = (n_calls, reward)
+        return reward
+
+
+@pytest.mark.ci_slow
+def test_ppo_trainer_individual_export_variable_calls_groups_by_episode(tiny_lm_dir, tmp_path):
+    """The 'Batch size not a multiple of group_size' bug: n_samples=4 agent episodes of 1-3
+    calls each, exported one row per call, through a real training step on two ranks."""
+    import statistics
+
+    from test_rl_trainer import _grpo_config
+
+    from areal import PPOTrainer
+    from areal.dataset import get_custom_dataset
+    from areal.utils.hf_utils import load_hf_tokenizer
+
+    cfg = _grpo_config(
+        tiny_lm_dir,
+        str(tmp_path),
+        "total_train_steps=1",
+        "allocation_mode=local:d1+fsdp:d2",
+        "async_training=false",
+        "actor.dynamic_sampling=true",
+        "rollout.agent.export_style=individual",
+        "gconfig.max_new_tokens=4",
+    )
+    assert cfg.gconfig.n_samples == 4 and cfg.actor.reward_norm.mean_level == "group"
+    tok = load_hf_tokenizer(cfg.tokenizer_path)
+    train = get_custom_dataset("train", cfg.train_dataset, tok)
+    agent = VariableCallsAgent()
+    seen = []
+    with PPOTrainer(cfg, train_dataset=train) as trainer:
+        compute_advantages = trainer.actor.compute_advantages
+
+        def spy(batch, *a, **kw):
+            out = compute_advantages(batch, *a, **kw)
+            seen.append({k: v.clone() for k, v in out.items() if isinstance(v, torch.Tensor)})
+            return out
+
+        trainer.actor.compute_advantages = spy
+        result = trainer.train(workflow=agent)
+        rejected = dict(trainer.rollout.workflow_executor.rejection_reasons)
+    assert result["steps_done"] == 1 and len(seen) == 1
+    batch = seen[0]
+    uniform = {t for t, eps in agent.episodes.items() if len({r for _, r in eps.values()}) == 1}
+    mixed = set(agent.episodes) - uniform
+    # the filter dropped exactly the uniform groups; the batch holds exactly the others
+    assert uniform and rejected.get("filtered", 0) == len(uniform), (rejected, uniform)
+    gids, eids = batch["group_ids"].tolist(), batch["episode_ids"].tolist()
+    assert set(gids) == mixed and len(mixed) == cfg.train_dataset.batch_size
+    n_rows = sum(n for t in mixed for n, _ in agent.episodes[t].values())
+    assert len(gids) == n_rows and n_rows % 4 != 0  # what used to fail the split
+    m = batch["loss_mask"].bool()
+    norm = cfg.actor.reward_norm
+    for t in mixed:
+        eps = agent.episodes[t]
+        mean = statistics.mean(r for _, r in eps.values())
+        std = statistics.stdev(r for _, r in eps.values())
+        rows = [k for k, g in enumerate(gids) if g == t]
+        episodes = sorted({eids[k] for k in rows})  # episode ids follow the member order
+        for member, e in enumerate(episodes):
+            n_calls, reward = eps[member]
+            ep_rows = [k for k in rows if eids[k] == e]
+            assert len(ep_rows) == n_calls
+            want = (reward - mean) / (std + norm.eps)
+            for k in ep_rows:  # every row (call) of the episode: the episode's advantage
+                adv = batch["advantages"][k][m[k]]
+                assert adv.numel() > 0 and torch.allclose(
+                    adv, torch.full_like(adv, want), atol=1e-5
+                )
+        # normalised over the 4 episodes, not the 7-9 rows (whose mean differs)
+        row_mean = statistics.mean(float(batch["rewards"][k]) for k in rows)
+        assert abs(row_mean - mean) > 0.01
+    assert torch.isfinite(batch["advantages"]).all()
 
 
 # ----------------------------------------------------------------------------- tool calls

@@ -616,3 +616,109 @@ def test_dynamic_sampling_accept_and_group_mask():
     assert not F.dynamic_sampling_accept({"rewards": torch.tensor([1.0, 1.0, 1.0])})
     keep = F.uniform_reward_group_mask(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]), 2)
     assert keep.tolist() == [False, False, True, True, False, False]
+
+
+# ---------------------------------------------- groups by id (agent episodes, one row per call)
+def _episode_norm_reference(rows, norm_eps=1e-5, leave1out=False):
+    """Per-row expected values from (group, episode, reward) rows with plain Python:
+    statistics over the episodes of each group (first row = the episode's value)."""
+    first: dict = {}
+    for g, e, r in rows:
+        first.setdefault((g, e), r)
+    out = []
+    for g, e, r in rows:
+        vals = [v for (gg, _), v in first.items() if gg == g]
+        mean = sum(vals) / len(vals)
+        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+        if leave1out:
+            others = [v for (gg, ee), v in first.items() if gg == g and ee != e]
+            out.append((r - sum(others) / len(others)) / (std + norm_eps))
+        else:
+            out.append((r - mean) / (std + norm_eps))
+    return torch.tensor(out)
+
+
+def test_group_normalization_ids_of_fixed_layout_identical_to_group_size_path():
+    gen = torch.Generator().manual_seed(3)
+    r = torch.randint(0, 3, (12,), generator=gen).float()
+    adv = torch.randn(12, 5, generator=gen)
+    mask = torch.rand(12, 5, generator=gen) > 0.3
+    gids, eids = torch.arange(3).repeat_interleave(4) + 40, torch.arange(12) + 7
+    for kw in (
+        dict(mean_level="group", std_level="group"),
+        dict(mean_level="group", std_level=None, mean_leave1out=True),
+        dict(mean_level="batch", std_level="group", std_unbiased=False),
+    ):
+        fixed = F.group_normalization(r, None, group_size=4, **kw)
+        by_id = F.group_normalization(r, None, group_size=1, group_ids=gids, episode_ids=eids, **kw)
+        assert torch.equal(fixed, by_id)
+        fixed = F.group_normalization(adv, mask, group_size=4, **kw)
+        assert torch.equal(fixed, F.group_normalization(adv, mask, group_ids=gids, **kw))
+
+
+def test_group_normalization_variable_episodes_statistics_over_episodes_not_rows():
+    # group 5: episodes a (1 call, r=1), b (3 calls, r=0), c (2 calls, r=1), d (1 call, r=0);
+    # group 2: episodes of 2, 1, 1, 3 calls with rewards .25, 1, 0, .5; rows interleaved
+    rows = [(5, 0, 1.0), (2, 10, 0.25), (5, 1, 0.0), (5, 1, 0.0), (2, 10, 0.25), (5, 1, 0.0)]
+    rows += [(2, 11, 1.0), (5, 2, 1.0), (5, 2, 1.0), (2, 12, 0.0), (5, 3, 0.0)]
+    rows += [(2, 13, 0.5), (2, 13, 0.5), (2, 13, 0.5)]
+    g, e, r = (torch.tensor(c) for c in zip(*rows))
+    out = F.group_normalization(r, None, "group", "group", group_ids=g, episode_ids=e)
+    assert torch.allclose(out, _episode_norm_reference(rows).to(out.dtype), atol=1e-6)
+    # rows of one episode get the same value; group 5 is +-0.866 although it has 4 rows of
+    # reward 0 and 3 of reward 1 (row statistics would give other numbers)
+    assert out[[2, 3, 5]].unique().numel() == 1 and out[[7, 8]].unique().numel() == 1
+    assert abs(float(out[0]) - 0.5 / math.sqrt(1 / 3)) < 1e-4
+    loo = F.group_normalization(
+        r, None, "group", "group", mean_leave1out=True, group_ids=g, episode_ids=e
+    )
+    assert torch.allclose(loo, _episode_norm_reference(rows, leave1out=True).float(), atol=1e-6)
+    # batch level counts every episode once as well (8 episodes)
+    batch = F.group_normalization(r, None, "batch", None, group_ids=g, episode_ids=e)
+    ep_vals = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.25, 1.0, 0.0, 0.5])
+    assert torch.allclose(batch, r - ep_vals.mean(), atol=1e-6)
+
+
+def test_group_normalization_discounted_episode_rows_keep_their_own_reward():
+    # turn discount 0.5: a 3-call episode with final reward 1 has rows 0.25, 0.5, 1
+    rows = [(0, 0, 0.25), (0, 0, 0.5), (0, 0, 1.0), (0, 1, 0.0), (0, 2, 1.0), (0, 3, 0.0)]
+    g, e, r = (torch.tensor(c) for c in zip(*rows))
+    out = F.group_normalization(r, None, "group", "group", group_ids=g, episode_ids=e)
+    assert torch.allclose(out, _episode_norm_reference(rows).float(), atol=1e-6)
+
+
+def test_group_normalization_bad_ids_raise():
+    r = torch.tensor([1.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match="different group_ids"):
+        F.group_normalization(
+            r, None, "group", "group", group_ids=torch.tensor([0, 1, 1]),
+            episode_ids=torch.tensor([4, 4, 5]),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="group_ids has 2 entries"):
+        F.group_normalization(r, None, "group", "group", group_ids=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="per-sequence"):
+        F.group_normalization(
+            torch.ones(3, 2), None, "group", "group", group_ids=torch.tensor([0, 0, 0]),
+            episode_ids=torch.tensor([1, 1, 2]),
+        )  # fmt: skip
+
+
+def test_dynamic_sampling_by_episode_compares_episode_returns():
+    # uniform group: every episode made 3 calls and earned 1, discounted rows .25 .5 1
+    uniform = {
+        "rewards": torch.tensor([0.25, 0.5, 1.0] * 2),
+        "episode_ids": torch.tensor([0, 0, 0, 1, 1, 1]),
+    }
+    assert F.dynamic_sampling_accept({"rewards": uniform["rewards"]})  # rows: not uniform
+    assert not F.dynamic_sampling_accept(uniform)
+    mixed = {"rewards": torch.tensor([1.0, 1.0, 0.0]), "episode_ids": torch.tensor([3, 3, 4])}
+    assert F.dynamic_sampling_accept(mixed)
+    one = {"rewards": torch.tensor([0.0, 1.0]), "episode_ids": torch.tensor([2, 2])}
+    assert F.dynamic_sampling_accept(one)  # one episode: nothing to compare, kept
+    # the batch mask: groups 8 (uniform per episode) and 3 (mixed), rows interleaved
+    rewards = torch.tensor([0.5, 1.0, 0.0, 0.5, 1.0, 1.0, 1.0])
+    gids = torch.tensor([8, 8, 3, 8, 8, 3, 3])
+    eids = torch.tensor([0, 0, 1, 2, 2, 3, 3])
+    keep = F.uniform_reward_group_mask(rewards, group_ids=gids, episode_ids=eids)
+    assert keep.tolist() == [False, False, True, False, False, True, True]
+    assert F.uniform_reward_group_mask(rewards, group_ids=gids).tolist() == [True] * 7

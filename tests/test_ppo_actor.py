@@ -165,6 +165,33 @@ def test_compute_advantages_grpo_group_norm_broadcasts_to_tokens():
     )
 
 
+def test_compute_advantages_ids_of_fixed_layout_identical_to_group_size():
+    norm = NormConfig(mean_level="group", std_level="group", group_size=2)
+    adv_norm = NormConfig(mean_level="batch", std_level="batch")
+    plain, tagged = make_batch(bs=8), make_batch(bs=8)
+    tagged["group_ids"] = torch.tensor([3, 3, 8, 8, 1, 1, 6, 6])
+    tagged["episode_ids"] = torch.arange(8) + 20
+    for data in (plain, tagged):
+        PPOActor(cfg(reward_norm=norm, adv_norm=adv_norm), TinyEngine()).compute_advantages(data)
+    assert torch.equal(plain["advantages"], tagged["advantages"])
+    assert torch.equal(plain["task_rewards"], tagged["task_rewards"])
+
+
+def test_compute_advantages_agent_episodes_of_several_rows_normalised_over_episodes():
+    # one group of 3 episodes exported one row per call: 1, 3 and 2 calls (6 rows, not a
+    # multiple of group_size=3), rewards 1, 0, 0.5; a second group of two 1-call episodes
+    data = make_batch(bs=8)
+    data["rewards"] = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 2.0, 0.0])
+    data["group_ids"] = torch.tensor([0, 0, 0, 0, 0, 0, 1, 1])
+    data["episode_ids"] = torch.tensor([0, 1, 1, 1, 2, 2, 3, 4])
+    norm = NormConfig(mean_level="group", std_level="group", group_size=3, eps=1e-12)
+    PPOActor(cfg(reward_norm=norm), TinyEngine()).compute_advantages(data)
+    m = data["loss_mask"].bool()
+    # episodes 1, 0, .5: mean .5, unbiased std .5; episodes 2, 0: mean 1, std sqrt(2)
+    seq = torch.tensor([1.0, -1.0, -1.0, -1.0, 0.0, 0.0, 2**-0.5, -(2**-0.5)])
+    assert torch.allclose(data["advantages"], seq[:, None] * m, atol=1e-5)
+
+
 def test_compute_advantages_reward_bias_scaling_clip_and_no_norm():
     data = make_batch()
     actor = PPOActor(cfg(reward_bias=-0.5, reward_scaling=10.0, reward_clip=4.0), TinyEngine())

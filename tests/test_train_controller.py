@@ -60,6 +60,36 @@ def test_split_batch_indices_groups_kept_together():
         split_batch_indices(batch, 2, group_size=3)
 
 
+def test_split_batch_indices_group_ids_of_fixed_layout_same_split_as_group_size():
+    gen = torch.Generator().manual_seed(1)
+    for algo in ("ffd", "kk"):
+        for _ in range(20):
+            batch = _batch(torch.randint(1, 13, (24,), generator=gen).tolist())
+            fixed = split_batch_indices(batch, 3, group_size=4, packing_algorithm=algo)
+            batch["group_ids"] = torch.arange(6).repeat_interleave(4) + 100
+            by_id = split_batch_indices(batch, 3, group_size=1, packing_algorithm=algo)
+            assert [p.tolist() for p in by_id] == [p.tolist() for p in fixed]
+
+
+def test_split_batch_indices_variable_size_groups_by_id_kept_together():
+    # agent groups exported one row per call: 3, 7, 2, 4 and 5 rows, one group interleaved
+    gids = [7] * 3 + [2] * 7 + [9] * 2 + [4] * 4 + [7, 7] + [5] * 3
+    batch = _batch([(3 * i) % 11 + 1 for i in range(len(gids))])
+    batch["group_ids"] = torch.tensor(gids)
+    with pytest.raises(ValueError, match="not a multiple"):
+        split_batch_indices({k: v for k, v in batch.items() if k != "group_ids"}, 2, 4)
+    for algo in ("ffd", "kk"):
+        idx = split_batch_indices(batch, 2, group_size=4, packing_algorithm=algo)
+        rows = [r for part in idx for r in part.tolist()]
+        assert sorted(rows) == list(range(len(gids)))
+        assert all(part.tolist() == sorted(part.tolist()) for part in idx)
+        owner = {}
+        for k, part in enumerate(idx):
+            for r in part.tolist():
+                assert owner.setdefault(gids[r], k) == k  # a group never spans two ranks
+        assert len(set(owner.values())) == 2
+
+
 def _rank_tokens(batch, idx):
     return [int(batch["attention_mask"][i].sum()) for i in idx]
 

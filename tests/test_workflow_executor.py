@@ -556,6 +556,51 @@ def test_grouped_interaction_dicts_merged_then_concatenated(engine):
     assert sorted(batch["rewards"].tolist()) == [0.0, 1.0, 2.0]
 
 
+class VariableCallsAgentWorkflow(RolloutWorkflow):
+    """An agent episode exported one row per call: member ``i`` makes ``1 + i % 3`` calls;
+    every call of an episode carries the episode's reward (``data["rewards"][i]``)."""
+
+    async def arun_episode(self, engine, data):
+        from areal.infra import workflow_context
+
+        i = workflow_context.get().sample_index
+        await asyncio.sleep(0.001 * (3 - i % 3))  # members finish out of order
+        reward = data["rewards"][i]
+        return {f"t{data['uid']}-e{i}-c{c}": Interaction(c, reward) for c in range(1 + i % 3)}
+
+
+def test_grouped_variable_calls_rows_carry_group_and_episode_ids_filter_by_episode(engine):
+    ex = start_executor(engine, consumer_batch_size=3, max_concurrent_rollouts=8)
+    rows = [
+        dict(uid=0, rewards=[1.0, 0.0, 1.0, 0.0]),
+        dict(uid=1, rewards=[0.5] * 4),  # uniform: dropped by the filter
+        dict(uid=2, rewards=[0.0, 0.0, 1.0, 0.0]),
+        dict(uid=3, rewards=[1.0, 0.0, 0.0, 0.0]),
+    ]
+    try:
+        batch = ex.rollout_batch(
+            rows,
+            VariableCallsAgentWorkflow(),
+            should_accept_fn="areal.utils.functional.dynamic_sampling_accept",
+            group_size=4,
+            timeout=10,
+        )
+    finally:
+        ex.destroy()
+    assert ex.rejection_reasons == {"filtered": 1}
+    # 3 groups x (1 + 2 + 3 + 1) calls: not a multiple of the group size 4
+    n = batch["input_ids"].shape[0]
+    assert n == 21 and batch["group_ids"].shape == batch["episode_ids"].shape == (n,)
+    gids, eids = batch["group_ids"].tolist(), batch["episode_ids"].tolist()
+    assert len(set(gids)) == 3 and len(set(eids)) == 12  # unique across groups
+    for g in set(gids):
+        members = [e for gg, e in zip(gids, eids) if gg == g]
+        sizes = sorted(members.count(e) for e in set(members))
+        assert sizes == [1, 1, 2, 3]
+    for e in set(eids):  # an episode's rows: one group, one reward
+        assert len({(gids[k], float(batch["rewards"][k])) for k in range(n) if eids[k] == e}) == 1
+
+
 def test_rollout_batch_returns_accepted_subset_without_waiting_for_rejected(engine):
     ex = start_executor(engine, consumer_batch_size=4, max_concurrent_rollouts=4)
     data = [dict(uid=i, reject=(i % 2 == 1)) for i in range(4)]

@@ -40,7 +40,10 @@ class NormConfig:
     std_unbiased: bool = _field(True, "Use the unbiased (n-1) standard deviation estimator.")
     eps: float = _field(1e-5, "Added to the standard deviation before dividing; > 0.")
     group_size: int = _field(
-        1, "Samples per group for group-level statistics (usually gconfig.n_samples); >= 1."
+        1,
+        "Samples per group for group-level statistics (usually gconfig.n_samples); >= 1. "
+        "Trainer rollouts tag rows with group and episode ids, which then define the groups "
+        "(an agent episode exported one row per call counts once).",
     )
 
     def __post_init__(self):

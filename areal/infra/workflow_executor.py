@@ -26,7 +26,11 @@ Groups: with ``group_size = n`` the workflow is wrapped in
 results concatenated), and ``should_accept_fn`` sees the whole group: it is AReaL's
 ``dynamic_filter_fn``. A workflow may return a dict of interactions (values with a
 ``to_tensor_dict()`` method, e.g. the agent client's ``InteractionWithTokenLogpReward``):
-they are concatenated into one padded batch before filtering.
+they are concatenated into one padded batch before filtering. Every row of a task's
+result gets ``group_ids`` ``[B]`` = the task id (one task is one group) and
+``episode_ids`` ``[B]``, unique over the executor's life (the rows of one
+``arun_episode`` call share one): an agent episode exported one row per call gives a
+group of variable size, which the trainer's splits and group statistics handle by id.
 
 With ``config.dump_to_file`` every finished trajectory is also written as text (AReaL's
 layout): ``{fileroot}/logs/{experiment_name}/{trial_name}/{rollout|eval-rollout}/
@@ -61,6 +65,7 @@ from areal.infra.grouped_workflow import (
     GroupedRolloutWorkflow,
     interactions_to_tensor_dict,
     is_interaction_dict,
+    tag_group_rows,
 )
 from areal.infra.staleness_manager import RolloutStat, StalenessManager
 from areal.infra.wait_log import WaitLog
@@ -164,6 +169,7 @@ class WorkflowExecutor:
         self._replay: deque[Any] = deque()
         self._task_ids = itertools.count()
         self._accept_seq = itertools.count()
+        self._next_episode_id = 0  # batch-unique episode ids (tag_group_rows)
         self._reject_reasons: Counter[str] = Counter()
         self._rejected_since_export = 0
         # Training rejections not yet counted by a dynamic_bs batch.
@@ -819,6 +825,10 @@ class WorkflowExecutor:
             traj = await task.workflow.arun_episode(self.inference_engine, task.data)
             if is_interaction_dict(traj):
                 traj = interactions_to_tensor_dict(traj)
+            if _is_row_batch(traj):
+                # one task = one group: its id, and episode ids unique across the executor
+                traj = dict(traj)
+                self._next_episode_id += tag_group_rows(traj, task.task_id, self._next_episode_id)
         except asyncio.CancelledError:
             reason = "cancelled"
         except Exception:
@@ -938,6 +948,16 @@ def _kwargs_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
         return bool(a == b)
     except Exception:  # e.g. tensors, whose == is elementwise
         return False
+
+
+def _is_row_batch(x: Any) -> bool:
+    """A dict with a 2-D ``input_ids`` or ``attention_mask`` tensor (rows to tag)."""
+    import torch
+
+    return isinstance(x, dict) and any(
+        isinstance(x.get(k), torch.Tensor) and x[k].ndim == 2
+        for k in ("input_ids", "attention_mask")
+    )
 
 
 def _is_tensor_dict(x: Any) -> bool:

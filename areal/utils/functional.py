@@ -39,6 +39,8 @@ __all__ = [
     "loglinear_prox_logp",
     "dynamic_sampling_accept",
     "uniform_reward_group_mask",
+    "episode_first_rows",
+    "regular_group_size",
 ]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -114,6 +116,45 @@ def masked_normalization(
     )
 
 
+def episode_first_rows(episode_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first, episode_of_row)`` for ``episode_ids`` ``[B]``: ``first[e]`` is the first
+    row (in batch order) of episode ``e`` (episodes numbered in ascending id order) and
+    ``episode_of_row[i]`` the episode of row ``i``. No per-element host syncs."""
+    ids = torch.as_tensor(episode_ids).reshape(-1)
+    _, ep_of_row = torch.unique(ids, return_inverse=True)
+    n = int(ep_of_row.max()) + 1 if ep_of_row.numel() else 0
+    rows = torch.arange(ids.numel(), device=ids.device)
+    first = torch.full((n,), ids.numel(), dtype=torch.long, device=ids.device)
+    first = first.scatter_reduce(0, ep_of_row, rows, reduce="amin")
+    return first, ep_of_row
+
+
+def regular_group_size(
+    group_ids: torch.Tensor, episode_ids: torch.Tensor | None = None
+) -> int | None:
+    """The group size when ``group_ids`` ``[B]`` describe the fixed layout (contiguous
+    groups of one size, one row per episode: ``episode_ids`` all distinct or ``None``),
+    else ``None``. A few host syncs per batch."""
+    g = torch.as_tensor(group_ids).reshape(-1)
+    if episode_ids is not None:
+        ep = torch.as_tensor(episode_ids).reshape(-1)
+        if ep.numel() != g.numel():
+            raise ValueError(f"episode_ids has {ep.numel()} rows, group_ids {g.numel()}")
+        if torch.unique(ep).numel() != ep.numel():
+            return None
+    if g.numel() == 0:
+        return None
+    starts = torch.ones_like(g, dtype=torch.bool)
+    starts[1:] = g[1:] != g[:-1]
+    n_runs = int(starts.sum())
+    if g.numel() % n_runs != 0:
+        return None
+    runs = g.reshape(n_runs, -1)
+    if not bool((runs == runs[:, :1]).all()) or torch.unique(runs[:, 0]).numel() != n_runs:
+        return None
+    return runs.shape[1]
+
+
 @torch.no_grad()
 def group_normalization(
     x: torch.Tensor,
@@ -128,14 +169,26 @@ def group_normalization(
     high_precision: bool = True,
     reduce_group: dist.ProcessGroup | None = None,
     all_reduce: bool = True,
+    group_ids: torch.Tensor | None = None,
+    episode_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """NormConfig-style normalisation of rewards ``[B]`` or advantages ``[B, T]``.
 
     * ``mean_level``: ``"batch"`` (subtract the batch mean, all-reduced across ranks),
-      ``"group"`` (mean over each run of ``group_size`` consecutive rows), or ``None``.
+      ``"group"`` (mean over each group), or ``None``.
     * ``std_level``: same levels for the divisor; ``None`` leaves the scale (Dr.GRPO).
     * ``mean_leave1out``: each entry's mean excludes the entry itself (RLOO baseline).
     * ``std_unbiased``: divide the variance by ``n - 1`` instead of ``n``.
+
+    Groups: without ``group_ids``, each run of ``group_size`` consecutive rows. With
+    ``group_ids`` ``[B]`` (rows sharing an id form a group, in any order and of any size;
+    ``group_size`` is then not used), e.g. agent episodes exported as one row per call.
+    ``episode_ids`` ``[B]`` (only for per-sequence ``x`` ``[B]``): the statistics count
+    every episode once, with the value of its first row (its return from the first call);
+    each row is then normalised with its own value, and leave-one-out leaves its whole
+    episode out. Without ``episode_ids`` every row is its own episode. A batch whose ids
+    are contiguous equal-size groups of one-row episodes takes the same code path as
+    ``group_size`` (identical results).
 
     The std is always taken around the plain (not leave-one-out) mean of the same level.
     ``dim`` (batch level only) restricts the reduction to those dims. Masked-out entries
@@ -151,9 +204,52 @@ def group_normalization(
     xd = x.to(dtype)
     m = torch.ones_like(xd) if mask is None else mask.to(dtype)
     xd = xd * m
+    for name, ids in (("group_ids", group_ids), ("episode_ids", episode_ids)):
+        if ids is not None and ids.reshape(-1).shape[0] != x.shape[0]:
+            raise ValueError(f"{name} has {ids.numel()} entries; the batch has {x.shape[0]} rows")
+    if group_ids is not None:
+        regular = regular_group_size(group_ids, episode_ids)
+        if regular is not None:  # the fixed layout: the group_size code path
+            group_size, group_ids, episode_ids = regular, None, None
+    if episode_ids is not None and torch.unique(episode_ids).numel() == x.shape[0]:
+        episode_ids = None  # one row per episode: rows are the units
+    first = ep_of_row = None  # episode -> its first row, row -> its episode
+    if episode_ids is not None:
+        if x.dim() != 1:
+            raise ValueError(
+                f"episode_ids needs per-sequence values [B]; got shape {tuple(x.shape)}"
+            )
+        first, ep_of_row = episode_first_rows(episode_ids)
+    # an entry's own contribution to the statistics (its episode's, with episode_ids)
+    own_x = xd if first is None else xd[first][ep_of_row]
+    own_m = m if first is None else m[first][ep_of_row]
+
+    def unit_stats() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(sum, sumsq, count) per statistics unit: episodes (their first row) or rows."""
+        if first is not None:
+            v, mv = xd[first], m[first]
+            return v, v.square(), mv
+        flat, mflat = xd.reshape(x.shape[0], -1), m.reshape(x.shape[0], -1)
+        return flat.sum(1), flat.square().sum(1), mflat.sum(1)
 
     def stats(level: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Broadcastable (sum, sumsq, count) for a level."""
+        expand = (x.shape[0], *([1] * (x.dim() - 1)))
+        if level == "group" and group_ids is None and first is not None:
+            raise ValueError("episode_ids without group_ids cannot form groups")
+        if level == "group" and group_ids is not None:
+            _, g_of_row = torch.unique(group_ids, return_inverse=True)
+            n_groups = int(g_of_row.max()) + 1 if g_of_row.numel() else 0
+            owner = g_of_row
+            if first is not None:
+                owner = g_of_row[first]
+                if not torch.equal(owner[ep_of_row], g_of_row):
+                    raise ValueError("rows of one episode carry different group_ids")
+            out = []
+            for u in unit_stats():
+                acc = torch.zeros(n_groups, dtype=dtype, device=x.device)
+                out.append(acc.index_add_(0, owner, u)[g_of_row].reshape(expand))
+            return out[0], out[1], out[2]
         if level == "group":
             if x.shape[0] % group_size != 0:
                 raise ValueError(
@@ -165,9 +261,14 @@ def group_normalization(
             s = xg.sum(dims, keepdim=True)
             sq = xg.square().sum(dims, keepdim=True)
             c = mg.sum(dims, keepdim=True)
-            expand = (x.shape[0], *([1] * (x.dim() - 1)))
             rep = lambda t: t.repeat_interleave(group_size, 0).reshape(expand)  # noqa: E731
             return rep(s), rep(sq), rep(c)
+        if first is not None:  # every episode once
+            v, vsq, mv = unit_stats()
+            s, sq, c = (t.sum().reshape(1) for t in (v, vsq, mv))  # x is [B]
+            if all_reduce:
+                _all_reduce_sum([s, sq, c], reduce_group)
+            return s, sq, c
         dims = tuple(range(x.dim())) if dim is None else dim
         s = xd.sum(dims, keepdim=True)
         sq = xd.square().sum(dims, keepdim=True)
@@ -187,7 +288,7 @@ def group_normalization(
     if mean_level is not None:
         s, _, c = get(mean_level)
         if mean_leave1out:
-            mean = (s - xd) / (c - m).clamp(min=1)
+            mean = (s - own_x) / (c - own_m).clamp(min=1)
         else:
             mean = s / c.clamp(min=1)
         y = xd - mean
@@ -752,27 +853,60 @@ def ppo_critic_loss_fn(
 
 
 # ----------------------------------------------------------------- dynamic sampling
-def uniform_reward_group_mask(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Bool ``[B]``: True for rows whose group (``group_size`` consecutive rows) has
-    non-identical rewards, i.e. rows that DAPO dynamic sampling keeps."""
-    if rewards.numel() % group_size != 0:
-        raise ValueError(
-            f"group_size={group_size} does not divide the batch size {rewards.numel()}"
-        )
-    g = rewards.reshape(-1, group_size)
-    keep = (g.amax(-1) != g.amin(-1)).repeat_interleave(group_size)
-    return keep
+def uniform_reward_group_mask(
+    rewards: torch.Tensor,
+    group_size: int = 1,
+    group_ids: torch.Tensor | None = None,
+    episode_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Bool ``[B]``: True for rows whose group has non-identical rewards, i.e. rows that
+    DAPO dynamic sampling keeps.
+
+    Groups are runs of ``group_size`` consecutive rows, or the rows sharing a
+    ``group_ids`` value. With ``episode_ids`` the rewards compared are the episodes'
+    (the reward of each episode's first row, its return from the first call), so the
+    discounted rewards of an episode's earlier calls do not make a group look mixed.
+    """
+    rewards = rewards.reshape(-1)
+    if group_ids is None:
+        if episode_ids is not None:
+            raise ValueError("episode_ids needs group_ids")
+        if rewards.numel() % group_size != 0:
+            raise ValueError(
+                f"group_size={group_size} does not divide the batch size {rewards.numel()}"
+            )
+        g = rewards.reshape(-1, group_size)
+        keep = (g.amax(-1) != g.amin(-1)).repeat_interleave(group_size)
+        return keep
+    _, g_of_row = torch.unique(torch.as_tensor(group_ids).reshape(-1), return_inverse=True)
+    n_groups = int(g_of_row.max()) + 1 if g_of_row.numel() else 0
+    values, owner = rewards, g_of_row
+    if episode_ids is not None:
+        first, _ = episode_first_rows(episode_ids)
+        values, owner = rewards[first], g_of_row[first]
+    hi = torch.full((n_groups,), float("-inf"), dtype=values.dtype, device=values.device)
+    lo = torch.full((n_groups,), float("inf"), dtype=values.dtype, device=values.device)
+    hi = hi.scatter_reduce(0, owner, values, reduce="amax")
+    lo = lo.scatter_reduce(0, owner, values, reduce="amin")
+    return (hi != lo)[g_of_row]
 
 
 def dynamic_sampling_accept(trajectory: dict[str, Any]) -> bool:
     """``should_accept_fn`` for DAPO dynamic sampling: reject a group whose rewards are all equal.
 
-    ``trajectory`` is one prompt's group (padded dict with ``rewards`` ``[G]``). A single
-    sample is kept (nothing to compare). One host sync per group.
+    ``trajectory`` is one prompt's group (padded dict with ``rewards`` ``[G]``). With
+    ``episode_ids`` (an agent's calls exported as one row each) the episodes' rewards
+    are compared: the reward of each episode's first row (its return from the first
+    call). A single sample (episode) is kept (nothing to compare). One host sync per group.
     """
     rewards = trajectory["rewards"]
     if not isinstance(rewards, torch.Tensor):
         rewards = torch.as_tensor(rewards)
+    rewards = rewards.reshape(-1)
+    episode_ids = trajectory.get("episode_ids")
+    if episode_ids is not None:
+        first, _ = episode_first_rows(episode_ids)
+        rewards = rewards[first]
     if rewards.numel() <= 1:  # no group to compare against: keep it
         return True
     return bool((rewards.amax() != rewards.amin()).item())

@@ -17,7 +17,8 @@ attribute access, e.g. ``actor.step_lr_scheduler()``):
 
 - Every argument that is a padded batch (a dict holding a 2-D ``attention_mask``
   tensor) is split across data-parallel ranks, balanced by token count: units (single
-  sequences, or whole groups of ``group_size`` consecutive sequences) are partitioned by
+  sequences, or whole groups: the rows sharing a ``group_ids`` value when the batch has
+  that key, else ``group_size`` consecutive sequences) are partitioned by
   the engine config's ``mb_spec.packing_algorithm``: ``"ffd"`` (default) sorts them by
   tokens, largest first, and gives each to the rank with the fewest tokens so far;
   ``"kk"`` uses Karmarkar-Karp (``areal.utils.seqpack.kk_partition``) and keeps the more
@@ -103,16 +104,40 @@ def split_batch_indices(
     batch: dict, n_parts: int, group_size: int = 1, packing_algorithm: str | None = "ffd"
 ) -> list[torch.Tensor]:
     """Sequence indices per rank, balanced by ``attention_mask`` token counts; whole groups
-    stay together. ``packing_algorithm``: ``"ffd"`` (greedy, default) or ``"kk"``."""
+    stay together. ``packing_algorithm``: ``"ffd"`` (greedy, default) or ``"kk"``.
+
+    Groups: the rows sharing a ``batch["group_ids"]`` value when the batch has that key
+    (any sizes, any order; ``group_size`` is then not used), else runs of ``group_size``
+    consecutive rows. Each rank's indices are in ascending (original) order."""
     mask = batch["attention_mask"]
     bsz = mask.shape[0]
-    if group_size < 1 or bsz % group_size != 0:
-        raise ValueError(f"Batch size {bsz} is not a multiple of group_size={group_size}")
     partition = _DP_PARTITIONERS.get(packing_algorithm or "ffd")
     if partition is None:
         raise ValueError(
             f"packing_algorithm={packing_algorithm!r}; allowed: {sorted(_DP_PARTITIONERS)}"
         )
+    group_ids = batch.get("group_ids")
+    if isinstance(group_ids, torch.Tensor) and group_ids.shape[:1] == (bsz,):
+        # units in order of first appearance: contiguous groups give the same split as
+        # the group_size path below
+        ids, unit_of_row = torch.unique(group_ids, return_inverse=True)
+        first = torch.full((ids.numel(),), bsz, dtype=torch.long).scatter_reduce(
+            0, unit_of_row, torch.arange(bsz), reduce="amin"
+        )
+        rank = torch.empty_like(first)
+        rank[first.argsort()] = torch.arange(first.numel())
+        unit_of_row = rank[unit_of_row]
+        tokens = torch.zeros(ids.numel(), dtype=torch.long).index_add_(
+            0, unit_of_row, mask.sum(1).long()
+        )
+        parts = partition([int(t) for t in tokens.tolist()], n_parts)
+        unit_part = torch.empty(ids.numel(), dtype=torch.long)
+        for k, part in enumerate(parts):
+            unit_part[part] = k
+        row_part = unit_part[unit_of_row]
+        return [torch.nonzero(row_part == k).reshape(-1) for k in range(n_parts)]
+    if group_size < 1 or bsz % group_size != 0:
+        raise ValueError(f"Batch size {bsz} is not a multiple of group_size={group_size}")
     tokens = mask.reshape(bsz // group_size, -1).sum(1).tolist()
     parts = partition([int(t) for t in tokens], n_parts)
     return [

@@ -9,7 +9,9 @@ used only for ``compute_logp``).
 Data keys (padded ``[B, T]``, token-aligned, see the shared conventions):
 
 * in: ``input_ids``, ``attention_mask``, ``loss_mask``, ``logprobs`` (behaviour policy),
-  ``rewards`` ``[B]``; optional ``versions``, ``prox_logp`` (recomputed by
+  ``rewards`` ``[B]``; optional ``group_ids`` / ``episode_ids`` ``[B]`` (set by the
+  rollout: group normalisation then groups rows by id and counts every episode once,
+  see ``group_normalization``), ``versions``, ``prox_logp`` (recomputed by
   :meth:`PPOActor.compute_logp`; absent with ``prox_logp_method="loglinear"``, which
   approximates it inside the loss from ``versions``), ``ref_logp`` (reference model),
   ``values`` (critic), ``teacher_logp`` with ``rl_loss_weight`` / ``distill_loss_weight``
@@ -90,9 +92,14 @@ def apply_norm(
     norm: Any,
     mask: torch.Tensor | None = None,
     reduce_group: Any = None,
+    group_ids: torch.Tensor | None = None,
+    episode_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Apply a ``NormConfig`` (``mean_level``, ``std_level``, ``mean_leave1out``,
-    ``std_unbiased``, ``eps``, ``group_size``) to ``x``; ``None`` returns ``x`` unchanged."""
+    ``std_unbiased``, ``eps``, ``group_size``) to ``x``; ``None`` returns ``x`` unchanged.
+
+    ``group_ids`` / ``episode_ids`` ``[B]``: groups by id instead of runs of
+    ``norm.group_size`` rows, statistics over episodes (see ``group_normalization``)."""
     if norm is None:
         return x
     return group_normalization(
@@ -105,6 +112,8 @@ def apply_norm(
         std_unbiased=norm.std_unbiased,
         eps=norm.eps,
         reduce_group=reduce_group,
+        group_ids=group_ids,
+        episode_ids=episode_ids,
     )
 
 
@@ -177,7 +186,16 @@ class PPOActor:
         rewards = ((rewards + cfg.reward_bias) * cfg.reward_scaling).clamp(
             -cfg.reward_clip, cfg.reward_clip
         )
-        rewards = apply_norm(rewards, cfg.reward_norm, reduce_group=group)
+        # groups by id when the rollout tagged them (an agent episode may span several
+        # rows, one per call): statistics over the episodes of a group, not its rows
+        group_ids, episode_ids = data.get("group_ids"), data.get("episode_ids")
+        rewards = apply_norm(
+            rewards,
+            cfg.reward_norm,
+            reduce_group=group,
+            group_ids=group_ids,
+            episode_ids=episode_ids,
+        )
         if cfg.mask_no_eos_with_zero:
             no_eos = data.get("no_eos")
             if no_eos is None:
@@ -236,7 +254,9 @@ class PPOActor:
             advantages, returns = gae(tot_rewards, v, loss_mask, cfg.discount, lam)
             if values is not None:
                 data["returns"] = returns
-        advantages = apply_norm(advantages, cfg.adv_norm, mask=loss_mask, reduce_group=group)
+        advantages = apply_norm(
+            advantages, cfg.adv_norm, mask=loss_mask, reduce_group=group, group_ids=group_ids
+        )
 
         data["advantages"] = advantages.float()
         data["old_logp"] = old_logp
