@@ -556,9 +556,12 @@ class PPOTrainer:
                 parts.append(part)
                 executor = getattr(self.rollout, "workflow_executor", None)
                 accepted = getattr(executor, "last_submit_versions", None)
-                n_groups += (
-                    len(accepted) if accepted is not None else len(part["rewards"]) // group_size
-                )
+                if accepted is not None:
+                    n_groups += len(accepted)
+                elif "group_ids" in part:  # groups of any size (agent calls as rows)
+                    n_groups += int(torch.unique(part["group_ids"]).numel())
+                else:
+                    n_groups += len(part["rewards"]) // group_size
             if self.config.dynamic_bs and parts:
                 break
             if draws >= 100 and not parts:
