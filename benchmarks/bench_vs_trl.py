@@ -26,6 +26,10 @@ Settings:
   prompts of ~30 to ~85 tokens and completions of 4 to 30+, so sequence lengths vary
   several-fold within a batch (the JSON reports the measured spread).
 
+``--dynamic-sampling on|off|both``: areal's dynamic sampling (default on, the demo's
+setting: groups whose samples all got the same reward are not trained); ``off`` trains
+every group as TRL does; ``both`` runs areal twice per setting against one TRL run.
+
 JSON per setting: for both sides trained and generated samples/s and tokens/s, steps,
 start-up seconds, held-out accuracy before training and at each checkpoint (with the
 training time it was taken at), and the ratios (areal / TRL). Extra ``key=value``
@@ -449,6 +453,15 @@ def main() -> None:
         default=0,
         help="TRL's torch threads (0: the faster of 1 and all cores, probed per setting)",
     )
+    ap.add_argument(
+        "--dynamic-sampling",
+        choices=["on", "off", "both"],
+        default="on",
+        help="areal's dynamic sampling (the demo's default: on, groups whose samples all "
+        "got the same reward are dropped; off: every group is trained, as TRL does); "
+        "'both' runs areal twice per setting against the same TRL run "
+        "(`areal` and `areal_no_dynamic_sampling` in the JSON)",
+    )
     ap.add_argument("--skip-trl", action="store_true", help="run areal's side only (dev)")
     ap.add_argument("--skip-areal", action="store_true", help="run TRL's side only (dev)")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of areal's side")
@@ -472,8 +485,16 @@ def main() -> None:
     for setting in settings:
         entry: dict[str, Any] = {"max_new_tokens": SETTINGS[setting]["max_new_tokens"]}
         if not args.skip_areal:
-            entry["areal"] = run_areal(setting, args.seconds, checkpoints, args.overrides)
-            entry["load_average_after_areal"] = os.getloadavg()
+            for ds in ("on", "off"):
+                if args.dynamic_sampling not in (ds, "both"):
+                    continue
+                key = "areal" if ds == "on" or args.dynamic_sampling == "off" else (
+                    "areal_no_dynamic_sampling"
+                )  # fmt: skip
+                over = [*args.overrides, f"actor.dynamic_sampling={ds == 'on'}"]
+                entry[key] = run_areal(setting, args.seconds, checkpoints, over)
+                entry[key]["dynamic_sampling"] = ds == "on"
+                entry[f"load_average_after_{key}"] = os.getloadavg()
         if not args.skip_trl:
             threads = args.threads
             if not threads:
@@ -486,6 +507,10 @@ def main() -> None:
             entry["load_average_after_trl"] = os.getloadavg()
         if "areal" in entry and "trl" in entry:
             entry["ratios_areal_over_trl"] = compare(entry["areal"], entry["trl"], checkpoints)
+        if "areal_no_dynamic_sampling" in entry and "trl" in entry:
+            entry["ratios_areal_no_dynamic_sampling_over_trl"] = compare(
+                entry["areal_no_dynamic_sampling"], entry["trl"], checkpoints
+            )
         result[setting] = entry
         print(json.dumps({setting: entry}), file=sys.stderr, flush=True)
     print(json.dumps(result, indent=2))
