@@ -374,6 +374,29 @@ class SchedulerBase(RPCEngineMixin, Scheduler):
         """A ``WorkerDiedError`` naming the worker (with its log tail) if it is dead, else None."""
         raise NotImplementedError
 
+    def _poll_healthy(
+        self,
+        workers: list[Any],
+        health_path: str,
+        deadline: float,
+        timed_out: Callable[[Any], BaseException],
+        dead: Callable[[Any], BaseException | None] | None = None,
+        interval: float = 0.2,
+    ) -> None:
+        """:func:`poll_until_healthy` on the workers' health URLs (``/health`` of an RPC
+        worker, ``health_path`` of a command worker); a worker found dead raises
+        ``dead(record)`` (default: ``self._dead_error(record, "startup")``)."""
+        poll_until_healthy(
+            workers,
+            url=lambda w: (
+                f"http://{w.worker.address}" + ("/health" if w.client is not None else health_path)
+            ),
+            dead=dead if dead is not None else (lambda w: self._dead_error(w, "startup")),
+            deadline=deadline,
+            timed_out=timed_out,
+            interval=interval,
+        )
+
     def get_workers(self, role: str, timeout: float | None = None) -> list[Any]:
         """Workers of ``role`` (waits up to ``timeout`` s for the role to appear).
 

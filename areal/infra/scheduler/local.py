@@ -51,7 +51,6 @@ from areal.infra.scheduler.base import (
     SchedulerBase,
     format_command,
     log_tail_block,
-    poll_until_healthy,
     read_log_tail,
     set_pdeathsig,
     worker_base_env,
@@ -333,13 +332,9 @@ class LocalScheduler(SchedulerBase):
         self, job: Job | None, procs: list[_WorkerProc], timeout: float | None = None
     ) -> None:
         limit = self.startup_timeout if timeout is None else timeout
-        poll_until_healthy(
+        self._poll_healthy(
             procs,
-            url=lambda p: (
-                f"http://{p.worker.address}"
-                + ("/health" if p.client is not None else p.health_path)
-            ),
-            dead=lambda p: self._dead_error(p, "startup"),
+            procs[0].health_path if procs else "/health",  # one job's workers
             deadline=time.monotonic() + limit,
             timed_out=lambda p: TimeoutError(
                 f"Worker {p.worker.id} (pid {p.pid}) not healthy at {p.worker.address} within "

@@ -57,7 +57,6 @@ from areal.infra.scheduler.base import (
     call_with_liveness,
     format_command,
     log_tail_block,
-    poll_until_healthy,
     read_log_tail,
     set_pdeathsig,
     worker_base_env,
@@ -518,13 +517,9 @@ class RayScheduler(SchedulerBase):
         return self._died(w.worker.id, detail, w)
 
     def _wait_healthy(self, job: Job, workers: list[_RayWorker]) -> None:
-        poll_until_healthy(
+        self._poll_healthy(
             workers,
-            url=lambda w: (
-                f"http://{w.worker.address}"
-                + ("/health" if w.client is not None else job.health_path)
-            ),
-            dead=lambda w: self._dead_error(w, "startup"),
+            job.health_path,
             deadline=time.monotonic() + self.startup_timeout,
             timed_out=lambda w: TimeoutError(
                 f"Worker {w.worker.id} not healthy at {w.worker.address} within "

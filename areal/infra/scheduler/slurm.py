@@ -48,7 +48,6 @@ from areal.infra.scheduler.base import (
     SchedulerBase,
     format_command,
     log_tail_block,
-    poll_until_healthy,
     worker_base_env,
 )
 from areal.utils import logging
@@ -335,16 +334,7 @@ class SlurmScheduler(SchedulerBase):
             )
             return TimeoutError(self._job_dead_error(sjob, w.worker.id, headline=headline))
 
-        poll_until_healthy(
-            workers,
-            url=lambda w: (
-                f"http://{w.worker.address}"
-                + ("/health" if w.client is not None else job.health_path)
-            ),
-            dead=dead,
-            deadline=deadline,
-            timed_out=timed_out,
-        )
+        self._poll_healthy(workers, job.health_path, deadline, timed_out, dead=dead)
         logger.info(f"Workers of role {job.role!r} healthy: {[w.worker.id for w in workers]}")
 
     def _dead_error(self, w: _SlurmWorker, during: str = "") -> WorkerDiedError | None:
