@@ -24,6 +24,7 @@ object (to ``RolloutController`` / ``WorkflowExecutor``) down.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from typing import Any
 
 from areal.utils.dynamic_import import import_from_string
@@ -110,6 +111,19 @@ def server_command(
     cls = engine_class(name)
     args = cls.build_server_args(config, model_path=model_path, tp_size=tp_size, pp_size=pp_size)
     return cls.build_server_command(args)
+
+
+def server_command_line(module: str, args: dict[str, Any], python: str = "python") -> str:
+    """``python -m module --host {host} --port {port} --flag value ...`` as one shell string.
+
+    The scheduler fills in ``{host}``/``{port}`` with ``str.format``: ``host``/``port`` in
+    ``args`` give way to those placeholders and braces in the other values are escaped
+    (:func:`escape_braces`). Flags follow ``get_py_cmd`` (``None``/``False`` left out)."""
+    from areal.api.cli_args import get_py_cmd
+
+    flags = {k: v for k, v in args.items() if k not in ("host", "port")}
+    placeholders = {"host": "{host}", "port": "{port}"}
+    return shlex.join(get_py_cmd(module, {**placeholders, **escape_braces(flags)}, python=python))
 
 
 def escape_braces(args: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,6 @@ the gloo/nccl broadcast group (``/init_weights_update_group``,
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from typing import Any
 
 from areal.api.cli_args import InferenceEngineConfig
@@ -107,18 +106,11 @@ class RemoteLocalEngine(RemoteInfEngine):
 
     @classmethod
     def build_server_command(cls, server_args: dict[str, Any]) -> tuple[str, dict[str, str]]:
-        from areal.api.cli_args import get_py_cmd
-        from areal.engine.inference_backends import escape_braces
+        from areal.engine.inference_backends import server_command_line
 
-        args = dict(server_args)
-        if not args.get("model_path"):
+        if not server_args.get("model_path"):
             raise ValueError("server_args['model_path'] is required for a built-in server")
-        for k in ("host", "port"):
-            args.pop(k, None)
-        cmd = get_py_cmd(
-            SERVER_MODULE, {"host": "{host}", "port": "{port}", **escape_braces(args)}, "python"
-        )
-        return shlex.join(cmd), {"OMP_NUM_THREADS": "1"}
+        return server_command_line(SERVER_MODULE, server_args), {"OMP_NUM_THREADS": "1"}
 
     def launch_server(self, server_args: dict[str, Any]) -> list[str]:
         """Start built-in servers: ``server_args`` = ``model_path``, optional ``num_servers``,

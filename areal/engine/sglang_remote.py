@@ -10,7 +10,6 @@ the client stamps each chunk with its own version.
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from areal.api.cli_args import InferenceEngineConfig
@@ -123,13 +122,7 @@ class RemoteSGLangEngine(RemoteInfEngine):
     @classmethod
     def build_server_command(cls, server_args: dict[str, Any]) -> tuple[str, dict[str, str]]:
         """``python -m sglang.launch_server --host {host} --port {port} --flags...``."""
-        from areal.api.cli_args import SGLangConfig
-        from areal.engine.inference_backends import escape_braces
+        from areal.api.cli_args import SGLANG_SERVER_MODULE
+        from areal.engine.inference_backends import server_command_line
 
-        args = dict(server_args)
-        for k in ("host", "port"):
-            args.pop(k, None)
-        cmd = SGLangConfig.build_cmd_from_args(
-            {"host": "{host}", "port": "{port}", **escape_braces(args)}, python="python"
-        )
-        return shlex.join(cmd), {}
+        return server_command_line(SGLANG_SERVER_MODULE, server_args), {}

@@ -17,7 +17,6 @@ the client stamps each chunk with its own version.
 from __future__ import annotations
 
 import os
-import shlex
 from typing import Any
 
 from areal.api.cli_args import InferenceEngineConfig
@@ -169,9 +168,9 @@ class RemotevLLMEngine(RemoteInfEngine):
         ``--logprobs-mode processed_logprobs`` (logprobs after temperature, the convention
         of the rest of areal); ``max_model_len`` is clamped to the model's
         ``max_position_embeddings`` (vLLM refuses a longer one)."""
-        from areal.api.cli_args import vLLMConfig
+        from areal.api.cli_args import VLLM_SERVER_MODULE
         from areal.engine import vllm_ext
-        from areal.engine.inference_backends import escape_braces
+        from areal.engine.inference_backends import server_command_line
 
         args = dict(server_args)
         python = args.pop("python", None) or os.environ.get(ENV_VLLM_PYTHON) or "python"
@@ -190,14 +189,11 @@ class RemotevLLMEngine(RemoteInfEngine):
                 limit,
             )
             args["max_model_len"] = limit
-        for k in ("host", "port", *_REMOVED_VLLM_FLAGS):  # removed: refused by vLLM's V1 server
+        for k in _REMOVED_VLLM_FLAGS:  # refused by vLLM's V1 server
             args.pop(k, None)
         if not args.get("worker_extension_cls"):
             args["worker_extension_cls"] = vllm_ext.WORKER_EXTENSION_CLS
         args.setdefault("logprobs_mode", "processed_logprobs")
-        cmd = vLLMConfig.build_cmd_from_args(
-            {"host": "{host}", "port": "{port}", **escape_braces(args)}, python=python
-        )
         env = {
             "VLLM_SERVER_DEV_MODE": "1",
             "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
@@ -205,7 +201,7 @@ class RemotevLLMEngine(RemoteInfEngine):
                 p for p in (vllm_ext.EXTENSION_DIR, os.environ.get("PYTHONPATH", "")) if p
             ),
         }
-        return shlex.join(cmd), env
+        return server_command_line(VLLM_SERVER_MODULE, args, python=python), env
 
 
 def _max_position_embeddings(model: str) -> int | None:
