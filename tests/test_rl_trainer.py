@@ -106,3 +106,24 @@ def test_sft_trainer_twenty_steps_lowers_loss(tiny_lm_dir, tmp_path):
     losses = result["losses"]
     assert len(losses) == 20
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5, losses
+
+
+def test_limit_cpu_controller_threads_cpu_run_one_thread_gpu_run_unchanged():
+    import types
+
+    import torch
+
+    from areal.trainer.rl_trainer import limit_cpu_controller_threads
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        gpu = types.SimpleNamespace(cluster=types.SimpleNamespace(n_gpus_per_node=8))
+        assert limit_cpu_controller_threads(gpu) is False
+        assert torch.get_num_threads() == 2
+        cpu = types.SimpleNamespace(cluster=types.SimpleNamespace(n_gpus_per_node=0))
+        assert limit_cpu_controller_threads(cpu) is True
+        assert torch.get_num_threads() == 1
+        assert limit_cpu_controller_threads(cpu) is False  # already one thread
+    finally:
+        torch.set_num_threads(before)

@@ -36,6 +36,24 @@ from areal.utils.stats_logger import StatsLogger
 
 logger = logging.getLogger("PPOTrainer")
 
+
+def limit_cpu_controller_threads(config: Any) -> bool:
+    """On a CPU run (``cluster.n_gpus_per_node == 0``) give this controller process one
+    torch thread; returns whether it changed the count.
+
+    The controller's tensor work is small (batch slicing, padding, statistics) and the
+    cores belong to the workers and servers; with more OpenMP threads than free cores
+    every op waits at barriers for threads they deschedule, and spinning threads take
+    CPU from them (slicing a 128-row batch: 0.16 ms at 1 thread, 4.5 ms at 2).
+    """
+    cluster = getattr(config, "cluster", None)
+    if getattr(cluster, "n_gpus_per_node", None) != 0 or torch.get_num_threads() <= 1:
+        return False
+    logger.info("CPU run: controller torch threads %d -> 1", torch.get_num_threads())
+    torch.set_num_threads(1)
+    return True
+
+
 ACTOR_ENGINE = "areal.trainer.ppo.actor.FSDPPPOActor"
 CRITIC_ENGINE = "areal.trainer.ppo.critic.FSDPPPOCritic"
 
@@ -62,6 +80,7 @@ class PPOTrainer:
 
         self.config = config
         self._closed = False
+        limit_cpu_controller_threads(config)
         self.alloc_mode = resolve_allocation(config)
         self._proxy = None  # the OpenAI-compatible proxy of agent workflows (started lazily)
         if train_dataset is None and config.rollout.agent.mode == "online":
