@@ -2,23 +2,33 @@
 
 Real components, two identical stacks side by side: a train controller with one
 FSDPEngine worker (LocalScheduler), one built-in server, ``disk`` weight updates through
-``WeightSynchronizer``.
+``WeightSynchronizer``:
 
-- ``plain``: started with ``AREAL_WEIGHT_DIGESTS=0`` (no export/load-time digests), synced
-  without the hook: the weight sync as it would be without verification;
-- ``verified``: digests on (trainer export + server load), synced with the hook.
+- ``plain``: synced without the hook (no digests in the export, no check);
+- ``verified``: synced with ``WeightFingerprintHook(full_every, background)`` as the
+  trainer configures it (``rollout.verify_weights_full_every`` / ``..._background``).
 
-Each round syncs both (which goes first alternates), so load changes hit both alike. The JSON gives the
-median sync of each, the overhead ``verified / plain - 1`` (everything the check adds:
-digests in the export and the load, the check itself), the median check time alone
-(``weight_sync/fingerprint_seconds``) and the median push times. On a busy machine the
-difference of two noisy syncs is noisy too, so the same cost is also given by its
-components, timed where they run: the digests in the trainer's export and in the
-server's load, plus the check, over the plain sync.
+Each round syncs both (which goes first alternates, so load changes hit both alike); a
+background check is waited for (``hook.flush``) before the next sync starts, and timed on
+its own. Per sync, wall time and CPU time (this process, which runs the hook, plus the
+stack's trainer worker and server) are measured. The JSON gives, averaged over all rounds
+(whole rotations when ``--rounds`` is a multiple of ``--full-every``), as fractions of the
+plain sync:
 
-    .venv/bin/python benchmarks/bench_weight_fingerprint.py [--hidden 512 --layers 8 --rounds 21]
+- ``added_wall_on_sync``: what verification adds to the sync's wall time (the mean of the
+  paired differences verified - plain, with its standard error; in background mode the
+  check itself is not on this path);
+- ``check_wall``: the check's own wall time (background: it overlaps rollout and
+  training; inline: it is part of the sync);
+- ``added_cpu``: all CPU time verification adds (digests in the export, the check in the
+  trainer, the server and this process): (verified sync + check - plain sync) CPU;
+- ``trainer_digest`` / ``server_digest``: the digests alone, timed where they run (less
+  noisy than differences of syncs).
 
-Model: a random Qwen2 of the given size (default ~9M parameters, float32).
+    .venv/bin/python benchmarks/bench_weight_fingerprint.py [--hidden 512 --layers 8]
+        [--model areal/models/assets/tiny-base] [--rounds 32] [--full-every 8] [--inline]
+
+Model: a random Qwen2 of the given size (default ~9M parameters, float32) or ``--model``.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
@@ -55,8 +66,8 @@ def _model(path: str, hidden: int, layers: int) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _stack(root: str, model_dir: str, digests: bool):
-    """(actor, engine, scheduler) of one stack; its processes see AREAL_WEIGHT_DIGESTS."""
+def _stack(root: str, model_dir: str):
+    """(actor, engine, scheduler, meta) of one stack."""
     from areal.api.cli_args import (
         InferenceEngineConfig,
         MicroBatchSpec,
@@ -67,9 +78,7 @@ def _stack(root: str, model_dir: str, digests: bool):
     from areal.engine.local_remote import RemoteLocalEngine
     from areal.infra.controller.train_controller import TrainController
     from areal.infra.scheduler.local import LocalScheduler
-    from areal.utils.weight_fingerprint import ENV_DIGESTS
 
-    os.environ[ENV_DIGESTS] = "1" if digests else "0"
     os.makedirs(root, exist_ok=True)
     config = TrainEngineConfig(
         experiment_name="bench",
@@ -104,11 +113,40 @@ def _close(stack) -> None:
             print(f"teardown: {type(e).__name__}: {e}", file=sys.stderr)
 
 
+def _cpu(procs) -> float:
+    """CPU seconds (user + system) of this process and ``procs`` so far."""
+    import psutil
+
+    total = 0.0
+    for p in [psutil.Process(), *procs]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def _children(before: set[int]):
+    import psutil
+
+    return [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+
+
+def _mean_se(xs: list[float]) -> tuple[float, float]:
+    m = statistics.fmean(xs)
+    se = statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else 0.0
+    return m, se
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=21)
+    ap.add_argument("--model", default="", help="an HF model directory instead of a random one")
+    ap.add_argument("--rounds", type=int, default=32)
+    ap.add_argument("--full-every", type=int, default=8)
+    ap.add_argument("--inline", action="store_true", help="check inside the sync")
     args = ap.parse_args()
 
     import torch
@@ -118,71 +156,113 @@ def main() -> None:
     from areal.infra.weight_verify import WeightFingerprintHook
 
     root = tempfile.mkdtemp(prefix="bench-wfp-")
-    model_dir = os.path.join(root, "model")
-    n_params = _model(model_dir, args.hidden, args.layers)
+    if args.model:
+        from safetensors.torch import load_file
+
+        model_dir = args.model
+        sd = load_file(os.path.join(model_dir, "model.safetensors"))
+        n_params = sum(t.numel() for t in sd.values())
+    else:
+        model_dir = os.path.join(root, "model")
+        n_params = _model(model_dir, args.hidden, args.layers)
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [os.path.join(os.path.dirname(__file__), ".."), os.environ.get("PYTHONPATH")])
     )
     stacks = []
+    hook = WeightFingerprintHook(full_every=args.full_every, background=not args.inline)
     try:
-        stacks.append(_stack(os.path.join(root, "plain"), model_dir, digests=False))
-        stacks.append(_stack(os.path.join(root, "verified"), model_dir, digests=True))
+        import psutil
+
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        stacks.append(_stack(os.path.join(root, "plain"), model_dir))
+        procs0 = _children(before)
+        before |= {p.pid for p in procs0}
+        stacks.append(_stack(os.path.join(root, "verified"), model_dir))
+        procs1 = _children(before)
         (a0, e0, _, m0), (a1, e1, _, m1) = stacks
         plain = WeightSynchronizer(a0, e0, m0)
-        checked = WeightSynchronizer(a1, e1, m1, hooks=[WeightFingerprintHook()])
-        keys = ("plain", "verified", "check", "ct", "cs", "pp", "vp", "dt", "ds")
-        res: dict[str, list[float]] = {k: [] for k in keys}
-        for version in range(1, args.rounds + 2):
+        checked = WeightSynchronizer(a1, e1, m1, hooks=[hook])
+        res: dict[str, list[float]] = {}
+
+        def timed(fn, procs):
+            c0, t0 = _cpu(procs), time.perf_counter()
+            out = fn()
+            return out, time.perf_counter() - t0, _cpu(procs) - c0
+
+        def verified_round(version):
+            _, wall, cpu = timed(lambda: checked.sync(version), procs1)
+            stats: dict[str, float] = {}
+            _, c_wall, c_cpu = timed(lambda: hook.flush(stats), procs1)  # background check
+            return wall, cpu, c_wall, c_cpu, stats
+
+        warmup = 2  # the first (inline) check and one background check
+        for version in range(1, args.rounds + warmup + 1):
             if version % 2:  # alternate which goes first
-                p = plain.sync(version)
-                v = checked.sync(version)
+                _, p_wall, p_cpu = timed(lambda v=version: plain.sync(v), procs0)
+                v_wall, v_cpu, c_wall, c_cpu, stats = verified_round(version)
             else:
-                v = checked.sync(version)
-                p = plain.sync(version)
-            if version == 1:
-                continue  # warm-up round
-            res["plain"].append(p["weight_sync/seconds"])
-            res["pp"].append(p["weight_sync/push_seconds"])
-            res["verified"].append(v["weight_sync/seconds"])
-            res["vp"].append(v["weight_sync/push_seconds"])
-            res["check"].append(v["weight_sync/fingerprint_seconds"])
-            res["ct"].append(v["weight_sync/fingerprint_trainer_seconds"])
-            res["cs"].append(v["weight_sync/fingerprint_server_seconds"])
-            # the digests' share of the push, timed inside the trainer and the server
-            res["dt"].append(a1.scheduler.call_engine("actor/0", "_export_digests").seconds)
-            res["ds"].append(v["weight_sync/fingerprint_server_digest_seconds"])
-        med = {k: statistics.median(x) for k, x in res.items()}
+                v_wall, v_cpu, c_wall, c_cpu, stats = verified_round(version)
+                _, p_wall, p_cpu = timed(lambda v=version: plain.sync(v), procs0)
+            if version <= warmup:
+                continue
+            inline = args.inline
+            row = {
+                "plain": p_wall,
+                "verified": v_wall,
+                "diff": v_wall - p_wall,
+                "check": (stats if not inline else checked.last_stats).get(
+                    "weight_sync/fingerprint_seconds", c_wall
+                ),
+                "plain_cpu": p_cpu,
+                "added_cpu": v_cpu + c_cpu - p_cpu,
+                "server_digest": (stats if not inline else checked.last_stats).get(
+                    "weight_sync/fingerprint_server_digest_seconds", 0.0
+                ),
+                "trainer_digest": a1.scheduler.call_engine("actor/0", "_export_digests").seconds,
+            }
+            for k, x in row.items():
+                res.setdefault(k, []).append(x)
+        mean = {k: statistics.fmean(x) for k, x in res.items()}
+        p = mean["plain"]
+        diff, diff_se = _mean_se(res["diff"])
+        cpu_add, cpu_se = _mean_se(res["added_cpu"])
+
+        def frac(x: float) -> float:
+            return round(x / p, 4)
+
         print(
             json.dumps(
                 {
                     "params": n_params,
+                    "model": args.model or f"random Qwen2 hidden {args.hidden} x {args.layers}",
                     "weight_update_mode": "disk",
+                    "mode": "inline" if args.inline else "background",
+                    "full_every": args.full_every,
                     "rounds": args.rounds,
-                    "plain_sync_seconds_median": round(med["plain"], 4),
-                    "verified_sync_seconds_median": round(med["verified"], 4),
-                    "overhead": round(med["verified"] / med["plain"] - 1, 4),
-                    "check_seconds_median": round(med["check"], 4),
-                    "check_over_plain_sync": round(med["check"] / med["plain"], 4),
-                    "check_trainer_seconds_median": round(med["ct"], 4),
-                    # components, timed where they run: the digests in the trainer's export
-                    # and in the server's load, plus the check (less noisy than the
-                    # difference of two syncs)
-                    "trainer_digest_seconds_median": round(med["dt"], 4),
-                    "server_digest_seconds_median": round(med["ds"], 4),
-                    "components_over_plain_sync": round(
-                        (med["dt"] + med["ds"] + med["check"]) / med["plain"], 4
-                    ),
-                    "check_server_seconds_median": round(med["cs"], 4),
-                    "plain_push_seconds_median": round(med["pp"], 4),
-                    "verified_push_seconds_median": round(med["vp"], 4),
+                    "plain_sync_seconds_mean": round(p, 4),
+                    "plain_sync_seconds_median": round(statistics.median(res["plain"]), 4),
+                    "verified_sync_seconds_mean": round(mean["verified"], 4),
+                    "verified_sync_seconds_median": round(statistics.median(res["verified"]), 4),
+                    # fractions of the plain sync's mean wall time (CPU: of its CPU time)
+                    "added_wall_on_sync": frac(diff),
+                    "added_wall_on_sync_stderr": frac(diff_se),
+                    "check_wall": frac(mean["check"]),
+                    "check_seconds_mean": round(mean["check"], 4),
+                    "plain_sync_cpu_seconds_mean": round(mean["plain_cpu"], 4),
+                    "added_cpu": round(cpu_add / mean["plain_cpu"], 4),
+                    "added_cpu_stderr": round(cpu_se / mean["plain_cpu"], 4),
+                    "trainer_digest": frac(mean["trainer_digest"]),
+                    "server_digest": frac(mean["server_digest"]),
+                    "trainer_digest_seconds_max": round(max(res["trainer_digest"]), 4),
                     "plain_sync_seconds": [round(x, 4) for x in res["plain"]],
                     "verified_sync_seconds": [round(x, 4) for x in res["verified"]],
-                    "load_average": list(os.getloadavg()),
+                    "load_average": [round(x, 2) for x in os.getloadavg()],
                 },
                 indent=2,
             )
         )
     finally:
+        hook.close()
         for st in reversed(stacks):
             _close(st)
 

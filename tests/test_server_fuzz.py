@@ -50,7 +50,7 @@ FIELDS = {
         "dtypes",
         "version",
     ],
-    "/weights_fingerprint": ["seed"],
+    "/weights_fingerprint": ["seed", "full"],
     "/v1/completions": [
         "prompt",
         "max_tokens",

@@ -15,11 +15,13 @@ from areal.infra.weight_sync import WeightSyncContext
 from areal.infra.weight_verify import WeightFingerprintHook, WeightFingerprintMismatch
 from areal.utils.auth import auth_headers, get_run_secret
 from areal.utils.weight_fingerprint import (
+    FULL_SAMPLE_MAX,
     WeightDigests,
+    _sample_slice,
     compare_fingerprints,
-    digest_tensor,
     fingerprint_named,
     fingerprint_tensor,
+    rotation_share,
 )
 
 
@@ -79,28 +81,58 @@ def test_fingerprint_single_element_change_caught_anywhere():
         assert len(bad) == 1 and "sampled elements differ" in bad[0]
 
 
-def test_fingerprint_from_digests_equals_live_and_sees_later_changes(monkeypatch):
-    """Digests taken when the tensors were written (server load, trainer export) give the
-    same fingerprints as the live tensors; the sample is read live, so a tensor changed
-    after its digest was taken still mismatches."""
+def test_fingerprint_export_digests_equal_live_and_rotation_covers_every_tensor_once():
+    """Digests taken during the export (``WeightDigests``, a rotation share in full, the
+    rest sampled) give the fingerprints of the live tensors; over ``every`` checks the
+    shares are disjoint, cover every tensor too big to be sampled whole, and are balanced."""
     torch.manual_seed(0)
-    named = {"a": torch.randn(300, 70) * 0.02, "b": torch.randn(5000, 64) * 0.02}
-    digests = {n: digest_tensor(n, t) for n, t in named.items()}
-    live = fingerprint_named(named, seed=9)
-    assert fingerprint_named(named, seed=9, digests=digests) == live
-    exported = WeightDigests()
-    for n, t in named.items():
-        exported.add(n, t)
-    exported.complete = True
-    assert exported.usable and exported.fingerprints(9) == live
-    assert fingerprint_named(named, seed=10) != live  # the seed changes every number
-    named["b"] += 1e-5 * torch.randn_like(named["b"])  # changed after the load's digest
-    bad = compare_fingerprints(live, fingerprint_named(named, seed=9, digests=digests))
-    assert len(bad) == 1 and bad[0].startswith("b (sampled elements differ")
-    monkeypatch.setenv("AREAL_WEIGHT_DIGESTS", "0")
-    off = WeightDigests()
-    off.add("a", named["a"])
-    assert not off.usable and off.digests == {}
+    shapes = {"emb": (400, 64), "a": (300, 70), "b": (5000, 64), "c": (128, 64), "n": (64,)}
+    named = {n: torch.randn(*s) * 0.02 for n, s in shapes.items()}
+    sizes = [(n, t.numel()) for n, t in named.items()]
+    every = 3
+    shares = [rotation_share(sizes, every, i) for i in range(every)]
+    big = {n for n, k in sizes if k > FULL_SAMPLE_MAX}
+    assert set().union(*shares) == big and sum(len(x) for x in shares) == len(big)
+    assert rotation_share(sizes, every, every + 1) == shares[1]  # it cycles
+    assert rotation_share(sizes, 1, 5) == big  # every=1: all in full
+    for share in shares:
+        exported = WeightDigests(full=share)
+        items = list(named.items())
+        exported.add(items[:2])  # bucket by bucket
+        exported.add(items[2:])
+        fps = exported.fingerprints(9)
+        assert fps == fingerprint_named(named, seed=9, full=share)
+        assert {n for n, fp in fps.items() if len(fp) > 2} == share  # full: k + 3 numbers
+        assert all(len(fp) == 2 for n, fp in fps.items() if n not in share)  # sample
+    assert WeightDigests(enabled=False).fingerprints(9) == {}  # ranks that do not answer
+
+
+def test_fingerprint_sample_only_catches_a_step_but_not_an_unsampled_element():
+    """Sample only (a tensor outside this check's rotation share): a tensor left at its
+    previous version (one optimizer step ago) or zeroed is caught; one element off outside
+    the sampled positions is not (that is what the rotating row sums are for)."""
+    torch.manual_seed(0)
+    w = torch.randn(2048, 512) * 0.02
+    ref = fingerprint_named({"w": w}, seed=4, full=())
+    step = w - 1e-6 * torch.sign(torch.randn_like(w))  # one Adam step at lr 1e-6
+    for got in (step, torch.zeros_like(w)):
+        bad = compare_fingerprints(ref, fingerprint_named({"w": got}, seed=4, full=()))
+        assert len(bad) == 1 and "sampled elements differ" in bad[0]
+    one = w.clone()
+    one.view(-1)[_unsampled("w", w.numel())] += 1e-4
+    assert compare_fingerprints(ref, fingerprint_named({"w": one}, seed=4, full=())) == []
+    # a server answering a sample-only reference with a full fingerprint is compared on
+    # the sample; a full reference answered by a sample only is a mismatch
+    assert compare_fingerprints(ref, fingerprint_named({"w": w}, seed=4)) == []
+    bad = compare_fingerprints(fingerprint_named({"w": w}, seed=4), ref)
+    assert len(bad) == 1 and "length 2" in bad[0]
+
+
+def _unsampled(name: str, n: int) -> int:
+    """An element index of a tensor of ``n`` elements that its sample does not contain."""
+    offset, stride, _ = _sample_slice(name, n)
+    i = n // 2
+    return i + 1 if (i - offset) % stride == 0 else i
 
 
 @pytest.fixture
@@ -123,13 +155,31 @@ def _checkpoint(path):
 
 
 class _Actor:
-    """The trainer side: fingerprints of the weights it exported (``weights_fingerprint``)."""
+    """The trainer side as ``FSDPEngine`` answers it: ``export`` digests the pushed weights
+    (after ``enable_weight_fingerprints``: the rotation share in full, the next share after
+    each answered check), ``weights_fingerprint`` answers from those digests."""
 
     def __init__(self, named):
-        self.named = named
+        self.every = 0
+        self.checks = 0
+        self.export(named)
 
-    def weights_fingerprint(self, seed, dtypes=None):
-        return fingerprint_named(self.named, seed, dtypes)
+    def enable_weight_fingerprints(self, full_every=1, dtypes=None):
+        self.every = full_every
+
+    def export(self, named):
+        self.named = named
+        sizes = [(n, t.numel()) for n, t in named.items()]
+        self.digests = WeightDigests(
+            full=rotation_share(sizes, self.every, self.checks) if self.every else None
+        )
+        self.digests.add(named.items())
+
+    def weights_fingerprint(self, seed, dtypes=None, full=None):
+        if dtypes is None and full is None:
+            self.checks += 1
+            return self.digests.fingerprints(seed)
+        return fingerprint_named(self.named, seed, dtypes, full=full)
 
 
 def _ctx(actor, address, version=1):
@@ -152,19 +202,36 @@ async def test_fingerprint_endpoint_needs_run_secret_and_matches_checkpoint(
         )
         assert r.status == 200
         body = await r.json()
+        headers = auth_headers(get_run_secret())
+        for bad in ("model.norm.weight", [1], {"a": 1}):
+            r = await client.post(
+                "/weights_fingerprint", json={"seed": 3, "full": bad}, headers=headers
+            )
+            assert r.status == 400, bad
+        full = ["lm_head.weight"]
+        r = await client.post(
+            "/weights_fingerprint", json={"seed": 3, "full": full}, headers=headers
+        )
+        sampled = (await r.json())["fingerprints"]
     ref = fingerprint_named(_checkpoint(tiny_model_dir), 3)
-    assert compare_fingerprints(ref, body["fingerprints"]) == []
+    assert compare_fingerprints(ref, body["fingerprints"]) == []  # no "full": every tensor
     assert body["dtypes"]["model.embed_tokens.weight"] == "float32"
+    assert {n for n, fp in sampled.items() if len(fp) > 2} == set(full)
+    assert (
+        compare_fingerprints(fingerprint_named(_checkpoint(tiny_model_dir), 3, full=full), sampled)
+        == []
+    )
 
 
-_FAULTY = "model.layers.1.mlp.down_proj.weight"
+_FAULTY = "model.layers.1.mlp.down_proj.weight"  # 8192 elements: sampled, not whole
 
 
 def _fault(kind, real_load, model, path, **kw):
     """Load ``path`` into ``model`` the way a server with bug ``kind`` would: the tensor
     ``_FAULTY`` keeps its old value (``skipped``: the loader never copies it; ``reverted``:
-    something restores it after the load), is off in one element by 1e-4 (``one_element``)
-    or carries noise 10x smaller than one step between versions (``noise``)."""
+    something restores it after the load), is off by 1e-4 in one element outside its
+    sampled positions (``one_element``) or carries noise 10x smaller than one step
+    between versions (``noise``)."""
     import safetensors.torch as st
 
     import areal.engine.local_server.weights as weights
@@ -179,7 +246,7 @@ def _fault(kind, real_load, model, path, **kw):
                 sd[_FAULTY] = old.clone()
             elif kind == "one_element":
                 sd[_FAULTY] = sd[_FAULTY].clone()
-                sd[_FAULTY].view(-1)[777] += 1e-4
+                sd[_FAULTY].view(-1)[_unsampled(_FAULTY, sd[_FAULTY].numel())] += 1e-4
             elif kind == "noise":
                 sd[_FAULTY] = sd[_FAULTY] + 1e-6 * torch.randn_like(sd[_FAULTY])
         return sd
@@ -196,55 +263,148 @@ def _fault(kind, real_load, model, path, **kw):
     return n
 
 
-@pytest.mark.parametrize("kind", ["skipped", "reverted", "one_element", "noise"])
-async def test_fingerprint_hook_server_with_one_bad_tensor_caught_at_once_naming_it(
-    server_app, tiny_model_dir, tmp_path, monkeypatch, kind
-):
-    """The server loads new weights but one tensor is wrong (skipped in the load, reverted
-    after it, one element off, slightly noisy): the very first verify names the server and
-    that tensor (a logprob tolerance could miss such a change)."""
+def _inject(monkeypatch, kind):
     import functools
-
-    from safetensors.torch import save_file
 
     import areal.engine.local_server.weights as weights
 
-    srv, make_client = server_app
-    new = {k: v + 1e-5 * torch.randn_like(v) for k, v in _checkpoint(tiny_model_dir).items()}
-    new_dir = tmp_path / "v1"
-    new_dir.mkdir()
-    save_file(new, str(new_dir / "model.safetensors"))
+    monkeypatch.setattr(
+        weights,
+        "load_weights_from_disk",
+        functools.partial(_fault, kind, weights.load_weights_from_disk),
+    )
 
-    hook = WeightFingerprintHook()
+
+async def _push(client, weights_dir, named):
+    """Write ``named`` as a checkpoint and have the server load it (a disk weight update)."""
+    from safetensors.torch import save_file
+
+    save_file(named, str(weights_dir / "model.safetensors"))
+    r = await client.post(
+        "/update_weights_from_disk",
+        json={"model_path": str(weights_dir)},
+        headers=auth_headers(get_run_secret()),
+    )
+    assert r.status == 200, await r.text()
+
+
+async def _sync_check(hook, actor, client, weights_dir, named, version):
+    """One ``WeightSynchronizer.sync`` of ``named`` as ``version`` with the hook:
+    ``before_push`` (raises a mismatch a background check found), the push (the trainer's
+    export digests, the server's disk load), ``verify``, ``after_sync``."""
+    addr = f"127.0.0.1:{client.port}"
+    ctx = _ctx(actor, addr, version)
+    await asyncio.to_thread(hook.before_push, ctx)
+    actor.export(named)
+    await _push(client, weights_dir, named)
+    await asyncio.to_thread(hook.verify, ctx)
+    await asyncio.to_thread(hook.after_sync, ctx)  # synced: a background check starts
+    return ctx
+
+
+def _stepped(named):
+    return {k: v + 1e-5 * torch.randn_like(v) for k, v in named.items()}
+
+
+@pytest.mark.parametrize(
+    "kind,every",
+    [("skipped", 1), ("reverted", 1), ("one_element", 1), ("noise", 1)]
+    + [("skipped", 8), ("reverted", 8), ("noise", 8)],
+)
+async def test_fingerprint_hook_server_with_one_bad_tensor_caught_at_once_naming_it(
+    server_app, tiny_model_dir, tmp_path, monkeypatch, kind, every
+):
+    """The server loads new weights but one tensor is wrong (skipped in the load, reverted
+    after it, one unsampled element off, slightly noisy): the very first check names the
+    server and that tensor (a logprob tolerance could miss such a change). With the
+    rotation (``full_every=8``) and the tensor outside this check's share, the sample
+    alone catches a skipped, reverted or noisy tensor at once."""
+    srv, make_client = server_app
+    new = _stepped(_checkpoint(tiny_model_dir))
+    sizes = [(n, t.numel()) for n, t in new.items()]
+    assert every == 1 or _FAULTY not in rotation_share(sizes, every, 1)  # sample only
+    hook = WeightFingerprintHook(full_every=every)
+    actor = _Actor(new)
     async with make_client() as client:
         addr = f"127.0.0.1:{client.port}"
-        headers = auth_headers(get_run_secret())
-        r = await client.post(
-            "/update_weights_from_disk", json={"model_path": str(new_dir)}, headers=headers
-        )
-        assert r.status == 200
-        ctx = _ctx(_Actor(new), addr)
-        await asyncio.to_thread(hook.verify, ctx)  # a correct server passes
+        ctx = await _sync_check(hook, actor, client, tmp_path, new, 1)  # a correct server
         assert ctx.stats["weight_sync/fingerprint_tensors"] == len(new)
         assert ctx.stats["weight_sync/fingerprint_servers"] == 1
-        assert set(srv.weight_digests) == set(new)  # digested during the load
+        n_full = ctx.stats["weight_sync/fingerprint_full_tensors"]
+        assert n_full == len(rotation_share(sizes, every, 0)) > 0
 
-        monkeypatch.setattr(
-            weights,
-            "load_weights_from_disk",
-            functools.partial(_fault, kind, weights.load_weights_from_disk),
-        )
-        newer = {k: v + 1e-5 * torch.randn_like(v) for k, v in new.items()}
-        save_file(newer, str(new_dir / "model.safetensors"))
-        r = await client.post(
-            "/update_weights_from_disk", json={"model_path": str(new_dir)}, headers=headers
-        )
-        assert r.status == 200
+        _inject(monkeypatch, kind)
         with pytest.raises(WeightFingerprintMismatch) as ei:
-            await asyncio.to_thread(hook.verify, _ctx(_Actor(newer), addr, version=2))
+            await _sync_check(hook, actor, client, tmp_path, _stepped(new), 2)
     err = ei.value
     assert err.server == addr and len(err.tensors) == 1 and err.tensors[0].startswith(_FAULTY)
     assert addr in str(err) and _FAULTY in str(err) and "version 2" in str(err)
+
+
+async def test_fingerprint_rotation_catches_unsampled_element_off_within_full_every_syncs(
+    server_app, tiny_model_dir, tmp_path, monkeypatch
+):
+    """A server whose loader leaves one element of one tensor off by 1e-4, outside the
+    sampled positions, at every load: the samples cannot see it; the rotating row sums
+    catch it at the first check whose share holds the tensor, within ``full_every``
+    syncs, naming server and tensor."""
+    every = 4
+    srv, make_client = server_app
+    hook = WeightFingerprintHook(full_every=every)
+    actor = _Actor(_checkpoint(tiny_model_dir))
+    sizes = [(n, t.numel()) for n, t in actor.named.items()]
+    due = next(i for i in range(every) if _FAULTY in rotation_share(sizes, every, i)) + 1
+    _inject(monkeypatch, "one_element")
+    caught = None
+    async with make_client() as client:
+        addr = f"127.0.0.1:{client.port}"
+        for version in range(1, every + 1):
+            try:
+                await _sync_check(hook, actor, client, tmp_path, _stepped(actor.named), version)
+            except WeightFingerprintMismatch as e:
+                caught = e
+                break
+    assert caught is not None, f"not caught within {every} syncs"
+    assert caught.version == due <= every  # the check whose share holds the tensor
+    assert caught.server == addr and len(caught.tensors) == 1
+    assert caught.tensors[0].startswith(f"{_FAULTY} (row-sum projection differs")
+
+
+async def test_fingerprint_background_check_mismatch_fails_next_boundary_naming_it(
+    server_app, tiny_model_dir, tmp_path, monkeypatch
+):
+    """``background=True``: the first check runs inside the sync; later ones return at
+    once and run on the hook's thread. A good one's stats arrive with the next sync; a
+    server that skipped a tensor is named at the next boundary: the next sync's
+    ``before_push`` or ``flush()`` raises, naming server, tensor and version."""
+    srv, make_client = server_app
+    hook = WeightFingerprintHook(full_every=8, background=True)
+    actor = _Actor(_checkpoint(tiny_model_dir))
+    try:
+        async with make_client() as client:
+            addr = f"127.0.0.1:{client.port}"
+
+            async def sync(version):
+                named = _stepped(actor.named)
+                return await _sync_check(hook, actor, client, tmp_path, named, version)
+
+            assert (await sync(1)).stats["weight_sync/fingerprint_version"] == 1  # inline
+            assert "weight_sync/fingerprint_version" not in (await sync(2)).stats  # behind
+            _inject(monkeypatch, "skipped")
+            ctx = await sync(3)  # returns: checked in the background
+            assert ctx.stats["weight_sync/fingerprint_version"] == 2  # the previous check
+            with pytest.raises(WeightFingerprintMismatch) as ei:  # a step boundary
+                await asyncio.to_thread(hook.flush)
+            await asyncio.to_thread(hook.flush)  # reported once
+
+            await sync(4)
+            with pytest.raises(WeightFingerprintMismatch) as ei4:  # the next sync
+                await sync(5)
+    finally:
+        hook.close()
+    for e, v in ((ei.value, 3), (ei4.value, 4)):
+        assert e.server == addr and len(e.tensors) == 1 and e.tensors[0].startswith(_FAULTY)
+        assert f"version {v}" in str(e) and addr in str(e)
 
 
 class _Rotation:

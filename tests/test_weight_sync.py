@@ -249,8 +249,11 @@ class _SkipOneTensor(WeightSyncHook):
 
     def __init__(self, initial_dir: str, name: str, scratch: str):
         self.initial_dir, self.name, self.scratch = initial_dir, name, scratch
+        self.active = True
 
     def verify(self, ctx):
+        if not self.active:
+            return
         import glob
 
         from safetensors.torch import load_file, save_file
@@ -297,3 +300,38 @@ def test_weight_sync_fingerprint_hook_passes_real_push_catches_skipped_tensor(
     assert cause.server == engine.addresses[0] and len(cause.tensors) == 1
     assert cause.tensors[0].startswith(name) and name in str(ei.value)
     assert actor.get_version() == v  # the trainer's version did not move
+
+
+def test_weight_sync_background_fingerprint_mismatch_fails_next_boundary_naming_it(
+    stack, tiny_model_dir, tmp_path
+):
+    """``background=True`` on the real stack: the first check runs inside the sync; a later
+    sync whose server skipped a tensor returns (versions moved: the weights serve until
+    the next boundary), then ``flush()`` (the trainer's step boundary) or the next sync
+    (at ``before_push``) fails naming the server, the tensor and the version."""
+    from areal.infra.weight_verify import WeightFingerprintHook, WeightFingerprintMismatch
+
+    actor, engine, meta = stack
+    v = engine.get_version() + 10
+    name = "model.layers.1.self_attn.q_proj.weight"
+    skip = _SkipOneTensor(tiny_model_dir, name, str(tmp_path / "skip"))
+    skip.active = False
+    hook = WeightFingerprintHook(full_every=4, background=True)
+    sync = WeightSynchronizer(actor, engine, meta, hooks=[skip, hook])
+    try:
+        assert sync.sync(v)["weight_sync/fingerprint_version"] == v  # inline
+        skip.active = True
+        sync.sync(v + 1)  # checked in the background
+        assert engine.get_version() == v + 1
+        with pytest.raises(WeightFingerprintMismatch) as ei:
+            sync.flush()
+        sync.sync(v + 2)
+        with pytest.raises(WeightSyncError, match="failed at 'before_push'") as ei2:
+            sync.sync(v + 3)
+    finally:
+        hook.close()
+    for err, version in ((ei.value, v + 1), (ei2.value.__cause__, v + 2)):
+        assert isinstance(err, WeightFingerprintMismatch)
+        assert err.server == engine.addresses[0] and err.version == version
+        assert len(err.tensors) == 1 and err.tensors[0].startswith(name)
+    assert name in str(ei2.value) and engine.addresses[0] in str(ei2.value)

@@ -598,8 +598,22 @@ class InferenceEngineConfig:
     verify_weights: bool = _field(
         True,
         "After every weight update, compare a fingerprint of each server's weights with the "
-        "trainer's and fail the sync naming server and tensor on a mismatch (built-in server; "
-        "areal.infra.weight_verify).",
+        "trainer's and fail naming server and tensor on a mismatch (built-in server; "
+        "areal.infra.weight_verify): a strided sample of every tensor at every update, the "
+        "row sums of every element on a rotation (verify_weights_full_every).",
+    )
+    verify_weights_full_every: int = _field(
+        8,
+        "The row sums (every element counts) of each tensor are checked once every this many "
+        "weight updates, a share of about 1/N of the weights at each; 1 = every tensor in "
+        "full at every update (costs about one extra read of the weights on each side); >= 1.",
+    )
+    verify_weights_background: bool = _field(
+        True,
+        "Run each weight check after the first on a background thread while rollout and "
+        "training go on; a mismatch is logged at once and fails the run at the next step "
+        "boundary (the weights served one step). False: every check runs inside the sync, "
+        "before any version moves.",
     )
     generation_api_key_env: str = _field(
         "",
@@ -668,6 +682,7 @@ class InferenceEngineConfig:
         _check_range(owner, "health_check_interval", self.health_check_interval, ge=0)
         _check_range(owner, "health_check_timeout", self.health_check_timeout, gt=0)
         _check_range(owner, "pause_grace_period", self.pause_grace_period, ge=0)
+        _check_range(owner, "verify_weights_full_every", self.verify_weights_full_every, ge=1)
         if len(self.scheduling_spec) not in (1, 2):
             raise ValueError(
                 f"{owner}.scheduling_spec has {len(self.scheduling_spec)} entries; must have 1 or 2"

@@ -697,22 +697,29 @@ class FSDPEngine(TrainEngine):
         tensors are full on every rank. Order: ``named_parameters`` (tied weights once),
         then persistent buffers.
         """
-        from areal.utils.weight_fingerprint import WeightDigests
+        from areal.utils.weight_fingerprint import WeightDigests, rotation_share
 
         dt = self._export_dtype()
         named = self._export_tensors()
-        # digests for the weight fingerprint, taken while each tensor is at hand (rank 0)
-        self._export_digests = None
-        digests = WeightDigests(enabled=dist.get_rank() == 0)
+        # verified weight sync (enable_weight_fingerprints): digests taken while each
+        # tensor is at hand (rank 0), in full for this check's rotation share
+        self._export_digests = digests = None
+        every = getattr(self, "_fingerprint_every", 0)
+        if every:
+            sizes = [(n, t.numel()) for n, t in named.items()]
+            share = rotation_share(sizes, every, self._fingerprint_checks)
+            digests = WeightDigests(dist.get_rank() == 0, share, self._fingerprint_dtypes)
         for bucket in bucket_param_specs(self._export_specs(named), limit_bytes):
             tensors = []
             for spec in bucket:
                 t = named[spec.name].detach()
                 full = t.full_tensor() if hasattr(t, "full_tensor") else t
                 tensors.append(full.to(dt).contiguous())
-                digests.add(spec.name, tensors[-1])
+            if digests is not None:
+                digests.add(zip((spec.name for spec in bucket), tensors))
             yield bucket, tensors
-        digests.complete = True
+        if digests is not None:
+            digests.complete = True
         self._export_digests = digests
 
     def _save_hf(self, path: str, tokenizer: Any = None) -> None:
@@ -926,33 +933,43 @@ class FSDPEngine(TrainEngine):
         return [ParamSpec(n, tuple(int(x) for x in t.shape), dt_name) for n, t in named.items()]
 
     @torch.no_grad()
+    def enable_weight_fingerprints(
+        self, full_every: int = 1, dtypes: dict[str, str] | None = None
+    ) -> None:
+        """Digest every later export for ``weights_fingerprint`` (verified weight sync):
+        row sums of a ``1/full_every`` share of the tensors, rotating with every answered
+        check, plus a strided sample of every tensor; in ``dtypes[name]`` (the dtype the
+        servers hold) when given. ``full_every=0`` turns the digests off."""
+        if full_every < 0:
+            raise ValueError(f"full_every={full_every}; must be >= 0")
+        self._fingerprint_every = int(full_every)
+        self._fingerprint_dtypes = dict(dtypes or {})
+        self._fingerprint_checks = getattr(self, "_fingerprint_checks", 0)
+
     def weights_fingerprint(
-        self, seed: int = 0, dtypes: dict[str, str] | None = None
+        self, seed: int = 0, dtypes: dict[str, str] | None = None, full: list[str] | None = None
     ) -> dict[str, list[float]]:
         """Fingerprints (``areal.utils.weight_fingerprint``) of the exported weights by HF
-        name, each in the export dtype or in ``dtypes[name]`` (the dtype a server holds).
+        name: in full for the names in ``full`` (``None``: all), else sampled, each in the
+        export dtype or in ``dtypes[name]`` (the dtype a server holds).
 
-        In the export dtype they come from the digests taken during the last complete
-        export (``_gather_buckets``: the weights the servers were sent), on rank 0 (other
-        ranks answer ``{}``). Otherwise collective: every rank all-gathers each tensor;
-        same result on every rank."""
+        Without ``dtypes`` and ``full``, after an export digested by
+        ``enable_weight_fingerprints``, they come from those digests (the weights the
+        servers were sent), on rank 0 (other ranks answer ``{}``), and the next export
+        takes the next rotation share in full. Otherwise collective: every rank
+        all-gathers each tensor; same result on every rank."""
         from areal.utils.weight_fingerprint import fingerprint_tensor
 
         cached = getattr(self, "_export_digests", None)
-        export_dt = str(self._export_dtype()).removeprefix("torch.")
-        if (
-            cached is not None
-            and cached.complete
-            and cached.usable
-            and all(d == export_dt for d in (dtypes or {}).values())
-        ):
+        if cached is not None and cached.complete and dtypes is None and full is None:
+            self._fingerprint_checks += 1
             return cached.fingerprints(seed)
         out: dict[str, list[float]] = {}
         for name, t in self._export_tensors().items():
-            full = t.detach().full_tensor() if hasattr(t, "full_tensor") else t.detach()
+            whole = t.detach().full_tensor() if hasattr(t, "full_tensor") else t.detach()
             dt = (dtypes or {}).get(name)
-            full = full.to(getattr(torch, dt) if dt else self._export_dtype())
-            out[name] = fingerprint_tensor(name, full, seed)
+            whole = whole.to(getattr(torch, dt) if dt else self._export_dtype())
+            out[name] = fingerprint_tensor(name, whole, seed, full=full is None or name in full)
         return out
 
     def get_param_specs(self, weight_chunked_mem_mb: int = 1024) -> list[list[ParamSpec]]:

@@ -16,6 +16,7 @@ One ``sync(version)`` runs, in this order::
                  rollout.resume()              only when ``resume=True``; the trainer keeps
                                                it paused until its recover checkpoint is
                                                written and calls ``resume()`` itself
+    hooks        hook.after_sync(ctx)          e.g. start a background weight check
 
 If any step before "set version" fails, generation is resumed on every server (they keep
 serving: the old weights, or for a push that failed half-way whatever each server
@@ -107,6 +108,10 @@ class WeightSyncHook:
       weights (e.g. a fingerprint that does not match the trainer's).
     - ``after_push(ctx)``: versions set everywhere, servers still paused.
     - ``on_error(ctx, error)``: the sync failed (servers already resumed); must not raise.
+    - ``after_sync(ctx)``: the sync succeeded and generation resumed (e.g. start
+      background work that must not compete with the sync); must not raise.
+    - ``flush()``: at a step boundary (``WeightSynchronizer.flush``): wait for work the
+      hook left running after a sync (e.g. a background check) and raise what it found.
     """
 
     def before_push(self, ctx: WeightSyncContext) -> None:
@@ -122,6 +127,12 @@ class WeightSyncHook:
         pass
 
     def on_error(self, ctx: WeightSyncContext, error: BaseException) -> None:
+        pass
+
+    def after_sync(self, ctx: WeightSyncContext) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
 
@@ -237,7 +248,19 @@ class WeightSynchronizer:
             ctx.meta.type,
             ctx.stats["weight_sync/seconds"],
         )
+        for h in self.hooks:
+            try:
+                h.after_sync(ctx)
+            except Exception as e:  # noqa: BLE001 - the sync itself succeeded
+                logger.error("%s.after_sync raised %s", type(h).__name__, e)
         return dict(ctx.stats)
+
+    def flush(self) -> None:
+        """Every hook's ``flush()`` (a step boundary: e.g. a background weight check's
+        mismatch is raised here). Called from the thread that calls ``sync``; does not
+        wait for a readmission in progress."""
+        for h in self.hooks:
+            h.flush()
 
     def resume(self) -> None:
         """Resume the executor left paused by ``sync(..., resume=False)``."""

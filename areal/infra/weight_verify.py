@@ -1,25 +1,34 @@
 """Verified weight sync: ``WeightFingerprintHook`` checks every server after every push.
 
-After ``actor.update_weights(meta)`` and before any version moves (``WeightSyncHook.verify``)
-the hook asks every healthy server for the fingerprint of the weights it now holds
-(``POST /weights_fingerprint {"seed"}``, a control endpoint: run secret required), asks the
-trainer for the fingerprint of the weights it exported, in the dtypes the server reports
-(``actor.weights_fingerprint(seed, dtypes)``, ``FSDPEngine.weights_fingerprint``), and
+After ``actor.update_weights(meta)`` (``WeightSyncHook.verify``) the hook asks the trainer
+for the fingerprint of the weights it exported (``actor.weights_fingerprint(seed)``,
+``FSDPEngine.weights_fingerprint``: from digests taken during the export) and every
+healthy server for the fingerprint of the weights it now holds (``POST
+/weights_fingerprint {"seed", "full"}``, a control endpoint: run secret required), and
 compares them tensor by tensor (``areal.utils.weight_fingerprint``). A mismatch raises
-``WeightFingerprintMismatch`` naming the server and the tensors, so the sync fails loudly
-(``WeightSyncError`` at step ``verify``; versions stay where they were) instead of the
-servers silently generating with stale or partial weights.
+``WeightFingerprintMismatch`` naming the server and the tensors.
 
-Cost: both sides take a seed-free digest of each tensor (row sums + a strided sample)
-where it is touched anyway, the trainer while gathering it for the export, the built-in
-server right after copying it in; at check time only the seeded projections are computed
-(and the server's sample is read from its live tensors). The seed changes with every
-version, so the numbers differ every time. Servers whose backend has no such endpoint
-(HTTP 404: vLLM, SGLang) are skipped with one warning.
-Stats: ``weight_sync/fingerprint_seconds`` (of which ``..._trainer_seconds`` and
-``..._server_seconds``, concurrent; ``..._server_digest_seconds``: the digests' share of
-the servers' load), ``weight_sync/fingerprint_tensors``,
-``weight_sync/fingerprint_servers``.
+What each check covers: a strided sample of every tensor (exact; small tensors whole) and
+the row sums (every element) of a rotating ``1/full_every`` share of the tensors, so every
+element of every tensor is checked once every ``full_every`` syncs (``full_every=1``: all
+of them at every sync). The seed changes with every version.
+
+When: the first check runs inside the sync, before any version moves (``WeightSyncError``
+at step ``verify``); it also tells the trainer the dtypes the servers hold, so that later
+digests are taken in those. With ``background=True`` every later check runs on a thread
+of the hook while rollout and training go on, and a mismatch it finds is logged at once
+and raised at the next step boundary: ``flush()`` (``WeightSynchronizer.flush``, called by
+the trainer before each step and after the last one) or the next sync's ``before_push``,
+whichever comes first (``WeightSyncError`` at step ``before_push``). The weights of one
+version may thus serve one step before the run stops. ``background=False``: every check
+runs inside its sync.
+
+Servers whose backend has no such endpoint (HTTP 404: vLLM, SGLang) are skipped with one
+warning. Stats (of the sync that ran the check; a background check's in the next sync):
+``weight_sync/fingerprint_seconds`` (of which ``..._trainer_seconds``; the servers'
+digests: ``..._server_digest_seconds``), ``weight_sync/fingerprint_tensors``,
+``weight_sync/fingerprint_full_tensors``, ``weight_sync/fingerprint_servers``,
+``weight_sync/fingerprint_version``.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import concurrent.futures
 import time
 from typing import Any
 
-from areal.infra.wait_log import WaitLog
+from areal.infra.wait_log import WaitLog, waiting
 from areal.infra.weight_sync import WeightSyncContext, WeightSyncHook
 from areal.utils import logging
 from areal.utils.auth import auth_headers, get_run_secret
@@ -56,20 +65,43 @@ class WeightFingerprintMismatch(RuntimeError):
 
 
 class WeightFingerprintHook(WeightSyncHook):
-    """Compare every server's weight fingerprint with the trainer's after each push."""
+    """Compare every server's weight fingerprint with the trainer's after each push.
 
-    def __init__(self, timeout: float = 300.0, rtol: float = RTOL):
+    ``full_every``: the row sums of every tensor are checked once every this many syncs
+    (a balanced share at each); ``background``: checks after the first one run on a
+    thread and a mismatch fails the next step boundary (module docstring)."""
+
+    def __init__(
+        self,
+        timeout: float = 300.0,
+        rtol: float = RTOL,
+        full_every: int = 1,
+        background: bool = False,
+    ):
+        if not isinstance(full_every, int) or full_every < 1:
+            raise ValueError(f"full_every={full_every!r}; must be an integer >= 1")
         self.timeout = timeout
         self.rtol = rtol
+        self.full_every = full_every
+        self.background = bool(background)
         self._unsupported: set[str] = set()
+        self._checks = 0  # checks started
+        self._configured = False  # the trainer digests its exports
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: tuple[int, concurrent.futures.Future] | None = None
+        self._due: tuple | None = None  # a background check to start after the sync
+        self._stats: dict[str, float] = {}  # of a background check, not yet reported
 
     # ------------------------------------------------------------------ servers
-    def _fetch(self, addr: str, seed: int) -> dict[str, Any] | None:
+    def _fetch(self, addr: str, seed: int, full: list[str] | None) -> dict[str, Any] | None:
         import requests
 
+        body: dict[str, Any] = {"seed": seed}
+        if full is not None:
+            body["full"] = full
         r = requests.post(
             f"http://{addr}{PATH}",
-            json={"seed": seed},
+            json=body,
             headers=auth_headers(get_run_secret()),
             timeout=self.timeout,
         )
@@ -82,9 +114,14 @@ class WeightFingerprintHook(WeightSyncHook):
         return r.json()
 
     def server_fingerprints(
-        self, addresses: list[str], seed: int, rollout: Any = None
+        self,
+        addresses: list[str],
+        seed: int,
+        rollout: Any = None,
+        full: list[str] | None = None,
     ) -> dict[str, dict[str, Any]]:
-        """``{address: {"fingerprints", "dtypes", "version"}}`` of the servers that support it.
+        """``{address: {"fingerprints", "dtypes", "version", "seconds"}}`` of the servers
+        that support it; ``full``: the names to digest in full (``None``: all).
 
         With ``rollout`` (the inference engine), a server that leaves its rotation while
         this waits (declared hung or dead by the health deadline, or whose connection
@@ -99,7 +136,7 @@ class WeightFingerprintHook(WeightSyncHook):
         exclude = getattr(rollout, "exclude_server", None)
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(addresses))
         try:
-            futs = {pool.submit(self._fetch, a, seed): a for a in addresses}
+            futs = {pool.submit(self._fetch, a, seed, full): a for a in addresses}
             pending = set(futs)
             wait_log = WaitLog(logger)
             while pending:
@@ -154,55 +191,117 @@ class WeightFingerprintHook(WeightSyncHook):
         return out
 
     # ------------------------------------------------------------------ hook
+    def before_push(self, ctx: WeightSyncContext) -> None:
+        self.flush(ctx.stats)  # a mismatch found in the background fails this sync
+        if not self._configured:
+            enable = getattr(ctx.actor, "enable_weight_fingerprints", None)
+            if enable is not None:  # the export digests what the checks compare
+                enable(self.full_every)
+            self._configured = True
+
     def verify(self, ctx: WeightSyncContext) -> None:
-        t0 = time.monotonic()
         rollout = ctx.rollout
         addresses = list(
             getattr(rollout, "healthy_addresses", None) or getattr(rollout, "addresses", [])
         )
-        seed = (int(ctx.version) * 1_000_003 + 17) % 2**61
-
-        # Trainer and servers fingerprint concurrently; the trainer uses its export dtype.
-        # Only when a server holds other dtypes (e.g. bf16) and disagrees is the trainer's
-        # fingerprint recomputed in the server's dtypes before a mismatch is declared.
-        def _trainer() -> tuple[dict[str, list[float]], float]:
-            t = time.monotonic()
-            return ctx.actor.weights_fingerprint(seed, None), time.monotonic() - t
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            ref_fut = pool.submit(_trainer)
-            servers = self.server_fingerprints(addresses, seed, rollout)
-            ctx.stats["weight_sync/fingerprint_server_seconds"] = time.monotonic() - t0
-            ref, dt_trainer = ref_fut.result()
-        ctx.stats["weight_sync/fingerprint_trainer_seconds"] = dt_trainer
-        if not servers:
+        version = int(ctx.version)
+        check = (ctx.actor, rollout, addresses, version, (version * 1_000_003 + 17) % 2**61)
+        first = self._checks == 0
+        self._checks += 1
+        if self.background and not first:
+            self._due = check  # started by after_sync: off the sync's own requests
             return
-        refs: dict[tuple, dict[str, list[float]]] = {}
+        ctx.stats.update(self._check(*check, inline=True))
+
+    def after_sync(self, ctx: WeightSyncContext) -> None:
+        if self._due is None:
+            return
+        check, self._due = self._due, None
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="weight-fingerprint"
+            )
+        self._pending = (check[3], self._pool.submit(self._check, *check))
+
+    def on_error(self, ctx: WeightSyncContext, error: BaseException) -> None:
+        self._due = None  # the sync failed before its versions moved: nothing to check
+
+    def flush(self, stats: dict[str, float] | None = None) -> None:
+        """Wait for the background check still running, if any, and raise what it found
+        (``WeightFingerprintMismatch``). Its stats go into ``stats`` (else into those of
+        the next sync)."""
+        if self._pending is not None:
+            version, fut = self._pending
+            self._pending = None
+            if not fut.done():
+                with waiting(logger, f"the fingerprint check of weights version {version}"):
+                    concurrent.futures.wait([fut])
+            self._stats.update(fut.result())  # raises the mismatch
+        if stats is not None:
+            stats.update(self._stats)
+            self._stats = {}
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+    def _check(
+        self,
+        actor: Any,
+        rollout: Any,
+        addresses: list[str],
+        version: int,
+        seed: int,
+        inline: bool = False,
+    ) -> dict[str, float]:
+        """One check of every server in ``addresses`` against the trainer; returns stats,
+        raises ``WeightFingerprintMismatch``."""
+        t0 = time.monotonic()
+        ref = actor.weights_fingerprint(seed)  # the export's digests (a small request)
+        dt_trainer = time.monotonic() - t0
+        full = [n for n, fp in ref.items() if len(fp) > 2]
+        servers = self.server_fingerprints(addresses, seed, rollout, full)
+        stats = {
+            "weight_sync/fingerprint_trainer_seconds": dt_trainer,
+            "weight_sync/fingerprint_version": float(version),
+        }
+        if not servers:
+            return stats
         for addr, res in servers.items():
             got = res.get("fingerprints") or {}
             bad = compare_fingerprints(ref, got, self.rtol)
+            dtypes = {n: d for n, d in (res.get("dtypes") or {}).items() if n in ref}
+            if bad and dtypes and inline:
+                # a server holding other dtypes (e.g. bf16): compare in its dtypes (a
+                # collective recompute, only inline) and have later exports digested so
+                again = actor.weights_fingerprint(seed, dtypes, full)
+                bad = compare_fingerprints(again, got, self.rtol)
+                if not bad and getattr(actor, "enable_weight_fingerprints", None) is not None:
+                    actor.enable_weight_fingerprints(self.full_every, dtypes)
             if bad:
-                dtypes = {n: d for n, d in (res.get("dtypes") or {}).items() if n in ref}
-                key = tuple(sorted(dtypes.items()))
-                if key not in refs:
-                    refs[key] = ctx.actor.weights_fingerprint(seed, dtypes)
-                bad = compare_fingerprints(refs[key], got, self.rtol)
-            if bad:
-                err = WeightFingerprintMismatch(ctx.version, addr, bad, len(ref))
+                err = WeightFingerprintMismatch(version, addr, bad, len(ref))
                 logger.error("%s", err)
                 raise err
-        n_checked = len(ref)
         dt = time.monotonic() - t0
-        ctx.stats["weight_sync/fingerprint_server_digest_seconds"] = max(
-            float(res.get("digest_seconds") or 0.0) for res in servers.values()
+        stats.update(
+            {
+                "weight_sync/fingerprint_seconds": dt,
+                "weight_sync/fingerprint_server_digest_seconds": max(
+                    float(res.get("seconds") or 0.0) for res in servers.values()
+                ),
+                "weight_sync/fingerprint_tensors": float(len(ref)),
+                "weight_sync/fingerprint_full_tensors": float(len(full)),
+                "weight_sync/fingerprint_servers": float(len(servers)),
+            }
         )
-        ctx.stats["weight_sync/fingerprint_seconds"] = dt
-        ctx.stats["weight_sync/fingerprint_tensors"] = float(n_checked)
-        ctx.stats["weight_sync/fingerprint_servers"] = float(len(servers))
         logger.info(
-            "weights of version %d verified on %d server(s) (%d tensors) in %.3fs",
-            ctx.version,
+            "weights of version %d verified on %d server(s) (%d tensors, %d in full) in %.3fs%s",
+            version,
             len(servers),
-            n_checked,
+            len(ref),
+            len(full),
             dt,
+            "" if inline else " (background)",
         )
+        return stats

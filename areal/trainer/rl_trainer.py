@@ -135,7 +135,12 @@ class PPOTrainer:
                 from areal.infra.weight_verify import WeightFingerprintHook
 
                 # every server's weights are checked against the trainer's after each push
-                self.weight_sync.add_hook(WeightFingerprintHook())
+                self.weight_sync.add_hook(
+                    WeightFingerprintHook(
+                        full_every=config.rollout.verify_weights_full_every,
+                        background=config.rollout.verify_weights_background,
+                    )
+                )
             self.server_watchdog = self._make_server_watchdog()
         except BaseException:
             self.close()
@@ -411,6 +416,7 @@ class PPOTrainer:
                 )
                 break
         pbar.close()
+        self.weight_sync.flush()  # the last sync's background weight check
         self._stop.uninstall()
         if self._stop.requested:  # close() (the caller's with-block) tears children down
             raise SystemExit(128 + self._stop.signum)
@@ -455,6 +461,7 @@ class PPOTrainer:
             return _T()
 
         self.server_watchdog.check()  # dead inference servers come back with current weights
+        self.weight_sync.flush()  # raises a weight mismatch a background check found
         with timed("rollout"):
             # As AReaL: the trainer forms the groups (n_samples runs of the workflow per
             # prompt); the filter sees whole groups.

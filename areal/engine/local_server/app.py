@@ -74,8 +74,6 @@ class LocalInferenceServer(OpenAIRoutes):
         self.model_path = model_path
         self.model_name = served_model_name or model_path
         self.groups: dict[str, Any] = {}
-        #: digests of the tensors written by the last weight loads (``/weights_fingerprint``)
-        self.weight_digests: dict[str, Any] = {}
 
     @classmethod
     def from_pretrained(
@@ -320,9 +318,11 @@ class LocalInferenceServer(OpenAIRoutes):
 
     # ------------------------------------------------------------------ weights
     async def weights_fingerprint(self, request):
-        """``{"seed": int}`` -> fingerprints of every tensor the model holds
-        (``areal.utils.weight_fingerprint``), their dtypes and the version; computed on
-        the core's thread, between generation steps."""
+        """``{"seed": int, "full"?: [name]}`` -> fingerprints of every tensor the model
+        holds (``areal.utils.weight_fingerprint``: row sums + sample for the names in
+        ``full``, every tensor when it is absent; the sample only for the others), their
+        dtypes, the version and ``seconds`` (the digests); computed from the live tensors
+        on the core's thread, between generation steps."""
         from aiohttp import web
 
         from areal.engine.local_server.weights import _named_tensors, _tied_names
@@ -332,17 +332,24 @@ class LocalInferenceServer(OpenAIRoutes):
         seed = body.get("seed", 0)
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**62:
             return _error(400, "'seed' must be an integer in [0, 2**62)")
+        full = body.get("full")
+        if full is not None and not (
+            isinstance(full, list) and all(isinstance(n, str) for n in full)
+        ):
+            return _error(400, "'full' must be a list of tensor names")
+        full = None if full is None else set(full)
 
         def _do():
+            t0 = time.perf_counter()
             named = _named_tensors(self.core.model)
             for alias in _tied_names(self.core.model):  # the same storage as another name
                 named.pop(alias, None)
+            fingerprints = fingerprint_named(named, seed, full=full)
             return {
-                "fingerprints": fingerprint_named(named, seed, digests=self.weight_digests),
+                "fingerprints": fingerprints,
                 "dtypes": {n: str(t.dtype).removeprefix("torch.") for n, t in named.items()},
                 "version": self.core.version,
-                # time the digests took since the last disk load (the check's share of it)
-                "digest_seconds": getattr(self.weight_digests, "seconds", 0.0),
+                "seconds": time.perf_counter() - t0,
             }
 
         return web.json_response(await self._call_core(self.core.run_command(_do)))
@@ -351,7 +358,6 @@ class LocalInferenceServer(OpenAIRoutes):
         from aiohttp import web
 
         from areal.engine.local_server.weights import load_weights_from_disk
-        from areal.utils.weight_fingerprint import DigestMap
 
         body = await self._json(request)
         path = body.get("model_path", body.get("path"))
@@ -363,7 +369,6 @@ class LocalInferenceServer(OpenAIRoutes):
         t0 = time.monotonic()
 
         def _do():
-            digests, self.weight_digests = DigestMap(), {}
             if os.path.isfile(os.path.join(path, "adapter_config.json")):
                 # LoRA adapter only: merged into the base weights (W0 kept aside)
                 from areal.engine.lora import apply_adapter
@@ -371,8 +376,7 @@ class LocalInferenceServer(OpenAIRoutes):
                 cache = self.__dict__.setdefault("_lora_base_weights", {})
                 n = apply_adapter(self.core.model, path, cache)
             else:
-                n = load_weights_from_disk(self.core.model, path, digests=digests)
-                self.weight_digests = digests
+                n = load_weights_from_disk(self.core.model, path)
                 self.__dict__.pop("_lora_base_weights", None)  # new base weights
             if version is not None:
                 self.core.version = version
@@ -441,7 +445,6 @@ class LocalInferenceServer(OpenAIRoutes):
 
         from areal.api.io_struct import ParamSpec
         from areal.engine.local_server.weights import receive_bucket
-        from areal.utils.weight_fingerprint import DigestMap
 
         body = await self._json(request)
         group_name = body.get("group_name", "areal_weight_update")
@@ -473,12 +476,7 @@ class LocalInferenceServer(OpenAIRoutes):
         t0 = time.monotonic()
 
         def _do():
-            digests = self.weight_digests
-            if not isinstance(digests, DigestMap):
-                digests = DigestMap(digests)
-            self.weight_digests = {}  # until this bucket is in
-            n = receive_bucket(self.core.model, pg, specs, digests=digests)
-            self.weight_digests = digests
+            n = receive_bucket(self.core.model, pg, specs)
             if isinstance(version, int):
                 self.core.version = version
             return n

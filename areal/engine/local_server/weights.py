@@ -39,25 +39,9 @@ def _tied_names(model: torch.nn.Module) -> set[str]:
     return tied
 
 
-def _digest(digests: dict | None, name: str, dst: torch.Tensor) -> None:
-    """Digest ``dst`` right after it was written (verified weight sync; the tensor is hot)."""
-    if digests is not None:
-        from areal.utils.weight_fingerprint import DigestMap, digest_tensor, digests_enabled
-
-        if not digests_enabled():
-            return
-        if isinstance(digests, DigestMap):
-            digests.add(name, dst)  # timed
-        else:
-            digests[name] = digest_tensor(name, dst)
-
-
 @torch.no_grad()
-def load_weights_from_disk(model: torch.nn.Module, path: str, digests: dict | None = None) -> int:
-    """Copy every tensor of ``path/*.safetensors`` into ``model`` in place; returns the count.
-
-    ``digests``: filled with the digest (``areal.utils.weight_fingerprint``) of every
-    tensor written, taken in the same pass."""
+def load_weights_from_disk(model: torch.nn.Module, path: str) -> int:
+    """Copy every tensor of ``path/*.safetensors`` into ``model`` in place; returns the count."""
     from safetensors.torch import load_file
 
     if not os.path.isdir(path):
@@ -79,7 +63,6 @@ def load_weights_from_disk(model: torch.nn.Module, path: str, digests: dict | No
                     f"{name}: shape {tuple(t.shape)} in {f}, model has {tuple(dst.shape)}"
                 )
             dst.copy_(t.to(dst.dtype))
-            _digest(digests, name, dst)
             loaded.add(name)
     missing = (
         {n for n, _ in model.named_parameters(remove_duplicate=False)} - loaded - _tied_names(model)
@@ -108,14 +91,11 @@ def _group_device(group, model: torch.nn.Module) -> torch.device:
 
 
 @torch.no_grad()
-def receive_bucket(
-    model: torch.nn.Module, group, specs: list[ParamSpec], digests: dict | None = None
-) -> int:
+def receive_bucket(model: torch.nn.Module, group, specs: list[ParamSpec]) -> int:
     """Receive one broadcast (root 0) per spec, in order, and copy each into ``model``.
 
     Every announced tensor is received even if its name is unknown (so the group stays in
-    step with the trainer); unknown names raise afterwards. ``digests``: updated with the
-    digest of every tensor written (as in ``load_weights_from_disk``).
+    step with the trainer); unknown names raise afterwards.
     """
     named = _named_tensors(model)
     unknown: list[str] = []
@@ -129,7 +109,6 @@ def receive_bucket(
             unknown.append(spec.name)
             continue
         dst.copy_(buf.to(dst.dtype))
-        _digest(digests, spec.name, dst)
     if unknown:
         raise ValueError(f"received tensors that do not match the model: {unknown[:5]}")
     return len(specs)
