@@ -262,7 +262,6 @@ def main() -> None:
             )
         )
     finally:
-        hook.close()
         for st in reversed(stacks):
             _close(st)
 

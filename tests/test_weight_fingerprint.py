@@ -380,28 +380,25 @@ async def test_fingerprint_background_check_mismatch_fails_next_boundary_naming_
     srv, make_client = server_app
     hook = WeightFingerprintHook(full_every=8, background=True)
     actor = _Actor(_checkpoint(tiny_model_dir))
-    try:
-        async with make_client() as client:
-            addr = f"127.0.0.1:{client.port}"
+    async with make_client() as client:
+        addr = f"127.0.0.1:{client.port}"
 
-            async def sync(version):
-                named = _stepped(actor.named)
-                return await _sync_check(hook, actor, client, tmp_path, named, version)
+        async def sync(version):
+            named = _stepped(actor.named)
+            return await _sync_check(hook, actor, client, tmp_path, named, version)
 
-            assert (await sync(1)).stats["weight_sync/fingerprint_version"] == 1  # inline
-            assert "weight_sync/fingerprint_version" not in (await sync(2)).stats  # behind
-            _inject(monkeypatch, "skipped")
-            ctx = await sync(3)  # returns: checked in the background
-            assert ctx.stats["weight_sync/fingerprint_version"] == 2  # the previous check
-            with pytest.raises(WeightFingerprintMismatch) as ei:  # a step boundary
-                await asyncio.to_thread(hook.flush)
-            await asyncio.to_thread(hook.flush)  # reported once
+        assert (await sync(1)).stats["weight_sync/fingerprint_version"] == 1  # inline
+        assert "weight_sync/fingerprint_version" not in (await sync(2)).stats  # behind
+        _inject(monkeypatch, "skipped")
+        ctx = await sync(3)  # returns: checked in the background
+        assert ctx.stats["weight_sync/fingerprint_version"] == 2  # the previous check
+        with pytest.raises(WeightFingerprintMismatch) as ei:  # a step boundary
+            await asyncio.to_thread(hook.flush)
+        await asyncio.to_thread(hook.flush)  # reported once
 
-            await sync(4)
-            with pytest.raises(WeightFingerprintMismatch) as ei4:  # the next sync
-                await sync(5)
-    finally:
-        hook.close()
+        await sync(4)
+        with pytest.raises(WeightFingerprintMismatch) as ei4:  # the next sync
+            await sync(5)
     for e, v in ((ei.value, 3), (ei4.value, 4)):
         assert e.server == addr and len(e.tensors) == 1 and e.tensors[0].startswith(_FAULTY)
         assert f"version {v}" in str(e) and addr in str(e)

@@ -318,18 +318,15 @@ def test_weight_sync_background_fingerprint_mismatch_fails_next_boundary_naming_
     skip.active = False
     hook = WeightFingerprintHook(full_every=4, background=True)
     sync = WeightSynchronizer(actor, engine, meta, hooks=[skip, hook])
-    try:
-        assert sync.sync(v)["weight_sync/fingerprint_version"] == v  # inline
-        skip.active = True
-        sync.sync(v + 1)  # checked in the background
-        assert engine.get_version() == v + 1
-        with pytest.raises(WeightFingerprintMismatch) as ei:
-            sync.flush()
-        sync.sync(v + 2)
-        with pytest.raises(WeightSyncError, match="failed at 'before_push'") as ei2:
-            sync.sync(v + 3)
-    finally:
-        hook.close()
+    assert sync.sync(v)["weight_sync/fingerprint_version"] == v  # inline
+    skip.active = True
+    sync.sync(v + 1)  # checked in the background
+    assert engine.get_version() == v + 1
+    with pytest.raises(WeightFingerprintMismatch) as ei:
+        sync.flush()
+    sync.sync(v + 2)
+    with pytest.raises(WeightSyncError, match="failed at 'before_push'") as ei2:
+        sync.sync(v + 3)
     for err, version in ((ei.value, v + 1), (ei2.value.__cause__, v + 2)):
         assert isinstance(err, WeightFingerprintMismatch)
         assert err.server == engine.addresses[0] and err.version == version

@@ -37,6 +37,7 @@ import concurrent.futures
 import time
 from typing import Any
 
+from areal.infra.rpc.client import spawn_daemon
 from areal.infra.wait_log import WaitLog, waiting
 from areal.infra.weight_sync import WeightSyncContext, WeightSyncHook
 from areal.utils import logging
@@ -85,9 +86,8 @@ class WeightFingerprintHook(WeightSyncHook):
         self.full_every = full_every
         self.background = bool(background)
         self._unsupported: set[str] = set()
-        self._checks = 0  # checks started
+        self._inline_passed = False  # later checks may run in the background
         self._configured = False  # the trainer digests its exports
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: tuple[int, concurrent.futures.Future] | None = None
         self._due: tuple | None = None  # a background check to start after the sync
         self._stats: dict[str, float] = {}  # of a background check, not yet reported
@@ -206,22 +206,18 @@ class WeightFingerprintHook(WeightSyncHook):
         )
         version = int(ctx.version)
         check = (ctx.actor, rollout, addresses, version, (version * 1_000_003 + 17) % 2**61)
-        first = self._checks == 0
-        self._checks += 1
-        if self.background and not first:
+        if self.background and self._inline_passed:
             self._due = check  # started by after_sync: off the sync's own requests
             return
         ctx.stats.update(self._check(*check, inline=True))
+        self._inline_passed = True
 
     def after_sync(self, ctx: WeightSyncContext) -> None:
         if self._due is None:
             return
         check, self._due = self._due, None
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="weight-fingerprint"
-            )
-        self._pending = (check[3], self._pool.submit(self._check, *check))
+        # a daemon thread: a check waiting on a hung server never blocks the exit
+        self._pending = (check[3], spawn_daemon(self._check, *check, name="weight-fingerprint"))
 
     def on_error(self, ctx: WeightSyncContext, error: BaseException) -> None:
         self._due = None  # the sync failed before its versions moved: nothing to check
@@ -240,11 +236,6 @@ class WeightFingerprintHook(WeightSyncHook):
         if stats is not None:
             stats.update(self._stats)
             self._stats = {}
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
 
     def _check(
         self,
