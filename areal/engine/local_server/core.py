@@ -163,6 +163,120 @@ class _BufferLayer(DynamicLayer):
         return self.keys, self.values
 
 
+class _PromptSlots:
+    """Prompt keys/values stored once per distinct running prompt (shared-prompt decoding).
+
+    Slot ``s`` holds one prompt's cache in columns ``[0, lens[s])`` of per-layer buffers
+    ``[slots, kv, P, D]``; every row of the running batch points to its prompt's slot
+    (``_Batch.pid``), so the n samples of a prompt read its cache once per step. A slot is
+    free again when its last row leaves. ``by_prompt`` finds a prompt's live slot; it is
+    emptied when a command runs (the weights may change: running rows keep their slots,
+    new requests prefill again).
+    """
+
+    def __init__(self):
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.bias: torch.Tensor | None = None  # [slots, P]: 0 in a prompt, dtype min after
+        self.lens: list[int] = []  # 0 = free slot
+        self.refs: list[int] = []
+        self.logits: list[torch.Tensor | None] = []  # the prompt's last logits
+        self.prompt_of: list[tuple[int, ...] | None] = []
+        self.by_prompt: dict[tuple[int, ...], int] = {}
+
+    def add(
+        self,
+        prompt: tuple[int, ...],
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        logits: torch.Tensor,
+    ) -> int:
+        """Store one prompt's cache (per layer ``[kv, L, D]``); returns its slot."""
+        L = keys[0].shape[1]
+        if not self.keys:
+            self.keys = [k.new_zeros(8, k.shape[0], max(L, 64), k.shape[2]) for k in keys]
+            self.values = [torch.zeros_like(k) for k in self.keys]
+            self.bias = keys[0].new_zeros(8, self.keys[0].shape[2])
+            self.lens, self.refs = [0] * 8, [0] * 8
+            self.logits, self.prompt_of = [None] * 8, [None] * 8
+        slot = next((i for i, n in enumerate(self.lens) if n == 0), len(self.lens))
+        n_slots, cap = self.keys[0].shape[0], self.keys[0].shape[2]
+        if slot >= n_slots or L > cap:
+            grow_s = 2 * n_slots if slot >= n_slots else n_slots
+            grow_p = max(L, 2 * cap) if L > cap else cap
+            for bufs in (self.keys, self.values):
+                for i, old in enumerate(bufs):
+                    buf = old.new_zeros(grow_s, old.shape[1], grow_p, old.shape[3])
+                    buf[:n_slots, :, :cap] = old
+                    bufs[i] = buf
+            bias = self.bias.new_zeros(grow_s, grow_p)
+            bias[:n_slots, :cap] = self.bias
+            bias[:n_slots, cap:] = torch.finfo(bias.dtype).min
+            self.bias = bias
+            extra = grow_s - n_slots
+            self.lens += [0] * extra
+            self.refs += [0] * extra
+            self.logits += [None] * extra
+            self.prompt_of += [None] * extra
+        for bufs, new in ((self.keys, keys), (self.values, values)):
+            for buf, t in zip(bufs, new):
+                buf[slot, :, :L] = t
+        self.bias[slot, :L] = 0.0
+        self.bias[slot, L:] = torch.finfo(self.bias.dtype).min
+        self.lens[slot], self.refs[slot] = L, 0
+        self.logits[slot], self.prompt_of[slot] = logits, prompt
+        self.by_prompt[prompt] = slot
+        return slot
+
+    def reorder(self, order: list[int]) -> list[int]:
+        """Permute the slots (``order``: old slot of each new slot, all slots); returns the
+        new slot of every old one."""
+        idx = torch.tensor(order, dtype=torch.long, device=self.bias.device)
+        for bufs in (self.keys, self.values):
+            for i, buf in enumerate(bufs):
+                bufs[i] = buf.index_select(0, idx)
+        self.bias = self.bias.index_select(0, idx)
+        self.lens = [self.lens[i] for i in order]
+        self.refs = [self.refs[i] for i in order]
+        self.logits = [self.logits[i] for i in order]
+        self.prompt_of = [self.prompt_of[i] for i in order]
+        new_of_old = [0] * len(order)
+        for new, old in enumerate(order):
+            new_of_old[old] = new
+        self.by_prompt = {k: new_of_old[v] for k, v in self.by_prompt.items()}
+        return new_of_old
+
+    def release(self, slot: int) -> None:
+        self.refs[slot] -= 1
+        if self.refs[slot] <= 0:
+            self.refs[slot] = self.lens[slot] = 0
+            self.logits[slot] = None
+            if self.by_prompt.get(self.prompt_of[slot]) == slot:
+                del self.by_prompt[self.prompt_of[slot]]
+            self.prompt_of[slot] = None
+
+
+def _slot_chunks(lens: list[int], max_chunks: int = 4) -> list[tuple[int, int, int]]:
+    """``(first_slot, end_slot, columns)`` ranges covering slots ``[0, len(lens))``: a new
+    range starts where a prompt is shorter than 0.6x the longest of the current one, so
+    slots sorted by length are attended with little padding (free slots, length 0, join
+    the current range)."""
+    chunks: list[tuple[int, int, int]] = []
+    s0 = top = 0
+    for s, n in enumerate(lens):
+        if n and top and n < 0.6 * top and s - s0 >= 2 and len(chunks) < max_chunks - 1:
+            chunks.append((s0, s, top))
+            s0, top = s, n
+        else:
+            top = max(top, n)
+    chunks.append((s0, len(lens), max(top, 1)))
+    return chunks
+
+
+def _chunks_cost(chunks: list[tuple[int, int, int]]) -> int:
+    return sum((s1 - s0) * n for s0, s1, n in chunks)
+
+
 class _Batch:
     """Running requests, their left-padded KV buffers, mask and next input token.
 
@@ -170,9 +284,17 @@ class _Batch:
     a copy of the whole cache; new requests reuse free rows. Rows are compacted only when
     many are free, and leading columns that are padding for every live row are trimmed
     before the buffers would grow.
+
+    With ``shared=True`` (fast decode of text models) a row's buffers hold only its
+    generated tokens; its prompt's keys/values sit once in ``slots`` (row ``i`` uses slot
+    ``pid[i]``, -1 for a free row).
     """
 
-    def __init__(self):
+    def __init__(self, shared: bool = False):
+        self.shared = shared
+        self.slots = _PromptSlots() if shared else None
+        self.pid: list[int] = []
+        self._prefix = None  # the decode step's SharedPrefix, rebuilt when rows change
         self.reqs: list[_Request | None] = []
         self.kbufs: list[torch.Tensor] = []
         self.vbufs: list[torch.Tensor] = []
@@ -203,6 +325,9 @@ class _Batch:
         self.mask = mask
         self.T = T
         self.reqs = [self.reqs[i] for i in rows]
+        if self.shared:
+            self.pid = [self.pid[i] for i in rows]
+            self._prefix = None
         self.next_pos = self.next_pos.index_select(0, idx)
         self.next_tok = self.next_tok.index_select(0, idx)
 
@@ -227,11 +352,19 @@ class _Batch:
         """First cache column of every row (``T`` for free rows)."""
         if not self.reqs:
             return []
+        if self.T == 0:
+            return (
+                [0 if r is not None else 1 for r in self.reqs]
+                if self.shared
+                else [0] * len(self.reqs)
+            )
         has = self.mask.any(dim=1)
         first = torch.where(
             has, self.mask.argmax(dim=1), torch.full_like(has, self.T, dtype=torch.long)
-        )
-        return first.tolist()
+        ).tolist()
+        if self.shared:  # a live row attends at least to the new column T; free rows: T + 1
+            first = [s if r is not None else self.T + 1 for s, r in zip(first, self.reqs)]
+        return first
 
     def segments(self, starts: list[int], rows_per_segment: int) -> list[tuple[int, int, int]]:
         """``(row_start, row_end, first_column)`` blocks for the fast decode step; blocks of
@@ -240,7 +373,7 @@ class _Batch:
         for r0 in range(0, len(starts), rows_per_segment):
             r1 = min(r0 + rows_per_segment, len(starts))
             c0 = min(starts[r0:r1])
-            if c0 < self.T:
+            if c0 < self.T or (self.shared and c0 == self.T):
                 out.append((r0, r1, c0))
         return out
 
@@ -263,20 +396,24 @@ class _Batch:
         gain = cost(starts) - cost([starts[i] for i in order])
         if gain * 16 < R * self.T:  # a sort copies the whole cache once
             return False
-        lead = min(starts)
+        lead = min(min(starts), self.T)
         self._reshape(order, lead, self.kbufs[0].shape[2])
         return True
 
     def release(self, rows: list[int]) -> None:
         for i in rows:
             self.reqs[i] = None
+            if self.shared:
+                self.slots.release(self.pid[i])
+                self.pid[i] = -1
+        self._prefix = None
         idx = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
         self.mask[idx] = 0
         self.next_tok[idx] = 0
         self.next_pos[idx] = 0
         live = self.live
         if not live:
-            self.__init__()
+            self.__init__(self.shared)
         elif len(self.reqs) - len(live) >= max(8, len(self.reqs) // 2):
             live_idx = torch.tensor(live, device=self.mask.device)
             lead = self.mask.index_select(0, live_idx).any(dim=0).nonzero()
@@ -291,10 +428,14 @@ class _Batch:
         mask: torch.Tensor,
         next_pos: torch.Tensor,
         next_tok: torch.Tensor,
+        pids: list[int] | None = None,
     ) -> None:
-        """Add prefilled rows (their cache ``[n, H, P, D]`` left-padded like ``mask``)."""
+        """Add prefilled rows (their cache ``[n, H, P, D]`` left-padded like ``mask``;
+        shared layout: ``P == 0`` and ``pids`` their prompts' slots)."""
         P = mask.shape[1]
         n = len(reqs)
+        pids = list(pids) if pids is not None else [-1] * n
+        self._prefix = None
         if not self.reqs:
             cap = P + 64
             self.kbufs, self.vbufs = [], []
@@ -306,6 +447,7 @@ class _Batch:
                 self.kbufs.append(kb)
                 self.vbufs.append(vb)
             self.reqs = list(reqs)
+            self.pid = pids
             self.T, self.mask, self.next_pos, self.next_tok = P, mask, next_pos, next_tok
             return
         # Free rows from the end: after ``sort_rows`` the youngest rows sit there.
@@ -325,9 +467,10 @@ class _Batch:
             self.next_tok[rows] = next_tok[:k_fill]
             for j, r in enumerate(free[:k_fill]):
                 self.reqs[r] = reqs[j]
+                self.pid[r] = pids[j]
             if k_fill == n:
                 return
-            reqs, mask = reqs[k_fill:], mask[k_fill:]
+            reqs, mask, pids = reqs[k_fill:], mask[k_fill:], pids[k_fill:]
             keys = [k[k_fill:] for k in keys]
             values = [v[k_fill:] for v in values]
             next_pos, next_tok = next_pos[k_fill:], next_tok[k_fill:]
@@ -350,8 +493,91 @@ class _Batch:
         m[B:, T - P :] = mask
         self.mask = m
         self.reqs.extend(reqs)
+        self.pid.extend(pids)
         self.next_pos = torch.cat([self.next_pos, next_pos])
         self.next_tok = torch.cat([self.next_tok, next_tok])
+
+    def prefix(self, n_kv: int):
+        """The decode step's view of the prompt slots (``decode.SharedPrefix``)."""
+        if self._prefix is not None:
+            return self._prefix
+        from areal.engine.local_server.decode import SharedPrefix
+
+        dev = self.mask.device
+        rows = [i for i, p in enumerate(self.pid) if p >= 0]
+        pids = [self.pid[i] for i in rows]
+        count: dict[int, int] = {}
+        member = []
+        for p in pids:
+            m = count.get(p, 0)
+            member.append(m)
+            count[p] = m + 1
+        S = max(pids) + 1
+        M = max(count.values())
+        heads = torch.arange(n_kv, device=dev)
+        rr = torch.tensor(rows, dtype=torch.long, device=dev).unsqueeze(1) * n_kv + heads
+        pp = torch.tensor(pids, dtype=torch.long, device=dev).unsqueeze(1)
+        mm = torch.tensor(member, dtype=torch.long, device=dev).unsqueeze(1)
+        places = ((pp * n_kv + heads) * M + mm).flatten()
+        gather = torch.zeros(S * n_kv * M, dtype=torch.long, device=dev)
+        gather[places] = rr.flatten()
+        scatter = torch.zeros(len(self.reqs) * n_kv, dtype=torch.long, device=dev)
+        scatter[rr.flatten()] = places
+        self._prefix = SharedPrefix(
+            keys=self.slots.keys,
+            values=self.slots.values,
+            bias=self.slots.bias,
+            gather=gather,
+            scatter=scatter,
+            rows_per_slot=M,
+            chunks=_slot_chunks(self.slots.lens[:S]),
+        )
+        return self._prefix
+
+    def sort_slots(self) -> bool:
+        """Reorder the prompt slots longest first when that cuts the padded prompt columns
+        the decode step attends to by more than 15% (a sort copies the prompt caches)."""
+        lens = self.slots.lens
+        live = [s for s, n in enumerate(lens) if n]
+        if len(live) < 3:
+            return False
+        S = live[-1] + 1
+        order = sorted(live, key=lambda s: -lens[s])
+        now = _chunks_cost(_slot_chunks(lens[:S]))
+        if _chunks_cost(_slot_chunks([lens[s] for s in order])) > 0.85 * now:
+            return False
+        live_set = set(live)
+        order += [s for s in range(len(lens)) if s not in live_set]
+        new_of_old = self.slots.reorder(order)
+        self.pid = [new_of_old[p] if p >= 0 else -1 for p in self.pid]
+        self._prefix = None
+        return True
+
+    def unshared(self) -> _Batch:
+        """The same rows in the plain layout (each row's prompt columns, then its own)."""
+        full = _Batch()
+        lens = [self.slots.lens[p] if p >= 0 else 0 for p in self.pid]
+        P = max(lens, default=0)
+        B, T = len(self.reqs), self.T
+        mask = torch.zeros(B, P + T, dtype=torch.long, device=self.mask.device)
+        mask[:, P:] = self.mask
+        for r, L in enumerate(lens):
+            mask[r, P - L : P] = 1
+        for dst, own, shared in (
+            (full.kbufs, self.kbufs, self.slots.keys),
+            (full.vbufs, self.vbufs, self.slots.values),
+        ):
+            for o, sh in zip(own, shared):
+                buf = o.new_zeros(B, o.shape[1], P + T + 64, o.shape[3])
+                buf[:, :, P : P + T] = o[:, :, :T]
+                for r, (p, L) in enumerate(zip(self.pid, lens)):
+                    if L:
+                        buf[r, :, P - L : P] = sh[p, :, :L]
+                dst.append(buf)
+        full.reqs = list(self.reqs)
+        full.T, full.mask = P + T, mask
+        full.next_pos, full.next_tok = self.next_pos.clone(), self.next_tok.clone()
+        return full
 
     def cache(self) -> DynamicCache:
         cache = DynamicCache()
@@ -448,6 +674,7 @@ class GenerationCore:
         fast_decode: bool = True,
         segment_rows: int = 32,
         prompt_cache_mb: float = 64.0,
+        shared_prompts: bool = True,
     ):
         self.model = model.eval()
         # Decode steps skip the HF forward's per-step machinery for known decoder-only
@@ -483,6 +710,8 @@ class GenerationCore:
         self.vocab_size = int(getattr(cfg, "vocab_size", 0) or cfg.get_text_config().vocab_size)
         # Qwen2-VL family: image prefill with M-RoPE positions (areal.engine.local_server.vision)
         self.is_vlm = getattr(cfg, "model_type", None) in ("qwen2_vl", "qwen2_5_vl")
+        # Fast decode keeps each distinct prompt's cache once, shared by its samples.
+        self._shared = bool(shared_prompts) and self._fast is not None and not self.is_vlm
         self.version = version
         self.paused = False
 
@@ -490,7 +719,7 @@ class GenerationCore:
         self._wakeup = threading.Condition(self._lock)
         self._waiting: collections.deque[_Request] = collections.deque()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._batch = _Batch()
+        self._batch = _Batch(self._shared)
         self._stopped = False
         self._rids: dict[str, _Request] = {}
         # metrics
@@ -637,6 +866,8 @@ class GenerationCore:
                 return
             self._prompt_cache.clear()  # a command may change the weights
             self._prompt_cache_used = 0
+            if self._batch.slots is not None:
+                self._batch.slots.by_prompt.clear()
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
@@ -672,6 +903,9 @@ class GenerationCore:
                 new.append(self._waiting.popleft())
         if not new:
             return
+        if self._batch.shared:
+            self._admit_shared(new)
+            return
         # Identical prompts (n samples of one prompt) are prefilled once and their cache
         # rows copied: the same computation, done once.
         slot: dict[Any, int] = {}
@@ -696,6 +930,44 @@ class GenerationCore:
         tokens, logps = _sample(logits, new, [0] * len(new))
         self._record(new, tokens, logps)
         self._batch.merge(new, keys, values, mask, next_pos, tokens)
+        self._finish_done()
+
+    def _admit_shared(self, new: list[_Request]) -> None:
+        """Admission in the shared layout: a prompt already running (or in the LRU) is not
+        prefilled again; new rows point to their prompt's slot and start with no columns."""
+        slots = self._batch.slots
+        keyed = [tuple(r.input_ids) for r in new]
+        missing: dict[tuple[int, ...], _Request] = {}
+        for k, r in zip(keyed, new):
+            if k not in slots.by_prompt and k not in missing:
+                missing[k] = r
+        if missing:
+            uniq = list(missing.values())
+            if self.prompt_cache_bytes > 0:
+                keys, values, logits, mask, _ = self._prefill_cached(uniq)
+            else:
+                keys, values, logits, mask, _ = self._prefill(uniq)
+            P = mask.shape[1]
+            for j, (k, r) in enumerate(missing.items()):
+                L = len(r.input_ids)
+                slots.add(
+                    k,
+                    [t[j, :, P - L :] for t in keys],
+                    [t[j, :, P - L :] for t in values],
+                    logits[j],
+                )
+        pids = [slots.by_prompt[k] for k in keyed]
+        for p in pids:
+            slots.refs[p] += 1
+        logits = torch.stack([slots.logits[p] for p in pids])
+        tokens, logps = _sample(logits, new, [0] * len(new))
+        self._record(new, tokens, logps)
+        n, kv, D = len(new), self._fast.n_kv, self._fast.head_dim
+        dt = logits.dtype if not slots.keys else slots.keys[0].dtype
+        empty = [torch.zeros(n, kv, 0, D, dtype=dt, device=self.device)] * len(self._fast.layers)
+        next_pos = torch.tensor([len(r.input_ids) for r in new], device=self.device)
+        mask = torch.zeros(n, 0, dtype=torch.long, device=self.device)
+        self._batch.merge(new, empty, empty, mask, next_pos, tokens, pids)
         self._finish_done()
 
     def _prefill_cached(self, uniq: list[_Request]):
@@ -789,16 +1061,28 @@ class GenerationCore:
                 self._since_sort = 0
                 if b.sort_rows(starts, self.segment_rows):
                     starts = b.row_starts()
+                if b.shared:
+                    b.sort_slots()
             segments = b.segments(starts, self.segment_rows)
         B = len(b.reqs)
         mask = torch.cat([b.mask, b.mask.new_ones(B, 1)], dim=1)
         if self._fast is not None:
-            logits = self._fast.step(b.next_tok, b.next_pos, b.kbufs, b.vbufs, b.T, mask, segments)
+            prefix = b.prefix(self._fast.n_kv) if b.shared else None
+            logits = self._fast.step(
+                b.next_tok, b.next_pos, b.kbufs, b.vbufs, b.T, mask, segments, prefix
+            )
             if not self._fast_checked:  # once: the HF forward must agree (it rewrites column T)
-                ref = self._hf_decode(b, mask)
+                full, full_mask = b, mask
+                if b.shared:  # the HF forward needs each row's whole cache
+                    full = b.unshared()
+                    full_mask = torch.cat([full.mask, full.mask.new_ones(B, 1)], dim=1)
+                ref = self._hf_decode(full, full_mask)
                 self._fast_checked = True
                 if not self._fast.matches_reference(logits, ref):
                     self._fast = None
+                    self._shared = False
+                    self._batch = b = full
+                    mask = full_mask
                     logits = ref
         else:
             logits = self._hf_decode(b, mask)
@@ -886,7 +1170,7 @@ class GenerationCore:
 
     def _fail_all(self, message: str) -> None:
         reqs = [r for r in self._batch.reqs if r is not None]
-        self._batch = _Batch()
+        self._batch = _Batch(self._shared)
         with self._lock:
             reqs.extend(self._waiting)
             self._waiting.clear()

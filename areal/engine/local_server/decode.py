@@ -12,7 +12,13 @@ are seen at once) with its own glue:
 - one additive mask bias per step shared by all layers,
 - the new key/value written in place into the server's preallocated buffers,
 - attention as two batched matmuls per layer with the query heads grouped per KV head
-  (no repeat of the cache for grouped-query attention).
+  (no repeat of the cache for grouped-query attention),
+- optionally (:class:`SharedPrefix`) the prompt's keys/values stored once per distinct
+  prompt: the n samples of a prompt attend to it in one matmul per (prompt, KV head),
+  with the query heads of all its rows in the matmul's M dimension, and to their own
+  generated tokens separately; the two parts are merged by their log-sum-exp (exact up to
+  fp32 rounding). Reading the prompt's cache once instead of n times is what a decode step
+  of a small model is bound by.
 
 Only models whose structure is recognised are taken (:meth:`FastDecoder.build`), and the
 core checks the first decode step against the Hugging Face forward
@@ -20,6 +26,8 @@ core checks the first decode step against the Hugging Face forward
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -33,6 +41,48 @@ _SUPPORTED = ("qwen2", "qwen3", "llama")
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@dataclasses.dataclass
+class SharedPrefix:
+    """Prompt keys/values shared by rows (see :meth:`FastDecoder.step`).
+
+    ``keys``/``values``: per layer ``[slots, kv, cap, D]`` (slot ``s`` holds one prompt in
+    its first columns); ``bias``: ``[slots, cap]`` additive (0 = attend, dtype min =
+    padding); ``chunks``: ``(first_slot, end_slot, columns)`` ranges covering slots
+    ``[0, S)``, each attended over its first ``columns`` columns (slots sorted by prompt
+    length keep the padding small); ``gather``: ``[S * kv * M]`` indices into the decode
+    step's ``[B * kv]`` (row, KV head) pairs: slot ``s``'s ``m``-th row for KV head ``h`` at
+    ``(s * kv + h) * M + m`` (unused places point anywhere valid); ``scatter``:
+    ``[B * kv]``, the inverse (rows without a slot point anywhere valid: their output is
+    never read).
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    bias: torch.Tensor
+    gather: torch.Tensor
+    scatter: torch.Tensor
+    rows_per_slot: int
+    chunks: list[tuple[int, int, int]]
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of ``q`` ``[N, H, L, D]`` (already scaled) over ``k``/``v``
+    ``[N, H, S, D]`` with the additive ``bias`` (broadcast to ``[N, H, L, S]``): the output
+    and its log-sum-exp ``[N, H, L]``. On CPU PyTorch's fused flash kernel (no score matrix
+    in memory), elsewhere the plain formula."""
+    if q.device.type == "cpu" and _CPU_FLASH is not None:
+        out, lse = _CPU_FLASH(q, k, v, 0.0, False, attn_mask=bias, scale=1.0)
+        return out, lse
+    scores = torch.matmul(q, k.transpose(-1, -2)).add_(bias)
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.softmax(scores, dim=-1), v), lse
+
+
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 class FastDecoder:
@@ -101,6 +151,7 @@ class FastDecoder:
         T: int,
         mask: torch.Tensor,
         segments: list[tuple[int, int, int]] | None = None,
+        prefix: SharedPrefix | None = None,
     ) -> torch.Tensor:
         """Logits ``[B, V]`` of one new token per row.
 
@@ -110,8 +161,11 @@ class FastDecoder:
         ``(row_start, row_end, first_column)`` blocks whose rows attend only to columns
         ``[first_column, T]`` (the columns before are padding for every row of the block);
         rows in no block get a zero attention output (free rows). Default: one block of
-        every row from column 0.
+        every row from column 0. ``prefix``: keys/values every row attends to besides its
+        own columns (its prompt, shared by the rows of one slot); see :class:`SharedPrefix`.
         """
+        if prefix is not None:
+            return self._step_shared(tokens, positions, kbufs, vbufs, T, mask, segments, prefix)
         B = tokens.shape[0]
         D, G, KV, NH = self.head_dim, self.group, self.n_kv, self.n_heads
         if segments is None:
@@ -143,6 +197,62 @@ class FastDecoder:
                 scores = torch.matmul(q[r0:r1], kb[r0:r1, :, c0 : T + 1].transpose(-1, -2))
                 probs = torch.softmax(scores.add_(sb), dim=-1)  # [rows, KV, G, cols]
                 torch.matmul(probs, vb[r0:r1, :, c0 : T + 1], out=o[r0:r1])
+            h = h + attn.o_proj(o.view(B, NH * D))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.lm_head(self.norm(h))
+
+    def _step_shared(self, tokens, positions, kbufs, vbufs, T, mask, segments, prefix):
+        B = tokens.shape[0]
+        D, G, KV, NH = self.head_dim, self.group, self.n_kv, self.n_heads
+        S = prefix.chunks[-1][1]
+        M = prefix.rows_per_slot
+        if segments is None:
+            segments = [(0, B, 0)]
+        h = self.embed(tokens)  # [B, H]
+        cos, sin = self.rotary(h, positions.unsqueeze(1))  # [B, 1, D]
+        bias = torch.zeros(mask.shape, dtype=h.dtype, device=h.device)
+        bias.masked_fill_(mask == 0, torch.finfo(h.dtype).min)
+        bias = bias.view(B, 1, 1, T + 1)
+        seg_bias = [bias[r0:r1, :, :, c0:] for r0, r1, c0 in segments]
+        gather, scatter = prefix.gather, prefix.scatter
+        chunk_bias = [prefix.bias[s0:s1, None, None, :P] for s0, s1, P in prefix.chunks]
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x).view(B, NH, D)
+            k = attn.k_proj(x).view(B, KV, D)
+            v = attn.v_proj(x)
+            if self.qk_norm:
+                q = attn.q_norm(q)
+                k = attn.k_norm(k)
+            qk = torch.cat((q, k), dim=1)
+            qk = qk * cos + _rotate_half(qk) * sin
+            q = (qk[:, :NH] * self.scaling).view(B * KV, G, D)
+            kb, vb = kbufs[i], vbufs[i]
+            kb[:, :, T] = qk[:, NH:]
+            vb[:, :, T] = v.view(B, KV, D)
+            # The prompt part: each slot's rows (x query heads) as one query block.
+            qs = q.index_select(0, gather).view(S, KV, M * G, D)
+            pk, pv = prefix.keys[i], prefix.values[i]
+            parts = [
+                attend(qs[s0:s1], pk[s0:s1, :, :P], pv[s0:s1, :, :P], cb)
+                for (s0, s1, P), cb in zip(prefix.chunks, chunk_bias)
+            ]
+            parts = [torch.cat((op, lp.unsqueeze(-1)), dim=-1) for op, lp in parts]
+            stats = parts[0] if len(parts) == 1 else torch.cat(parts)
+            stats = stats.view(S * KV * M, G, D + 1)
+            stats = stats.index_select(0, scatter).view(B, KV, G, D + 1)
+            # The own part: each row against its generated tokens (blocks of rows).
+            q = q.view(B, KV, G, D)
+            o_s = torch.zeros_like(q)
+            l_s = torch.full((B, KV, G, 1), -float("inf"), dtype=q.dtype, device=q.device)
+            for (r0, r1, c0), sb in zip(segments, seg_bias):
+                os_, ls_ = attend(q[r0:r1], kb[r0:r1, :, c0 : T + 1], vb[r0:r1, :, c0 : T + 1], sb)
+                o_s[r0:r1] = os_
+                l_s[r0:r1] = ls_.unsqueeze(-1)
+            # Merge the two normalised parts by their log-sum-exp.
+            lse = torch.logaddexp(stats[..., D:], l_s)
+            o = stats[..., :D].mul((stats[..., D:] - lse).exp_()).add_(o_s.mul_((l_s - lse).exp_()))
             h = h + attn.o_proj(o.view(B, NH * D))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.lm_head(self.norm(h))
