@@ -832,7 +832,14 @@ class GenerationCore:
 
     # ------------------------------------------------------------------ scheduler
     def _loop(self) -> None:
-        torch.set_grad_enabled(False)
+        # Inference mode (not just no-grad): no autograd bookkeeping on any op of the
+        # scheduler thread, ~5% of a decode step at small model sizes. In-place weight
+        # updates from commands are allowed in it.
+        with torch.inference_mode():
+            self._serve()
+        self._fail_all("server shutting down")
+
+    def _serve(self) -> None:
         while True:
             with self._lock:
                 while (
@@ -856,7 +863,6 @@ class GenerationCore:
             except Exception as e:  # keep serving: fail the affected requests
                 logger.exception("generation step failed: %s", e)
                 self._fail_all(f"internal error: {e}")
-        self._fail_all("server shutting down")
 
     def _run_commands(self) -> None:
         while True:
