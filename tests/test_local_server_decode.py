@@ -202,3 +202,172 @@ def test_prompt_cache_reused_across_admissions_and_emptied_by_weight_updates(tin
     assert third["output_ids"] == hf_greedy(model, prompt, 8)
     ref = hf_logprobs(model, prompt, third["output_ids"])
     torch.testing.assert_close(torch.tensor(third["output_logprobs"]), ref, atol=1e-4, rtol=0)
+
+
+# ---------------------------------------------------------------- shared prompt slots
+
+
+def test_attend_cpu_kernel_matches_plain_softmax_attention_with_padding_bias():
+    from areal.engine.local_server import decode
+
+    torch.manual_seed(0)
+    q = torch.randn(3, 2, 5, 8)
+    k, v = torch.randn(3, 2, 11, 8), torch.randn(3, 2, 11, 8)
+    bias = torch.zeros(3, 1, 1, 11)
+    bias[0, ..., :4] = torch.finfo(torch.float32).min  # ragged: left padding per row
+    bias[2, ..., 7:] = torch.finfo(torch.float32).min
+    out, lse = decode.attend(q, k, v, bias)
+    scores = q @ k.transpose(-1, -2) + bias
+    torch.testing.assert_close(out, torch.softmax(scores, -1) @ v, atol=1e-5, rtol=0)
+    torch.testing.assert_close(lse, torch.logsumexp(scores, -1), atol=1e-5, rtol=0)
+
+
+def test_slot_chunks_cover_all_slots_and_split_where_prompts_get_much_shorter():
+    from areal.engine.local_server.core import _chunks_cost, _slot_chunks
+
+    lens = [300, 280, 0, 250, 150, 140, 60, 50, 40]
+    chunks = _slot_chunks(lens)
+    assert chunks[0][0] == 0 and chunks[-1][1] == len(lens)
+    assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))  # contiguous
+    for s0, s1, cols in chunks:  # every prompt fits its range's columns
+        assert max(lens[s0:s1]) <= cols
+    assert len(chunks) == 3 and _chunks_cost(chunks) < len(lens) * max(lens)
+    assert _slot_chunks([5]) == [(0, 1, 5)]
+    assert len(_slot_chunks(list(range(400, 0, -10)))) <= 4  # capped
+
+
+def _mixed_group_jobs(seed: int, greedy: bool):
+    """Prompts of different lengths, each sent 1, 2, 3 or 6 times (groups), interleaved."""
+    rng = random.Random(seed)
+    jobs = []
+    for g in range(14):
+        prompt = [rng.randrange(3, 400) for _ in range(rng.randrange(2, 90))]
+        n = [1, 2, 3, 6][g % 4]
+        max_new = rng.randrange(1, 40)
+        sp = SamplingParams(max_new_tokens=max_new, greedy=greedy, temperature=1.0)
+        jobs += [(prompt, sp)] * n
+    rng.shuffle(jobs)
+    return jobs
+
+
+def test_shared_prompt_slots_with_mixed_group_sizes_match_hf(tiny_model_dir):
+    """Groups of 1-6 samples of prompts of different lengths, staggered arrivals, a small
+    batch (rows refilled, slots freed and reused, slots re-sorted): greedy tokens equal HF
+    generate's and logprobs HF forward's (atol 1e-4); samples of one prompt share a slot."""
+    torch.set_num_threads(1)
+    model = hf_model(tiny_model_dir)
+    core = GenerationCore(hf_model(tiny_model_dir), max_batch_size=10, segment_rows=4)
+    assert core._batch.shared
+    seen = {"sorted": 0, "max_rows_per_slot": 0, "chunks": 0}
+    batch_cls = core._batch.__class__
+    orig_sort, orig_prefix = batch_cls.sort_slots, batch_cls.prefix
+
+    def sort_slots(self):
+        moved = orig_sort(self)
+        seen["sorted"] += moved
+        return moved
+
+    def prefix(self, n_kv):
+        p = orig_prefix(self, n_kv)
+        seen["max_rows_per_slot"] = max(seen["max_rows_per_slot"], p.rows_per_slot)
+        seen["chunks"] = max(seen["chunks"], len(p.chunks))
+        return p
+
+    batch_cls.sort_slots, batch_cls.prefix = sort_slots, prefix
+    try:
+        jobs = _mixed_group_jobs(5, greedy=True) + _mixed_group_jobs(6, greedy=False)
+        results = _run(core, jobs)
+    finally:
+        batch_cls.sort_slots, batch_cls.prefix = orig_sort, orig_prefix
+    assert core._fast is not None, "fast path disagreed with the HF forward"
+    assert seen["max_rows_per_slot"] > 1, "no two rows shared a prompt slot"
+    assert seen["sorted"] and seen["chunks"] > 1, "slot sorting / ranges not covered"
+    for (p, sp), r in zip(jobs, results):
+        if sp.greedy:
+            assert r["output_ids"] == hf_greedy(model, p, sp.max_new_tokens)
+        ref = hf_logprobs(model, p, r["output_ids"])
+        torch.testing.assert_close(torch.tensor(r["output_logprobs"]), ref, atol=1e-4, rtol=0)
+
+
+def test_fast_path_disagreeing_falls_back_to_hf_with_the_shared_batch_unshared(
+    tiny_model_dir, monkeypatch
+):
+    """If the first decode step's check fails, the running shared-layout batch is rebuilt
+    in the plain layout and every request continues on the HF forward, still exact."""
+    torch.set_num_threads(1)
+    monkeypatch.setattr(FastDecoder, "matches_reference", lambda self, a, b: False)
+    model = hf_model(tiny_model_dir)
+    core = GenerationCore(hf_model(tiny_model_dir), max_batch_size=12)
+    core.pause().result()  # admit together: the check runs on a batch with shared slots
+    jobs = _mixed_group_jobs(8, greedy=True)[:12]
+    results: dict[int, dict] = {}
+    done = threading.Event()
+    for i, (p, sp) in enumerate(jobs):
+
+        def cb(r, i=i):
+            results[i] = r
+            if len(results) == len(jobs):
+                done.set()
+
+        core.submit(str(i), p, sp, cb)
+    core.resume().result()
+    try:
+        assert done.wait(120)
+    finally:
+        core.shutdown()
+    assert core._fast is None and not core._shared and not core._batch.shared
+    for i, (p, sp) in enumerate(jobs):
+        assert results[i]["output_ids"] == hf_greedy(model, p, sp.max_new_tokens)
+        ref = hf_logprobs(model, p, results[i]["output_ids"])
+        torch.testing.assert_close(
+            torch.tensor(results[i]["output_logprobs"]), ref, atol=1e-4, rtol=0
+        )
+
+
+def test_running_prompt_slot_not_reused_after_a_weight_update(tiny_model_dir):
+    """A prompt still running when the weights change keeps its slot for its rows, but a
+    new request with that prompt is prefilled again with the new weights."""
+    torch.set_num_threads(1)
+    core = GenerationCore(hf_model(tiny_model_dir), max_batch_size=4)
+    prefills = []
+    forward = core.model.forward
+
+    def spy(*a, **k):
+        if k["input_ids"].shape[1] > 1:
+            prefills.append(k["input_ids"].shape[0])
+        return forward(*a, **k)
+
+    core.model.forward = spy
+    prompt = [7, 8, 9, 10, 11, 12]
+    long_done, out = threading.Event(), {}
+    core.submit(
+        "long",
+        prompt,
+        SamplingParams(max_new_tokens=400, ignore_eos=True, greedy=True),
+        lambda r: long_done.set(),
+    )
+    try:
+        while not core._batch.reqs:  # running
+            threading.Event().wait(0.01)
+
+        def change_weights():
+            with torch.no_grad():
+                core.model.lm_head.weight.mul_(-1.0)
+
+        core.run_command(change_weights).result()
+        ev = threading.Event()
+        core.submit(
+            "new",
+            prompt,
+            SamplingParams(max_new_tokens=8, greedy=True),
+            lambda r: (out.update(r), ev.set()),
+        )
+        assert ev.wait(60)
+        assert long_done.wait(120)
+    finally:
+        core.shutdown()
+    assert prefills == [1, 1]
+    model = hf_model(tiny_model_dir)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1.0)
+    assert out["output_ids"] == hf_greedy(model, prompt, 8)

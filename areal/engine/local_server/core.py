@@ -447,7 +447,7 @@ class _Batch:
                 self.kbufs.append(kb)
                 self.vbufs.append(vb)
             self.reqs = list(reqs)
-            self.pid = pids
+            self.pid = pids if self.shared else []
             self.T, self.mask, self.next_pos, self.next_tok = P, mask, next_pos, next_tok
             return
         # Free rows from the end: after ``sort_rows`` the youngest rows sit there.
@@ -467,7 +467,8 @@ class _Batch:
             self.next_tok[rows] = next_tok[:k_fill]
             for j, r in enumerate(free[:k_fill]):
                 self.reqs[r] = reqs[j]
-                self.pid[r] = pids[j]
+                if self.shared:
+                    self.pid[r] = pids[j]
             if k_fill == n:
                 return
             reqs, mask, pids = reqs[k_fill:], mask[k_fill:], pids[k_fill:]
@@ -493,7 +494,8 @@ class _Batch:
         m[B:, T - P :] = mask
         self.mask = m
         self.reqs.extend(reqs)
-        self.pid.extend(pids)
+        if self.shared:
+            self.pid.extend(pids)
         self.next_pos = torch.cat([self.next_pos, next_pos])
         self.next_tok = torch.cat([self.next_tok, next_tok])
 
@@ -1084,7 +1086,8 @@ class GenerationCore:
                     full_mask = torch.cat([full.mask, full.mask.new_ones(B, 1)], dim=1)
                 ref = self._hf_decode(full, full_mask)
                 self._fast_checked = True
-                if not self._fast.matches_reference(logits, ref):
+                rows = torch.tensor(b.live, dtype=torch.long, device=logits.device)
+                if not self._fast.matches_reference(logits[rows], ref[rows]):  # free: any
                     self._fast = None
                     self._shared = False
                     self._batch = b = full
