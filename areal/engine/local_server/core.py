@@ -400,7 +400,9 @@ class _Batch:
         self._reshape(order, lead, self.kbufs[0].shape[2])
         return True
 
-    def release(self, rows: list[int]) -> None:
+    def release(self, rows: list[int], eager: bool = False) -> None:
+        """Free ``rows``; compact when half the rows are free (``eager``, nothing waiting to
+        refill them: an eighth)."""
         for i in rows:
             self.reqs[i] = None
             if self.shared:
@@ -414,7 +416,9 @@ class _Batch:
         live = self.live
         if not live:
             self.__init__(self.shared)
-        elif len(self.reqs) - len(live) >= max(8, len(self.reqs) // 2):
+        elif len(self.reqs) - len(live) >= (
+            max(4, len(self.reqs) // 8) if eager else max(8, len(self.reqs) // 2)
+        ):
             live_idx = torch.tensor(live, device=self.mask.device)
             lead = self.mask.index_select(0, live_idx).any(dim=0).nonzero()
             start = int(lead[0]) if len(lead) else self.T
@@ -1151,7 +1155,8 @@ class GenerationCore:
         if not rows:
             return
         finished = [self._batch.reqs[i] for i in rows]
-        self._batch.release(rows)
+        # Nothing waiting (the end of a burst): drop free rows sooner, they cost every step.
+        self._batch.release(rows, eager=self._batch.shared and not self._waiting)
         for r in finished:
             self._deliver(r, reason or r.finish)
 
