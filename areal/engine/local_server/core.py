@@ -992,19 +992,23 @@ class GenerationCore:
             if k in pc:
                 pc.move_to_end(k)  # the entries used now are the newest: never evicted below
         misses = [r for r, k in zip(uniq, keyed) if k not in pc]
-        if misses:
-            keys, values, logits, _, _ = self._prefill(misses)
-            Pm = keys[0].shape[2]
-            for i, r in enumerate(misses):
-                L = len(r.input_ids)
+        # Prompts of one length are prefilled together, others apart: no padding (on CPU a
+        # padded batch of different lengths costs ~1.5x the separate prefills).
+        same_len: dict[int, list[_Request]] = {}
+        for r in misses:
+            same_len.setdefault(len(r.input_ids), []).append(r)
+        for group in same_len.values():
+            keys, values, logits, _, _ = self._prefill(group)
+            for i, r in enumerate(group):
                 entry = (
-                    [k[i, :, Pm - L :].clone() for k in keys],
-                    [v[i, :, Pm - L :].clone() for v in values],
+                    [k[i].clone() for k in keys],
+                    [v[i].clone() for v in values],
                     logits[i].clone(),
                 )
                 nbytes = sum(t.numel() * t.element_size() for t in entry[0] + entry[1])
                 pc[tuple(r.input_ids)] = entry
                 self._prompt_cache_used += nbytes
+        if misses:
             while self._prompt_cache_used > self.prompt_cache_bytes and len(pc) > len(uniq):
                 _, (ks, vs, _) = pc.popitem(last=False)
                 self._prompt_cache_used -= sum(t.numel() * t.element_size() for t in ks + vs)
