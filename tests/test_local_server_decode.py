@@ -207,9 +207,12 @@ def test_prompt_cache_reused_across_admissions_and_emptied_by_weight_updates(tin
 # ---------------------------------------------------------------- shared prompt slots
 
 
-def test_attend_cpu_kernel_matches_plain_softmax_attention_with_padding_bias():
+@pytest.mark.parametrize("cpu_kernel", [True, False])
+def test_attend_matches_plain_softmax_attention_with_padding_bias(cpu_kernel, monkeypatch):
     from areal.engine.local_server import decode
 
+    if not cpu_kernel:  # the formula other devices use
+        monkeypatch.setattr(decode, "_CPU_FLASH", None)
     torch.manual_seed(0)
     q = torch.randn(3, 2, 5, 8)
     k, v = torch.randn(3, 2, 11, 8), torch.randn(3, 2, 11, 8)
@@ -250,10 +253,18 @@ def _mixed_group_jobs(seed: int, greedy: bool):
     return jobs
 
 
-def test_shared_prompt_slots_with_mixed_group_sizes_match_hf(tiny_model_dir):
+@pytest.mark.parametrize("cpu_kernel", [True, False])
+def test_shared_prompt_slots_with_mixed_group_sizes_match_hf(
+    tiny_model_dir, cpu_kernel, monkeypatch
+):
     """Groups of 1-6 samples of prompts of different lengths, staggered arrivals, a small
     batch (rows refilled, slots freed and reused, slots re-sorted): greedy tokens equal HF
-    generate's and logprobs HF forward's (atol 1e-4); samples of one prompt share a slot."""
+    generate's and logprobs HF forward's (atol 1e-4); samples of one prompt share a slot.
+    Also with the plain attention formula that devices other than the CPU use."""
+    from areal.engine.local_server import decode
+
+    if not cpu_kernel:
+        monkeypatch.setattr(decode, "_CPU_FLASH", None)
     torch.set_num_threads(1)
     model = hf_model(tiny_model_dir)
     core = GenerationCore(hf_model(tiny_model_dir), max_batch_size=10, segment_rows=4)
