@@ -1,13 +1,16 @@
-"""Set-up shared by the trainers: seeding, log directory, tokenizer, dataloader, scheduler."""
+"""Set-up shared by the trainers: seeding, log directory, tokenizer, dataloader, scheduler;
+and the step loop of the supervised trainers (SFT, RW, DPO)."""
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from areal.api.cli_args import get_log_path, save_config
-from areal.api.io_struct import FinetuneSpec
+from areal.api.io_struct import FinetuneSpec, StepInfo
 from areal.utils.seeding import set_random_seed
 
 
@@ -98,3 +101,55 @@ def teardown_run(trainer: Any, components: tuple[str, ...]) -> None:
         png = sl.close()
         if png:
             logger.info(f"Curves written to {png}")
+
+
+def run_step_loop(
+    trainer: Any,
+    engine: Any,
+    train_step: Callable[[Any], tuple[float, dict[str, float]]],
+    evaluate: Callable[[], Any],
+    eval_stats: Callable[[int, Any], dict[str, float]],
+    log: Any,
+    prefix: str = "",
+) -> list[float]:
+    """The step loop of the supervised trainers (SFT, RW, DPO); returns the step losses.
+
+    Resumes after the recover checkpoint, cycles ``trainer.train_dataloader`` and, for each
+    remaining step: ``train_step(rows) -> (loss, stats)`` (timed as ``time/train_step``);
+    the evaluator on ``evaluate`` (a result becomes stats by ``eval_stats(global_step,
+    result)``); the saver; the recover dump; then commits ``{prefix + key: value}`` and logs
+    the loss every 10 steps on ``log``. ``trainer`` holds ``ft_spec``,
+    ``train_dataloader``, ``tokenizer``, ``saver``, ``evaluator``, ``stats_logger`` and
+    ``recover_handler``; ``engine`` is the trained model's controller.
+    """
+    total, spe = trainer.ft_spec.total_train_steps, trainer.ft_spec.steps_per_epoch
+    loader = trainer.train_dataloader
+    services = (trainer.saver, trainer.evaluator, trainer.stats_logger)
+    info = trainer.recover_handler.load(engine, *services, loader)
+    start = 0 if info is None else info.last_step_info.next().global_step
+    losses: list[float] = []
+    data_iter = iter(loader)
+    for global_step in range(start, total):
+        epoch, step = divmod(global_step, spe)
+        try:
+            rows = next(data_iter)
+        except StopIteration:
+            data_iter = iter(loader)
+            rows = next(data_iter)
+        t0 = time.monotonic()
+        loss, stats = train_step(rows)
+        stats["time/train_step"] = time.monotonic() - t0
+        losses.append(loss)
+        ev = trainer.evaluator.evaluate(evaluate, epoch, step, global_step)
+        if ev is not None:
+            stats.update(eval_stats(global_step, ev))
+        trainer.saver.save(engine, epoch, step, global_step, tokenizer=trainer.tokenizer)
+        trainer.recover_handler.dump(
+            engine, StepInfo(epoch, step, global_step, spe), *services, loader
+        )
+        trainer.stats_logger.commit(
+            epoch, step, global_step, {f"{prefix}{k}": v for k, v in stats.items()}
+        )
+        if global_step % 10 == 0:
+            log.info(f"step {global_step}/{total} loss {losses[-1]:.4f}")
+    return losses

@@ -9,14 +9,13 @@ data-parallel rank and in one micro-batch.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
 from areal.api.alloc_mode import AllocationMode
-from areal.api.io_struct import SaveLoadMeta, StepInfo
-from areal.trainer.common import make_scheduler, setup_run, teardown_run
+from areal.api.io_struct import SaveLoadMeta
+from areal.trainer.common import make_scheduler, run_step_loop, setup_run, teardown_run
 from areal.utils import logging
 from areal.utils.evaluator import Evaluator
 from areal.utils.recover import RecoverHandler
@@ -173,41 +172,21 @@ class PreferenceTrainer:
         return {key: v / n for key, v in totals.items()} if n else {}
 
     def train(self) -> dict[str, Any]:
-        total = self.ft_spec.total_train_steps
-        spe = self.ft_spec.steps_per_epoch
-        info = self.recover_handler.load(
-            self.actor, self.saver, self.evaluator, self.stats_logger, self.train_dataloader
-        )
-        start = 0 if info is None else info.last_step_info.next().global_step
-        losses: list[float] = []
         history: list[dict[str, float]] = []
-        data_iter = iter(self.train_dataloader)
-        for global_step in range(start, total):
-            epoch, step = divmod(global_step, spe)
-            try:
-                rows = next(data_iter)
-            except StopIteration:
-                data_iter = iter(self.train_dataloader)
-                rows = next(data_iter)
-            t0 = time.monotonic()
+
+        def train_step(rows: list[dict[str, Any]]) -> tuple[float, dict[str, float]]:
             train_stats = self._train_batch(self.collate(rows))
             self.actor.step_lr_scheduler()
             # the engine's per-pair stats and step scalars, under "<scope>/"
             stats = dict(self.actor.export_stats())
-            stats["time/train_step"] = time.monotonic() - t0
-            losses.append(float(train_stats.get("loss", float("nan"))))
-            si = StepInfo(epoch, step, global_step, spe)
-            ev = self.evaluator.evaluate(self.evaluate, epoch, step, global_step)
+            return float(train_stats.get("loss", float("nan"))), stats
+
+        def eval_stats(global_step: int, ev: dict[str, float]) -> dict[str, float]:
             if ev:
-                stats.update({f"{self._scope}-eval/{k}": v for k, v in ev.items()})
                 history.append({"step": global_step + 1, **ev})
-            self.saver.save(self.actor, epoch, step, global_step, tokenizer=self.tokenizer)
-            self.recover_handler.dump(
-                self.actor, si, self.saver, self.evaluator, self.stats_logger, self.train_dataloader
-            )
-            self.stats_logger.commit(epoch, step, global_step, stats)
-            if global_step % 10 == 0:
-                logger.info(f"step {global_step}/{total} loss {losses[-1]:.4f}")
+            return {f"{self._scope}-eval/{k}": v for k, v in ev.items()}
+
+        losses = run_step_loop(self, self.actor, train_step, self.evaluate, eval_stats, logger)
         return {"losses": losses, "eval_history": history, "log_dir": self.log_dir}
 
     def save_hf(self, path: str) -> None:

@@ -7,16 +7,15 @@ target tokens; the prompt is masked out.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
 from areal.api.alloc_mode import AllocationMode
 from areal.api.cli_args import SFTConfig
-from areal.api.io_struct import SaveLoadMeta, StepInfo
+from areal.api.io_struct import SaveLoadMeta
 from areal.engine.fsdp_engine import FSDPEngine
-from areal.trainer.common import make_scheduler, setup_run, teardown_run
+from areal.trainer.common import make_scheduler, run_step_loop, setup_run, teardown_run
 from areal.utils import logging
 from areal.utils.evaluator import Evaluator
 from areal.utils.recover import RecoverHandler
@@ -160,39 +159,20 @@ class SFTTrainer:
         return sum(lo * w for lo, w in zip(losses, weights, strict=True)) / max(sum(weights), 1.0)
 
     def train(self) -> dict[str, Any]:
-        total = self.ft_spec.total_train_steps
-        spe = self.ft_spec.steps_per_epoch
-        info = self.recover_handler.load(
-            self.model, self.saver, self.evaluator, self.stats_logger, self.train_dataloader
-        )
-        start = 0 if info is None else info.last_step_info.next().global_step
-        losses: list[float] = []
-        data_iter = iter(self.train_dataloader)
-        for global_step in range(start, total):
-            epoch, step = divmod(global_step, spe)
-            try:
-                rows = next(data_iter)
-            except StopIteration:
-                data_iter = iter(self.train_dataloader)
-                rows = next(data_iter)
-            t0 = time.monotonic()
+        def train_step(rows: list[dict[str, Any]]) -> tuple[float, dict[str, float]]:
             stats = dict(self.model.train_lm(self._batch(rows)))
             self.model.step_lr_scheduler()
-            stats["time/train_step"] = time.monotonic() - t0
-            losses.append(float(stats.get("loss", float("nan"))))
-            si = StepInfo(epoch, step, global_step, spe)
-            ev = self.evaluator.evaluate(self.evaluate, epoch, step, global_step)
-            if ev is not None:
-                stats["eval/loss"] = ev
-            self.saver.save(self.model, epoch, step, global_step, tokenizer=self.tokenizer)
-            self.recover_handler.dump(
-                self.model, si, self.saver, self.evaluator, self.stats_logger, self.train_dataloader
-            )
-            self.stats_logger.commit(
-                epoch, step, global_step, {f"sft/{k}": v for k, v in stats.items()}
-            )
-            if global_step % 10 == 0:
-                logger.info(f"step {global_step}/{total} loss {losses[-1]:.4f}")
+            return float(stats.get("loss", float("nan"))), stats
+
+        losses = run_step_loop(
+            self,
+            self.model,
+            train_step,
+            self.evaluate,
+            lambda _step, ev: {"eval/loss": ev},
+            logger,
+            prefix="sft/",
+        )
         return {"losses": losses, "log_dir": self.log_dir}
 
     def save_hf(self, path: str) -> None:
