@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -203,6 +204,8 @@ def main() -> None:
             else:
                 v_wall, v_cpu, c_wall, c_cpu, stats = verified_round(version)
                 _, p_wall, p_cpu = timed(lambda v=version: plain.sync(v), procs0)
+            for m in (m0, m1):  # the previous version's weight directories (disk space)
+                shutil.rmtree(m.with_version(version - 1).path, ignore_errors=True)
             if version <= warmup:
                 continue
             inline = args.inline
@@ -264,6 +267,7 @@ def main() -> None:
     finally:
         for st in reversed(stacks):
             _close(st)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
