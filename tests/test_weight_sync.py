@@ -213,6 +213,27 @@ def test_weight_sync_failing_push_resumes_servers_keeps_versions_clear_error(sta
     assert len(resp.output_tokens) == 6 and set(resp.output_versions) == {v_before}
 
 
+def test_weight_sync_disk_deletes_older_version_dirs_keeps_current_and_others(stack):
+    actor, engine, meta = stack
+    sync = WeightSynchronizer(actor, engine, meta)
+    v = engine.get_version() + 10  # clear of the versions other tests left behind
+    root = os.path.dirname(meta.with_version(v + 1).path)
+    os.makedirs(os.path.join(root, "notes"), exist_ok=True)  # not a version: kept
+
+    sync.sync(v + 1)
+    assert os.path.isdir(meta.with_version(v + 1).path)
+    sync.sync(v + 2)
+
+    # Only the current version's weights stay (one model copy, not one per step) ...
+    kept = sorted(os.listdir(root))
+    assert kept == sorted(["notes", f"v{v + 2}"])
+    # ... and a restarted server is readmitted from it.
+    path, version = sync.current_weights()
+    assert version == v + 2 and path == meta.with_version(v + 2).path
+    assert any(f.endswith(".safetensors") for f in os.listdir(path))
+    assert _server(engine, "/version")["version"] == v + 2
+
+
 class _DroppedOnce(WeightSyncHook):
     """A verification whose first request meets a dropped connection (a real one: a port
     nobody listens on), then checks the real server."""

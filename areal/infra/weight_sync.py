@@ -10,7 +10,8 @@ One ``sync(version)`` runs, in this order::
     push         actor.update_weights(meta)    disk: save HF dir + servers reload it;
                                                xccl: broadcast in buckets
     verify       hook.verify(ctx)              raise to refuse the new weights
-    set version  actor / critic / rollout (and its servers) all get ``version``
+    set version  actor / critic / rollout (and its servers) all get ``version``;
+                 disk: older versions' directories are deleted
     hooks        hook.after_push(ctx)
     resume       rollout.continue_generation() interrupted requests continue
                  rollout.resume()              only when ``resume=True``; the trainer keeps
@@ -228,6 +229,7 @@ class WeightSynchronizer:
                 self._verify(h, ctx)
             step = "set_version"
             self._set_versions(version)
+            self._prune_disk_versions(version)
             step = "after_push"
             for h in self.hooks:
                 h.after_push(ctx)
@@ -254,6 +256,34 @@ class WeightSynchronizer:
             except Exception as e:  # noqa: BLE001 - the sync itself succeeded
                 logger.error("%s.after_sync raised %s", type(h).__name__, e)
         return dict(ctx.stats)
+
+    def _prune_disk_versions(self, version: int) -> None:
+        """Disk mode: delete the weight-update directories of versions older than
+        ``version`` once every server holds ``version`` (a run would otherwise keep one
+        full copy of the model per step). The current version's directory stays: a
+        restarted server is readmitted from it."""
+        meta = self.meta
+        if meta is None or meta.type != "disk" or not meta.path:
+            return
+        root = os.path.dirname(meta.with_version(version).path)
+        try:
+            names = os.listdir(root)
+        except OSError:
+            return
+        removed = 0
+        for name in names:
+            if name.startswith("v") and name[1:].isdigit() and int(name[1:]) < version:
+                path = os.path.join(root, name)
+                try:
+                    if os.path.isdir(path):
+                        shutil.rmtree(path)
+                    else:
+                        os.remove(path)
+                    removed += 1
+                except OSError as e:  # a full disk is worse than a leftover: log, go on
+                    logger.warning("could not remove old weight-update path %s: %s", path, e)
+        if removed:
+            logger.debug("removed %d old weight-update directories under %s", removed, root)
 
     def flush(self) -> None:
         """Every hook's ``flush()`` (a step boundary: e.g. a background weight check's
