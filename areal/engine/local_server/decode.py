@@ -167,31 +167,15 @@ class FastDecoder:
         if prefix is not None:
             return self._step_shared(tokens, positions, kbufs, vbufs, T, mask, segments, prefix)
         B = tokens.shape[0]
-        D, G, KV, NH = self.head_dim, self.group, self.n_kv, self.n_heads
+        D, NH = self.head_dim, self.n_heads
         if segments is None:
             segments = [(0, B, 0)]
-        h = self.embed(tokens)  # [B, H]
-        cos, sin = self.rotary(h, positions.unsqueeze(1))  # [B, 1, D]
-        bias = torch.zeros(mask.shape, dtype=h.dtype, device=h.device)
-        bias.masked_fill_(mask == 0, torch.finfo(h.dtype).min)
-        bias = bias.view(B, 1, 1, T + 1)
-        seg_bias = [bias[r0:r1, :, :, c0:] for r0, r1, c0 in segments]
+        h, cos, sin, seg_bias = self._prologue(tokens, positions, mask, T, segments)
         full = len(segments) == 1 and segments[0][:2] == (0, B)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(B, NH, D)
-            k = attn.k_proj(x).view(B, KV, D)
-            v = attn.v_proj(x)
-            if self.qk_norm:
-                q = attn.q_norm(q)
-                k = attn.k_norm(k)
-            qk = torch.cat((q, k), dim=1)  # rotary on queries and keys at once
-            qk = qk * cos + _rotate_half(qk) * sin
-            q = (qk[:, :NH] * self.scaling).view(B, KV, G, D)
             kb, vb = kbufs[i], vbufs[i]
-            kb[:, :, T] = qk[:, NH:]
-            vb[:, :, T] = v.view(B, KV, D)
+            q = self._project(layer, h, cos, sin, kb, vb, T)  # [B, KV, G, D]
             o = torch.empty_like(q) if full else torch.zeros_like(q)
             for (r0, r1, c0), sb in zip(segments, seg_bias):
                 scores = torch.matmul(q[r0:r1], kb[r0:r1, :, c0 : T + 1].transpose(-1, -2))
@@ -201,6 +185,35 @@ class FastDecoder:
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.lm_head(self.norm(h))
 
+    def _prologue(self, tokens, positions, mask, T, segments):
+        """Embeddings, rotary tables and each row segment's additive mask bias."""
+        B = tokens.shape[0]
+        h = self.embed(tokens)  # [B, H]
+        cos, sin = self.rotary(h, positions.unsqueeze(1))  # [B, 1, D]
+        bias = torch.zeros(mask.shape, dtype=h.dtype, device=h.device)
+        bias.masked_fill_(mask == 0, torch.finfo(h.dtype).min)
+        bias = bias.view(B, 1, 1, T + 1)
+        return h, cos, sin, [bias[r0:r1, :, :, c0:] for r0, r1, c0 in segments]
+
+    def _project(self, layer, h, cos, sin, kb, vb, T):
+        """One layer's rotated, scaled queries ``[B, KV, G, D]``; its new keys and values
+        are written into column ``T`` of the layer's buffers ``kb``/``vb``."""
+        B = h.shape[0]
+        D, G, KV, NH = self.head_dim, self.group, self.n_kv, self.n_heads
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        q = attn.q_proj(x).view(B, NH, D)
+        k = attn.k_proj(x).view(B, KV, D)
+        v = attn.v_proj(x)
+        if self.qk_norm:
+            q = attn.q_norm(q)
+            k = attn.k_norm(k)
+        qk = torch.cat((q, k), dim=1)  # rotary on queries and keys at once
+        qk = qk * cos + _rotate_half(qk) * sin
+        kb[:, :, T] = qk[:, NH:]
+        vb[:, :, T] = v.view(B, KV, D)
+        return (qk[:, :NH] * self.scaling).view(B, KV, G, D)
+
     def _step_shared(self, tokens, positions, kbufs, vbufs, T, mask, segments, prefix):
         B = tokens.shape[0]
         D, G, KV, NH = self.head_dim, self.group, self.n_kv, self.n_heads
@@ -208,29 +221,13 @@ class FastDecoder:
         M = prefix.rows_per_slot
         if segments is None:
             segments = [(0, B, 0)]
-        h = self.embed(tokens)  # [B, H]
-        cos, sin = self.rotary(h, positions.unsqueeze(1))  # [B, 1, D]
-        bias = torch.zeros(mask.shape, dtype=h.dtype, device=h.device)
-        bias.masked_fill_(mask == 0, torch.finfo(h.dtype).min)
-        bias = bias.view(B, 1, 1, T + 1)
-        seg_bias = [bias[r0:r1, :, :, c0:] for r0, r1, c0 in segments]
+        h, cos, sin, seg_bias = self._prologue(tokens, positions, mask, T, segments)
         gather, scatter = prefix.gather, prefix.scatter
         chunk_bias = [prefix.bias[s0:s1, None, None, :P] for s0, s1, P in prefix.chunks]
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(B, NH, D)
-            k = attn.k_proj(x).view(B, KV, D)
-            v = attn.v_proj(x)
-            if self.qk_norm:
-                q = attn.q_norm(q)
-                k = attn.k_norm(k)
-            qk = torch.cat((q, k), dim=1)
-            qk = qk * cos + _rotate_half(qk) * sin
-            q = (qk[:, :NH] * self.scaling).view(B * KV, G, D)
             kb, vb = kbufs[i], vbufs[i]
-            kb[:, :, T] = qk[:, NH:]
-            vb[:, :, T] = v.view(B, KV, D)
+            q = self._project(layer, h, cos, sin, kb, vb, T).view(B * KV, G, D)
             # The prompt part: each slot's rows (x query heads) as one query block.
             qs = q.index_select(0, gather).view(S, KV, M * G, D)
             pk, pv = prefix.keys[i], prefix.values[i]
