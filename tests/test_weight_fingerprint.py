@@ -456,3 +456,52 @@ def test_fingerprint_fetch_refused_connection_excludes_server_or_raises_without_
     assert rotation.excluded == [addr]
     with pytest.raises(requests.ConnectionError):
         hook.server_fingerprints([addr], seed=1)
+
+
+def test_fingerprint_fetch_dropped_connection_to_live_server_retried_once_kept():
+    """A connection reset while the server still answers its health probe (the chaos
+    soak's dropped connections): retried once, the server stays in rotation."""
+    import http.server
+    import json
+    import socket
+    import struct
+    import threading
+
+    calls = {"fingerprint": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _reply(self, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # /health
+            self._reply({"status": "ok"})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            calls["fingerprint"] += 1
+            if calls["fingerprint"] == 1:  # reset the connection without an answer
+                self.connection.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                )
+                self.connection.close()
+                return
+            self._reply({"fingerprints": {}, "dtypes": {}, "version": 3, "seconds": 0.0})
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    addr = f"127.0.0.1:{srv.server_address[1]}"
+    rotation = _Rotation([addr])
+    try:
+        out = WeightFingerprintHook(timeout=10.0).server_fingerprints([addr], 1, rotation)
+    finally:
+        srv.shutdown()
+    assert calls["fingerprint"] == 2
+    assert rotation.excluded == [] and out[addr]["version"] == 3

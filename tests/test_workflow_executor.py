@@ -328,6 +328,39 @@ def test_prepare_batch_row_of_stale_rollout_is_trained_later_not_lost(engine):
         ex.destroy()
 
 
+def test_prepare_batch_row_of_rollout_without_servers_is_requeued_not_lost(engine):
+    from areal.infra.remote_inf_engine import NoHealthyServerError
+
+    ex = start_executor(engine, consumer_batch_size=1, max_concurrent_rollouts=2)
+
+    class NoServerOnce(SleepWorkflow):
+        """uid 5's first attempt finds every server out of rotation for a moment."""
+
+        def __init__(self):
+            super().__init__()
+            self.failed = False
+
+        async def arun_episode(self, engine, data):
+            if data["uid"] == 5 and not self.failed:
+                self.failed = True
+                raise NoHealthyServerError("no healthy inference server left")
+            return await super().arun_episode(engine, data)
+
+    wf = NoServerOnce()
+    try:
+        loader = list_loader(3, 1)
+        ex.submit(dict(uid=5), wf)
+        uids = []
+        for step in range(4):
+            uids += ex.prepare_batch(loader, wf, timeout=10)["uid"].tolist()
+            engine.set_version(1 + step)  # a trainer step
+        # counted (not as a workflow error) and the row trained later: nothing lost
+        assert ex.rejection_reasons == {"no_server": 1}
+        assert sorted(uids) == [0, 1, 2, 5]
+    finally:
+        ex.destroy()
+
+
 def test_queued_result_dropped_at_consumption_when_too_old(engine):
     ex = start_executor(
         engine, consumer_batch_size=2, max_concurrent_rollouts=4, max_head_offpolicyness=1

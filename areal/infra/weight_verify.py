@@ -99,12 +99,27 @@ class WeightFingerprintHook(WeightSyncHook):
         body: dict[str, Any] = {"seed": seed}
         if full is not None:
             body["full"] = full
-        r = requests.post(
-            f"http://{addr}{PATH}",
-            json=body,
-            headers=auth_headers(get_run_secret()),
-            timeout=self.timeout,
-        )
+
+        def post():
+            return requests.post(
+                f"http://{addr}{PATH}",
+                json=body,
+                headers=auth_headers(get_run_secret()),
+                timeout=self.timeout,
+            )
+
+        try:
+            r = post()
+        except requests.ConnectionError as e:
+            # A read-only call: a dropped connection to a server that still answers its
+            # health probe is retried once (as the idempotent control calls are) instead of
+            # taking the server out of the rotation.
+            try:
+                requests.get(f"http://{addr}/health", timeout=5.0).raise_for_status()
+            except Exception:  # noqa: BLE001 - no answer: the original error stands
+                raise e from None
+            logger.warning("%s %s: connection dropped (%s); retrying once", addr, PATH, e)
+            r = post()
         if r.status_code == 404:
             return None
         if r.status_code != 200:

@@ -17,7 +17,9 @@ more than ``max_head_offpolicyness`` behind the current version is dropped (coun
 rejected, ``reason="stale"``) and replaced, so a consumed trajectory is never older than
 the bound, even when a slow rollout was overtaken by faster ones.
 
-A workflow that raises is logged with its traceback and counted as rejected; a workflow
+A workflow that raises is logged with its traceback and counted as rejected (one that
+raises ``NoHealthyServerError``, no server in rotation for a moment, is counted as
+``reason="no_server"`` and its row re-queued, as a stale one's); a workflow
 returning ``None`` or a result refused by ``should_accept_fn`` is counted as rejected. The
 executor itself keeps running.
 
@@ -831,14 +833,26 @@ class WorkflowExecutor:
                 self._next_episode_id += tag_group_rows(traj, task.task_id, self._next_episode_id)
         except asyncio.CancelledError:
             reason = "cancelled"
-        except Exception:
-            reason = "error"
-            self.logger.error(
-                "Rollout %d: workflow %s raised; counted as rejected:\n%s",
-                task.task_id,
-                type(task.workflow).__name__,
-                traceback.format_exc(),
-            )
+        except Exception as e:
+            from areal.infra.remote_inf_engine import NoHealthyServerError
+
+            if isinstance(e, NoHealthyServerError) and not task.is_eval:
+                # No server in rotation for a moment (all restarting or being probed): not
+                # the row's fault, so it is generated again (below) instead of lost; the
+                # pause keeps a retry loop from spinning while servers come back.
+                reason = "no_server"
+                self.logger.warning(
+                    "Rollout %d: %s; its row is re-queued", task.task_id, str(e)[:300]
+                )
+                await asyncio.sleep(1.0)
+            else:
+                reason = "error"
+                self.logger.error(
+                    "Rollout %d: workflow %s raised; counted as rejected:\n%s",
+                    task.task_id,
+                    type(task.workflow).__name__,
+                    traceback.format_exc(),
+                )
         if traj is not None and self._dump_to_file:
             await self._dump_trajectory(traj, task)
         if reason is None and traj is None:
@@ -886,7 +900,9 @@ class WorkflowExecutor:
                 )
             else:
                 self._reject_locked(reason, task.is_eval)
-                if reason == "stale" and not task.is_eval:
+                if reason == "no_server":
+                    self._replay.append(task.data)
+                elif reason == "stale" and not task.is_eval:
                     # Too old to train on, through no fault of the row (e.g. retries after a
                     # dropped connection): generate it again instead of losing it.
                     self._replay.append(task.data)
