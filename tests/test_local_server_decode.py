@@ -38,6 +38,27 @@ def _run(core, jobs, timeout=180):
     return [results[i] for i in range(len(jobs))]
 
 
+def _run_together(core, jobs, timeout: float = 120.0) -> dict[int, dict]:
+    """Submit ``jobs`` (prompt, SamplingParams) to a paused ``core`` so they are admitted
+    together, resume it, wait for every result and shut the core down."""
+    results: dict[int, dict] = {}
+    done = threading.Event()
+    for i, (p, sp) in enumerate(jobs):
+
+        def cb(r, i=i):
+            results[i] = r
+            if len(results) == len(jobs):
+                done.set()
+
+        core.submit(str(i), p, sp, cb)
+    core.resume().result()
+    try:
+        assert done.wait(timeout)
+    finally:
+        core.shutdown()
+    return results
+
+
 def test_fast_decoder_built_for_qwen2_and_refused_for_unknown_structures(tiny_model_dir):
     model = hf_model(tiny_model_dir)
     assert FastDecoder.build(model) is not None
@@ -106,21 +127,7 @@ def test_identical_prompts_are_prefilled_once_and_sampled_independently(tiny_mod
     prompt_a, prompt_b = [5, 6, 7, 8, 9, 10], [11, 12, 13]
     jobs = [(prompt_a, SamplingParams(max_new_tokens=12, temperature=1.0)) for _ in range(8)]
     jobs += [(prompt_b, SamplingParams(max_new_tokens=12, temperature=1.0)) for _ in range(8)]
-    results: dict[int, dict] = {}
-    done = threading.Event()
-    for i, (p, sp) in enumerate(jobs):
-
-        def cb(r, i=i):
-            results[i] = r
-            if len(results) == len(jobs):
-                done.set()
-
-        core.submit(str(i), p, sp, cb)
-    core.resume().result()
-    try:
-        assert done.wait(120)
-    finally:
-        core.shutdown()
+    results = _run_together(core, jobs)
     assert sorted(prefill_rows) == [1, 1]  # 16 requests, 2 distinct prompts (lengths 6, 3)
     outs = [tuple(results[i]["output_ids"]) for i in range(16)]
     assert len(set(outs[:8])) > 1 and len(set(outs[8:])) > 1  # samples differ
@@ -311,21 +318,7 @@ def test_fast_path_disagreeing_falls_back_to_hf_with_the_shared_batch_unshared(
     core = GenerationCore(hf_model(tiny_model_dir), max_batch_size=12)
     core.pause().result()  # admit together: the check runs on a batch with shared slots
     jobs = _mixed_group_jobs(8, greedy=True)[:12]
-    results: dict[int, dict] = {}
-    done = threading.Event()
-    for i, (p, sp) in enumerate(jobs):
-
-        def cb(r, i=i):
-            results[i] = r
-            if len(results) == len(jobs):
-                done.set()
-
-        core.submit(str(i), p, sp, cb)
-    core.resume().result()
-    try:
-        assert done.wait(120)
-    finally:
-        core.shutdown()
+    results = _run_together(core, jobs)
     assert core._fast is None and not core._shared and not core._batch.shared
     for i, (p, sp) in enumerate(jobs):
         assert results[i]["output_ids"] == hf_greedy(model, p, sp.max_new_tokens)
