@@ -38,6 +38,21 @@ def _run(core, jobs, timeout=180):
     return [results[i] for i in range(len(jobs))]
 
 
+def _count_prefills(core) -> list[int]:
+    """A list that gets the row count of every prefill forward (more than one token) of
+    ``core``'s model."""
+    rows: list[int] = []
+    forward = core.model.forward
+
+    def spy(*a, **k):
+        if k["input_ids"].shape[1] > 1:
+            rows.append(k["input_ids"].shape[0])
+        return forward(*a, **k)
+
+    core.model.forward = spy
+    return rows
+
+
 def _run_together(core, jobs, timeout: float = 120.0) -> dict[int, dict]:
     """Submit ``jobs`` (prompt, SamplingParams) to a paused ``core`` so they are admitted
     together, resume it, wait for every result and shut the core down."""
@@ -114,15 +129,7 @@ def test_identical_prompts_are_prefilled_once_and_sampled_independently(tiny_mod
     torch.set_num_threads(1)
     model = hf_model(tiny_model_dir)
     core = GenerationCore(hf_model(tiny_model_dir), max_batch_size=32)
-    prefill_rows = []
-    forward = core.model.forward
-
-    def spy(*a, **k):
-        if k["input_ids"].shape[1] > 1:
-            prefill_rows.append(k["input_ids"].shape[0])
-        return forward(*a, **k)
-
-    core.model.forward = spy
+    prefill_rows = _count_prefills(core)
     core.pause().result()  # hold the requests so they are admitted together
     prompt_a, prompt_b = [5, 6, 7, 8, 9, 10], [11, 12, 13]
     jobs = [(prompt_a, SamplingParams(max_new_tokens=12, temperature=1.0)) for _ in range(8)]
@@ -166,15 +173,7 @@ def test_plain_sampling_logprobs_are_temperature_scaledhf_logprobs(tiny_model_di
 def test_prompt_cache_reused_across_admissions_and_emptied_by_weight_updates(tiny_model_dir):
     torch.set_num_threads(1)
     core = GenerationCore(hf_model(tiny_model_dir), max_batch_size=4)
-    prefills = []
-    forward = core.model.forward
-
-    def spy(*a, **k):
-        if k["input_ids"].shape[1] > 1:
-            prefills.append(k["input_ids"].shape[0])
-        return forward(*a, **k)
-
-    core.model.forward = spy
+    prefills = _count_prefills(core)
     prompt = [7, 8, 9, 10, 11]
 
     def greedy():
@@ -333,15 +332,7 @@ def test_running_prompt_slot_not_reused_after_a_weight_update(tiny_model_dir):
     new request with that prompt is prefilled again with the new weights."""
     torch.set_num_threads(1)
     core = GenerationCore(hf_model(tiny_model_dir), max_batch_size=4)
-    prefills = []
-    forward = core.model.forward
-
-    def spy(*a, **k):
-        if k["input_ids"].shape[1] > 1:
-            prefills.append(k["input_ids"].shape[0])
-        return forward(*a, **k)
-
-    core.model.forward = spy
+    prefills = _count_prefills(core)
     prompt = [7, 8, 9, 10, 11, 12]
     long_done, out = threading.Event(), {}
     core.submit(
