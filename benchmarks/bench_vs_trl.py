@@ -10,7 +10,9 @@ the same reward (``areal.reward.gsm8k.gsm8k_reward_fn``: the final answer equals
 one), fp32, and the whole machine: TRL runs with the faster of 1 and all-cores torch
 threads (probed per setting right before its run, ``--threads`` to fix it; on a busy
 2-core machine two threads can be 10x slower than one), areal's server and trainer
-processes share the same cores. The two runs go one after the other in this process.
+processes share the same cores. The runs go one after the other in this process;
+``--trl-runs around`` runs TRL both before and after areal's side and compares areal
+with the faster of the two TRL runs (TRL's rate moves with the machine's load).
 
 Clocks start at the first training step (start-up is reported separately) and stop the
 run after ``--seconds`` of training. At the first step boundary after each checkpoint
@@ -462,6 +464,15 @@ def main() -> None:
         "'both' runs areal twice per setting against the same TRL run "
         "(`areal` and `areal_no_dynamic_sampling` in the JSON)",
     )
+    ap.add_argument(
+        "--trl-runs",
+        choices=["after", "around"],
+        default="after",
+        help="'after': one TRL run after areal's; 'around': TRL runs before AND after "
+        "areal's and areal is compared with the FASTER of the two (trained samples/s; "
+        "its accuracies too), both runs reported (`trl_runs`): on a shared machine "
+        "TRL's rate moves with the load, and the faster baseline is the conservative one",
+    )
     ap.add_argument("--skip-trl", action="store_true", help="run areal's side only (dev)")
     ap.add_argument("--skip-areal", action="store_true", help="run TRL's side only (dev)")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of areal's side")
@@ -484,6 +495,24 @@ def main() -> None:
     }
     for setting in settings:
         entry: dict[str, Any] = {"max_new_tokens": SETTINGS[setting]["max_new_tokens"]}
+        trl_runs: list[dict[str, Any]] = []
+
+        def trl_run(position: str, entry=entry, setting=setting, trl_runs=trl_runs) -> None:
+            if "trl_threads" not in entry:
+                threads = args.threads
+                if not threads:
+                    threads, entry["trl_thread_probe_seconds"] = probe_trl_threads(setting)
+                entry["trl_threads"] = threads
+            torch.set_num_threads(entry["trl_threads"])
+            with tempfile.TemporaryDirectory() as wd:
+                run = run_trl(setting, args.seconds, checkpoints, wd)
+            torch.set_num_threads(1)
+            run["position"] = position
+            run["load_average_after"] = os.getloadavg()
+            trl_runs.append(run)
+
+        if not args.skip_trl and args.trl_runs == "around":
+            trl_run("before_areal")
         if not args.skip_areal:
             for ds in ("on", "off"):
                 if args.dynamic_sampling not in (ds, "both"):
@@ -496,21 +525,24 @@ def main() -> None:
                 entry[key]["dynamic_sampling"] = ds == "on"
                 entry[f"load_average_after_{key}"] = os.getloadavg()
         if not args.skip_trl:
-            threads = args.threads
-            if not threads:
-                threads, entry["trl_thread_probe_seconds"] = probe_trl_threads(setting)
-            entry["trl_threads"] = threads
-            torch.set_num_threads(threads)
-            with tempfile.TemporaryDirectory() as wd:
-                entry["trl"] = run_trl(setting, args.seconds, checkpoints, wd)
-            torch.set_num_threads(1)
-            entry["load_average_after_trl"] = os.getloadavg()
+            trl_run("after_areal")
+            # the baseline areal is compared with: the faster TRL run
+            entry["trl"] = max(trl_runs, key=lambda r: r["trained_samples_per_sec"])
+            entry["load_average_after_trl"] = trl_runs[-1]["load_average_after"]
+            if len(trl_runs) > 1:
+                entry["trl_runs"] = trl_runs
         if "areal" in entry and "trl" in entry:
             entry["ratios_areal_over_trl"] = compare(entry["areal"], entry["trl"], checkpoints)
         if "areal_no_dynamic_sampling" in entry and "trl" in entry:
             entry["ratios_areal_no_dynamic_sampling_over_trl"] = compare(
                 entry["areal_no_dynamic_sampling"], entry["trl"], checkpoints
             )
+        for key in ("areal", "areal_no_dynamic_sampling"):
+            if key in entry and len(trl_runs) > 1:  # accuracy against each TRL run
+                entry[f"accuracy_{key}_vs_each_trl_run"] = {
+                    r["position"]: compare(entry[key], r, checkpoints)["accuracy_at_checkpoints"]
+                    for r in trl_runs
+                }
         result[setting] = entry
         print(json.dumps({setting: entry}), file=sys.stderr, flush=True)
     print(json.dumps(result, indent=2))
