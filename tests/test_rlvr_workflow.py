@@ -262,3 +262,37 @@ def test_trajectory_tensors_mismatched_lengths_raise_naming_each():
     assert t["input_ids"].tolist() == [[5, 6, 7]] and t["versions"].tolist() == [[-1, 3, 4]]
     assert t["rewards"].tolist() == [0.5] and t["no_eos"].tolist() == [True]
     assert t["attention_mask"].dtype == torch.bool and t["seqlen"].tolist() == [3]
+
+
+class _CountingTokenizer:
+    """The real tokenizer, counting chat-template calls."""
+
+    def __init__(self, tok):
+        self._tok, self.template_calls = tok, 0
+
+    def apply_chat_template(self, *args, **kwargs):
+        self.template_calls += 1
+        return self._tok.apply_chat_template(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+async def test_group_tokenizes_its_prompt_once_and_other_prompts_get_their_own_ids(tokenizer):
+    counting = _CountingTokenizer(tokenizer)
+    wf = RLVRWorkflow("areal.reward.gsm8k.gsm8k_reward_fn", GenerationHyperparameters(), counting)
+    engine = ScriptedEngine(tokenizer, ["#### 42"] * 4 + ["#### 72"] * 4)
+    other = {
+        "messages": [{"role": "user", "content": "Natalia sold 48 clips in April."}],
+        "answer": "#### 72",
+    }
+    a = await GroupedRolloutWorkflow(wf, 4).arun_episode(engine, DATA)
+    b = await GroupedRolloutWorkflow(wf, 4).arun_episode(engine, other)
+    assert counting.template_calls == 2  # one per distinct prompt, not one per sample
+    for data, out in ((DATA, a), (other, b)):
+        want = tokenizer.apply_chat_template(data["messages"], add_generation_prompt=True)
+        want = want["input_ids"] if hasattr(want, "keys") else want
+        for row in range(4):
+            got = out["input_ids"][row][: len(want)].tolist()
+            assert got == list(want)
+    assert a["rewards"].tolist() == [1.0] * 4 and b["rewards"].tolist() == [1.0] * 4
