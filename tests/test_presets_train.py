@@ -28,6 +28,9 @@ def _cpu_overrides(tmp_path) -> list[str]:
         "train_dataset.path=synthetic://arith?n=256&seed=11",
         "train_dataset.batch_size=4",
         "train_dataset.max_length=null",
+        # The presets' 4 dataloader processes (spawned, each importing torch) cost ~8 s
+        # before the first batch on 2 cores; one still runs the multi-process loader path.
+        "train_dataset.num_workers=1",
         "valid_dataset=null",
         "gconfig.n_samples=4",
         "gconfig.max_new_tokens=16",
