@@ -149,6 +149,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=32)
     ap.add_argument("--full-every", type=int, default=8)
     ap.add_argument("--inline", action="store_true", help="check inside the sync")
+    ap.add_argument(
+        "--no-in-response",
+        action="store_true",
+        help="ask the trainer and the servers with requests after the push (as for xccl)",
+    )
     args = ap.parse_args()
 
     import torch
@@ -171,7 +176,11 @@ def main() -> None:
         filter(None, [os.path.join(os.path.dirname(__file__), ".."), os.environ.get("PYTHONPATH")])
     )
     stacks = []
-    hook = WeightFingerprintHook(full_every=args.full_every, background=not args.inline)
+    hook = WeightFingerprintHook(
+        full_every=args.full_every,
+        background=not args.inline,
+        in_response=not args.no_in_response,
+    )
     try:
         import psutil
 
@@ -209,19 +218,18 @@ def main() -> None:
                 shutil.rmtree(m.with_version(version - 1).path, ignore_errors=True)
             if version <= warmup:
                 continue
-            inline = args.inline
+            # the check's stats: of the background check (flushed), else of the sync (inline,
+            # or the fingerprints that came with the update)
+            src = stats if "weight_sync/fingerprint_seconds" in stats else checked.last_stats
             row = {
                 "plain": p_wall,
                 "verified": v_wall,
                 "diff": v_wall - p_wall,
-                "check": (stats if not inline else checked.last_stats).get(
-                    "weight_sync/fingerprint_seconds", c_wall
-                ),
+                "check": src.get("weight_sync/fingerprint_seconds", c_wall),
                 "plain_cpu": p_cpu,
                 "added_cpu": v_cpu + c_cpu - p_cpu,
-                "server_digest": (stats if not inline else checked.last_stats).get(
-                    "weight_sync/fingerprint_server_digest_seconds", 0.0
-                ),
+                "server_digest": src.get("weight_sync/fingerprint_server_digest_seconds", 0.0),
+                "in_response": src.get("weight_sync/fingerprint_in_response_servers", 0.0),
                 "trainer_digest": a1.scheduler.call_engine("actor/0", "_export_digests").seconds,
             }
             for k, x in row.items():
@@ -241,6 +249,8 @@ def main() -> None:
                     "model": args.model or f"random Qwen2 hidden {args.hidden} x {args.layers}",
                     "weight_update_mode": "disk",
                     "mode": "inline" if args.inline else "background",
+                    # servers whose fingerprint came with the update (no request), per sync
+                    "in_response_servers_mean": mean["in_response"],
                     "full_every": args.full_every,
                     "rounds": args.rounds,
                     "plain_sync_seconds_mean": round(p, 4),

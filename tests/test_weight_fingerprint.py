@@ -21,7 +21,9 @@ from areal.utils.weight_fingerprint import (
     compare_fingerprints,
     fingerprint_named,
     fingerprint_tensor,
+    read_reference,
     rotation_share,
+    write_reference,
 )
 
 
@@ -162,20 +164,29 @@ class _Actor:
     def __init__(self, named):
         self.every = 0
         self.checks = 0
+        self.asked = 0  # weights_fingerprint calls (requests to the trainer)
+        self.root = None
         self.export(named)
 
-    def enable_weight_fingerprints(self, full_every=1, dtypes=None):
+    def enable_weight_fingerprints(self, full_every=1, dtypes=None, reference_root=None):
         self.every = full_every
+        self.root = reference_root
 
-    def export(self, named):
+    def export(self, named, path=None):
+        """Digest ``named``; with a reference root (and ``path`` below it), write the
+        reference there as ``FSDPEngine._save_hf`` does."""
         self.named = named
         sizes = [(n, t.numel()) for n, t in named.items()]
         self.digests = WeightDigests(
             full=rotation_share(sizes, self.every, self.checks) if self.every else None
         )
         self.digests.add(named.items())
+        if self.root and path:
+            write_reference(path, int.from_bytes(os.urandom(7), "little"), self.digests)
+            self.checks += 1
 
     def weights_fingerprint(self, seed, dtypes=None, full=None):
+        self.asked += 1
         if dtypes is None and full is None:
             self.checks += 1
             return self.digests.fingerprints(seed)
@@ -505,3 +516,146 @@ def test_fingerprint_fetch_dropped_connection_to_live_server_retried_once_kept()
         srv.shutdown()
     assert calls["fingerprint"] == 2
     assert rotation.excluded == [] and out[addr]["version"] == 3
+
+
+async def _sync_in_response(hook, actor, client, weights_dir, named, version):
+    """One disk sync as ``WeightSynchronizer`` + ``RemoteInfEngine`` run it with the
+    fingerprint in the update response: the trainer writes the checkpoint and its
+    reference into ``weights_dir``, the server loads it (answering with its fingerprint),
+    the engine keeps that answer by address, the hook verifies."""
+    from safetensors.torch import save_file
+
+    addr = f"127.0.0.1:{client.port}"
+    rollout = types.SimpleNamespace(healthy_addresses=[addr], disk_update_responses={})
+    meta = types.SimpleNamespace(type="disk", path=str(weights_dir))
+    ctx = WeightSyncContext(version, version - 1, meta, "step", actor, rollout)
+    await asyncio.to_thread(hook.before_push, ctx)
+    weights_dir.mkdir(parents=True, exist_ok=True)
+    save_file(named, str(weights_dir / "model.safetensors"))
+    actor.export(named, str(weights_dir))
+    r = await client.post(
+        "/update_weights_from_disk",
+        json={"model_path": str(weights_dir), "version": version},
+        headers=auth_headers(get_run_secret()),
+    )
+    assert r.status == 200, await r.text()
+    rollout.disk_update_responses = {addr: await r.json()}
+    await asyncio.to_thread(hook.verify, ctx)
+    await asyncio.to_thread(hook.after_sync, ctx)
+    return ctx
+
+
+@pytest.mark.parametrize(
+    "kind,every", [("skipped", 1), ("reverted", 1), ("one_element", 1), ("noise", 8)]
+)
+async def test_fingerprint_in_update_response_bad_tensor_caught_without_extra_request(
+    server_app, tiny_model_dir, tmp_path, monkeypatch, kind, every
+):
+    """Disk sync with the reference written next to the weights: the server returns its
+    fingerprint with the update and the hook compares it there, asking neither the trainer
+    nor the server anything more. A load that skips, reverts, perturbs one element of
+    (outside the sample) or adds noise to one tensor is caught at once, naming the server,
+    the tensor and the version."""
+    srv, make_client = server_app
+    hook = WeightFingerprintHook(full_every=every, background=True)
+    actor = _Actor(_checkpoint(tiny_model_dir))
+    asked_servers = []
+    monkeypatch.setattr(hook, "server_fingerprints", lambda *a, **k: asked_servers.append(a))
+    new = _stepped(actor.named)
+    async with make_client() as client:
+        addr = f"127.0.0.1:{client.port}"
+        ctx = await _sync_in_response(hook, actor, client, tmp_path / "v1", new, 1)
+        assert ctx.stats["weight_sync/fingerprint_in_response_servers"] == 1
+        assert ctx.stats["weight_sync/fingerprint_servers"] == 1
+        assert ctx.stats["weight_sync/fingerprint_tensors"] == len(new)
+        ref = read_reference(str(tmp_path / "v1"))
+        assert sorted(n for n, fp in ref["fingerprints"].items() if len(fp) > 2) == ref["full"]
+        _inject(monkeypatch, kind)
+        with pytest.raises(WeightFingerprintMismatch) as ei:
+            await _sync_in_response(hook, actor, client, tmp_path / "v2", _stepped(new), 2)
+    assert actor.asked == 0 and asked_servers == []  # no request beyond the update
+    err = ei.value
+    assert err.server == addr and len(err.tensors) == 1 and err.tensors[0].startswith(_FAULTY)
+    assert addr in str(err) and _FAULTY in str(err) and "version 2" in str(err)
+
+
+async def test_fingerprint_in_update_response_rotation_covers_every_tensor_within_full_every(
+    server_app, tiny_model_dir, tmp_path, monkeypatch
+):
+    """The written references rotate: over ``every`` syncs every tensor too big to be
+    sampled whole is digested in full once, so an unsampled element off by 1e-4 is caught
+    within ``every`` syncs, as a row-sum difference."""
+    every = 4
+    srv, make_client = server_app
+    hook = WeightFingerprintHook(full_every=every)
+    actor = _Actor(_checkpoint(tiny_model_dir))
+    sizes = [(n, t.numel()) for n, t in actor.named.items()]
+    big = {n for n, k in sizes if k > FULL_SAMPLE_MAX}
+    seen: list[set[str]] = []
+    async with make_client() as client:
+        for version in range(1, every + 1):
+            d = tmp_path / f"v{version}"
+            await _sync_in_response(hook, actor, client, d, _stepped(actor.named), version)
+            seen.append(set(read_reference(str(d))["full"]))
+        assert set().union(*seen) == big and sum(map(len, seen)) == len(big)
+        _inject(monkeypatch, "one_element")
+        caught = None
+        for version in range(every + 1, 2 * every + 1):
+            try:
+                d = tmp_path / f"v{version}"
+                await _sync_in_response(hook, actor, client, d, _stepped(actor.named), version)
+            except WeightFingerprintMismatch as e:
+                caught = e
+                break
+    assert caught is not None and caught.version <= 2 * every
+    assert caught.tensors[0].startswith(f"{_FAULTY} (row-sum projection differs")
+    assert actor.asked == 0
+
+
+async def test_fingerprint_update_answer_without_fingerprint_falls_back_to_a_request(
+    server_app, tiny_model_dir, tmp_path, monkeypatch
+):
+    """A server whose update answer has no fingerprint (an older server) or one for another
+    seed (it loaded another directory) is asked with ``/weights_fingerprint`` for the
+    reference's seed and names in full, still without asking the trainer."""
+    srv, make_client = server_app
+    hook = WeightFingerprintHook(full_every=2)
+    actor = _Actor(_checkpoint(tiny_model_dir))
+    real = hook.server_fingerprints
+    asked = []
+
+    def spy(addresses, seed, rollout=None, full=None):
+        asked.append((list(addresses), seed, sorted(full or [])))
+        return real(addresses, seed, rollout, full)
+
+    monkeypatch.setattr(hook, "server_fingerprints", spy)
+    async with make_client() as client:
+        addr = f"127.0.0.1:{client.port}"
+        d = tmp_path / "v1"
+        d.mkdir()
+        from safetensors.torch import save_file
+
+        rollout = types.SimpleNamespace(healthy_addresses=[addr], disk_update_responses={})
+        ctx = WeightSyncContext(
+            1, 0, types.SimpleNamespace(type="disk", path=str(d)), "step", actor, rollout
+        )
+        await asyncio.to_thread(hook.before_push, ctx)
+        named = _stepped(actor.named)
+        save_file(named, str(d / "model.safetensors"))
+        actor.export(named, str(d))
+        await _push(client, d, named)  # the answer is not kept: as from an older server
+        await asyncio.to_thread(hook.verify, ctx)
+        ref = read_reference(str(d))
+        assert asked == [([addr], ref["seed"], ref["full"])]
+        assert ctx.stats["weight_sync/fingerprint_in_response_servers"] == 0
+        assert ctx.stats["weight_sync/fingerprint_servers"] == 1 and actor.asked == 0
+        _inject(monkeypatch, "skipped")
+        named = _stepped(named)
+        actor.export(named, str(d))  # a new reference (seed) for the new weights
+        ref = read_reference(str(d))
+        rollout.disk_update_responses = {addr: {"fingerprint": {"seed": ref["seed"] + 1}}}
+        await _push(client, d, named)
+        with pytest.raises(WeightFingerprintMismatch) as ei:
+            await asyncio.to_thread(hook.verify, ctx)
+    assert len(asked) == 2
+    assert ei.value.server == addr and ei.value.tensors[0].startswith(_FAULTY)

@@ -9,6 +9,7 @@ generating, the versions unchanged and a clear error.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 
 import pytest
@@ -304,16 +305,24 @@ def test_weight_sync_fingerprint_hook_passes_real_push_catches_skipped_tensor(
 ):
     from areal.infra.weight_verify import WeightFingerprintHook, WeightFingerprintMismatch
 
+    """The fingerprints asked for with a request after the push (``in_response=False``,
+    as for xccl or servers that do not answer with the update): a server reloaded after
+    the push with one tensor at its old value is caught."""
     actor, engine, meta = stack
     v = engine.get_version() + 5
-    stats = WeightSynchronizer(actor, engine, meta, hooks=[WeightFingerprintHook()]).sync(v)
+    hook = WeightFingerprintHook(in_response=False)
+    stats = WeightSynchronizer(actor, engine, meta, hooks=[hook]).sync(v)
     n_exported = sum(len(b) for b in actor.get_param_specs(1))
     assert stats["weight_sync/fingerprint_tensors"] == n_exported > 0
     assert stats["weight_sync/fingerprint_servers"] == 1
+    assert "weight_sync/fingerprint_in_response_servers" not in stats
     assert engine.get_version() == v
 
     name = "model.layers.0.self_attn.q_proj.weight"
-    hooks = [_SkipOneTensor(tiny_model_dir, name, str(tmp_path / "skip")), WeightFingerprintHook()]
+    hooks = [
+        _SkipOneTensor(tiny_model_dir, name, str(tmp_path / "skip")),
+        WeightFingerprintHook(in_response=False),
+    ]
     with pytest.raises(WeightSyncError, match="failed at 'verify'") as ei:
         WeightSynchronizer(actor, engine, meta, hooks=hooks).sync(v + 1)
     cause = ei.value.__cause__
@@ -337,7 +346,7 @@ def test_weight_sync_background_fingerprint_mismatch_fails_next_boundary_naming_
     name = "model.layers.1.self_attn.q_proj.weight"
     skip = _SkipOneTensor(tiny_model_dir, name, str(tmp_path / "skip"))
     skip.active = False
-    hook = WeightFingerprintHook(full_every=4, background=True)
+    hook = WeightFingerprintHook(full_every=4, background=True, in_response=False)
     sync = WeightSynchronizer(actor, engine, meta, hooks=[skip, hook])
     assert sync.sync(v)["weight_sync/fingerprint_version"] == v  # inline
     skip.active = True
@@ -353,3 +362,85 @@ def test_weight_sync_background_fingerprint_mismatch_fails_next_boundary_naming_
         assert err.server == engine.addresses[0] and err.version == version
         assert len(err.tensors) == 1 and err.tensors[0].startswith(name)
     assert name in str(ei2.value) and engine.addresses[0] in str(ei2.value)
+
+
+class _SkipInLoad(WeightSyncHook):
+    """The servers load the push with ``name`` at its initial value: the engine's disk update
+    is pointed at a copy of the pushed directory (the trainer's fingerprint reference
+    included) in which that tensor was not updated."""
+
+    def __init__(self, initial_dir: str, name: str, scratch: str):
+        self.initial_dir, self.name, self.scratch = initial_dir, name, scratch
+
+    def before_push(self, ctx):
+        import dataclasses
+        import glob
+        import shutil
+
+        from safetensors.torch import load_file, save_file
+
+        from areal.utils.weight_fingerprint import REFERENCE_FILE
+
+        engine, hook = ctx.rollout, self
+        real = engine.update_weights_from_disk
+
+        def update(meta):
+            pushed = {}
+            for f in glob.glob(os.path.join(meta.path, "*.safetensors")):
+                pushed.update(load_file(f))
+            initial = load_file(os.path.join(hook.initial_dir, "model.safetensors"))
+            assert not torch.equal(pushed[hook.name], initial[hook.name])
+            pushed[hook.name] = initial[hook.name]
+            os.makedirs(hook.scratch, exist_ok=True)
+            save_file(pushed, os.path.join(hook.scratch, "model.safetensors"))
+            shutil.copy(os.path.join(meta.path, REFERENCE_FILE), hook.scratch)
+            return real(dataclasses.replace(meta, path=hook.scratch))
+
+        engine.update_weights_from_disk = update
+
+    def verify(self, ctx):
+        del ctx.rollout.update_weights_from_disk  # the engine's own method again
+
+
+def test_weight_sync_fingerprint_in_update_response_catches_tensor_skipped_by_load(
+    stack, tiny_model_dir, tmp_path
+):
+    """Disk sync, fingerprints in the update response (the default): the trainer writes its
+    reference next to the weights, the server returns its fingerprint with the update, and
+    the check asks nothing more (no RPC to the trainer, no request to the server). A server
+    whose load skips one tensor is caught in the sync, naming server, tensor and version;
+    over ``full_every`` syncs the references take every large tensor in full once."""
+    from areal.infra.weight_verify import WeightFingerprintHook, WeightFingerprintMismatch
+    from areal.utils.weight_fingerprint import FULL_SAMPLE_MAX, read_reference
+
+    actor, engine, meta = stack
+    log: list[str] = []
+    spy = _Spy(actor, "actor", log)
+    every = 2
+    hook = WeightFingerprintHook(full_every=every, background=True)
+    asked = []
+    hook.server_fingerprints = lambda *a, **k: asked.append(a)
+    sync = WeightSynchronizer(spy, engine, meta, hooks=[hook])
+    v = engine.get_version() + 30
+    shares = []
+    for version in range(v, v + every):
+        stats = sync.sync(version)
+        assert stats["weight_sync/fingerprint_in_response_servers"] == 1
+        assert stats["weight_sync/fingerprint_servers"] == 1
+        assert stats["weight_sync/fingerprint_version"] == version
+        shares.append(set(read_reference(meta.with_version(version).path)["full"]))
+    assert "actor.weights_fingerprint" not in log and asked == []
+    sizes = {s.name: math.prod(s.shape) for b in actor.get_param_specs(1) for s in b}
+    assert set().union(*shares) == {n for n, k in sizes.items() if k > FULL_SAMPLE_MAX}
+    assert sum(map(len, shares)) == len(set().union(*shares))  # each once
+
+    name = "model.layers.1.mlp.up_proj.weight"
+    skip = _SkipInLoad(tiny_model_dir, name, str(tmp_path / "skip"))
+    sync = WeightSynchronizer(actor, engine, meta, hooks=[skip, hook])
+    with pytest.raises(WeightSyncError, match="failed at 'verify'") as ei:
+        sync.sync(v + every)
+    cause = ei.value.__cause__
+    assert isinstance(cause, WeightFingerprintMismatch) and cause.version == v + every
+    assert cause.server == engine.addresses[0] and len(cause.tensors) == 1
+    assert cause.tensors[0].startswith(name) and name in str(ei.value)
+    assert actor.get_version() == v + every - 1 and asked == []

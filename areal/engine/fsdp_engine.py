@@ -729,12 +729,14 @@ class FSDPEngine(TrainEngine):
         import json
         from concurrent.futures import ThreadPoolExecutor
 
+        from areal.utils.weight_fingerprint import REFERENCE_FILE
+
         rank0 = dist.get_rank() == 0
         t0 = time.perf_counter()
         if rank0:
             os.makedirs(path, exist_ok=True)
-            for f in os.listdir(path):  # stale shards of an earlier save
-                if f.endswith(".safetensors") or f == _SAFETENSORS_INDEX:
+            for f in os.listdir(path):  # stale shards (and reference) of an earlier save
+                if f.endswith(".safetensors") or f in (_SAFETENSORS_INDEX, REFERENCE_FILE):
                     os.remove(os.path.join(path, f))
         shard_bytes = max(1, int(self.hf_shard_mb * (1 << 20)))
         shards: list[tuple[str, list[str], int]] = []
@@ -787,6 +789,7 @@ class FSDPEngine(TrainEngine):
                     logger.warning("generation_config not saved: %s", e)
             if tokenizer is not None:
                 tokenizer.save_pretrained(path)
+            self._write_fingerprint_reference(path)
         dist.barrier(group=self.data_parallel_group)
         if self._lora_scale is not None:  # the merged weights above + the adapter itself
             self.save_lora_adapter(os.path.join(path, "lora_adapter"))
@@ -934,17 +937,42 @@ class FSDPEngine(TrainEngine):
 
     @torch.no_grad()
     def enable_weight_fingerprints(
-        self, full_every: int = 1, dtypes: dict[str, str] | None = None
+        self,
+        full_every: int = 1,
+        dtypes: dict[str, str] | None = None,
+        reference_root: str | None = None,
     ) -> None:
         """Digest every later export for ``weights_fingerprint`` (verified weight sync):
         row sums of a ``1/full_every`` share of the tensors, rotating with every answered
-        check, plus a strided sample of every tensor; in ``dtypes[name]`` (the dtype the
-        servers hold) when given. ``full_every=0`` turns the digests off."""
+        check (or written reference), plus a strided sample of every tensor; in
+        ``dtypes[name]`` (the dtype the servers hold) when given. ``full_every=0`` turns
+        the digests off. ``reference_root``: HF saves below this directory (the disk
+        weight updates) also get the reference file (``_write_fingerprint_reference``)."""
         if full_every < 0:
             raise ValueError(f"full_every={full_every}; must be >= 0")
         self._fingerprint_every = int(full_every)
         self._fingerprint_dtypes = dict(dtypes or {})
         self._fingerprint_checks = getattr(self, "_fingerprint_checks", 0)
+        self._fingerprint_root = os.path.realpath(reference_root) if reference_root else None
+
+    def _write_fingerprint_reference(self, path: str) -> None:
+        """Rank 0, after an HF save under the weight-update root given to
+        ``enable_weight_fingerprints``: write the export's fingerprints for a fresh random
+        seed into ``path`` (``weight_fingerprint.write_reference``), for the servers that
+        load it and the verifying hook; the rotation moves on to the next share."""
+        from areal.utils.weight_fingerprint import write_reference
+
+        digests = getattr(self, "_export_digests", None)
+        root = getattr(self, "_fingerprint_root", None)
+        if digests is None or not digests.complete or not digests.enabled or not root:
+            return
+        real = os.path.realpath(path)
+        if os.path.commonpath([real, root]) != root or real == root:
+            return  # a checkpoint, not a weight update
+        write_reference(path, int.from_bytes(os.urandom(8), "little") >> 3, digests)
+        if not digests.counted:
+            digests.counted = True
+            self._fingerprint_checks += 1
 
     def weights_fingerprint(
         self, seed: int = 0, dtypes: dict[str, str] | None = None, full: list[str] | None = None
@@ -962,7 +990,9 @@ class FSDPEngine(TrainEngine):
 
         cached = getattr(self, "_export_digests", None)
         if cached is not None and cached.complete and dtypes is None and full is None:
-            self._fingerprint_checks += 1
+            if not cached.counted:  # the next export takes the next share
+                cached.counted = True
+                self._fingerprint_checks += 1
             return cached.fingerprints(seed)
         out: dict[str, list[float]] = {}
         for name, t in self._export_tensors().items():

@@ -200,6 +200,9 @@ class RemoteInfEngine(InferenceEngine):
         self._hung: set[str] = set()
         #: requests moved off a server that left the rotation while they waited on it
         self.requests_moved = 0
+        #: the last disk weight update's answers by server address (e.g. the fingerprint a
+        #: built-in server returns with it: areal.infra.weight_verify)
+        self.disk_update_responses: dict[str, Any] = {}
         self._health_stop = threading.Event()
         self._health_thread: threading.Thread | None = None
 
@@ -431,11 +434,13 @@ class RemoteInfEngine(InferenceEngine):
         make_call: Callable[[int, str], HttpCall],
         timeout: float | None = None,
         idempotent: bool = False,
+        responses: dict[str, Any] | None = None,
     ) -> list[Any]:
         """Send one call to every healthy server concurrently; raise the first error.
 
         ``idempotent``: the call may arrive twice, so a dropped connection to a server
-        that still answers its health probe is retried once (``_post_idempotent``)."""
+        that still answers its health probe is retried once (``_post_idempotent``).
+        ``responses``: also filled with each answer by server address."""
         addrs = self.healthy_addresses
         if not addrs:
             raise NoHealthyServerError("no healthy inference server left")
@@ -455,6 +460,8 @@ class RemoteInfEngine(InferenceEngine):
                     a = futs[f]
                     try:
                         results.append(f.result())
+                        if responses is not None:
+                            responses[a] = results[-1]
                     except (requests.ConnectionError, requests.Timeout) as e:
                         # a dead or hung server is dropped (the watchdog replaces it), not fatal
                         self._mark_unhealthy(a, f"{type(e).__name__}: {e}")
@@ -874,10 +881,13 @@ class RemoteInfEngine(InferenceEngine):
 
         def _run():
             t0 = time.monotonic()
+            # each server's answer, e.g. its weight fingerprint (areal.infra.weight_verify)
+            self.disk_update_responses = responses = {}
             self._paused_update(
                 lambda: self._call_all(
                     lambda i, a: self.backend.update_disk_call(meta.path, meta.version),
                     idempotent=True,
+                    responses=responses,
                 ),
                 meta.version,
             )

@@ -1,39 +1,52 @@
 """Verified weight sync: ``WeightFingerprintHook`` checks every server after every push.
 
-After ``actor.update_weights(meta)`` (``WeightSyncHook.verify``) the hook asks the trainer
-for the fingerprint of the weights it exported (``actor.weights_fingerprint(seed)``,
-``FSDPEngine.weights_fingerprint``: from digests taken during the export) and every
-healthy server for the fingerprint of the weights it now holds (``POST
-/weights_fingerprint {"seed", "full"}``, a control endpoint: run secret required), and
-compares them tensor by tensor (``areal.utils.weight_fingerprint``). A mismatch raises
-``WeightFingerprintMismatch`` naming the server and the tensors.
+Disk updates (the default, ``in_response=True``): the trainer digests the tensors while it
+exports them and writes its *reference* next to the weights
+(``weight_fingerprint.REFERENCE_FILE``: a fresh random seed, the names digested in full,
+its fingerprints; ``FSDPEngine._write_fingerprint_reference``, switched on by
+``enable_weight_fingerprints(..., reference_root=...)``). A built-in server that loads the
+directory digests its live tensors with that seed right after the load and returns its
+fingerprints in the update response (``RemoteInfEngine.disk_update_responses``), so the
+check (``WeightSyncHook.verify``) only reads the reference and compares, tensor by tensor
+(``areal.utils.weight_fingerprint``): no request to the trainer or the servers. A
+mismatch raises ``WeightFingerprintMismatch`` naming the server and the tensors.
+
+Otherwise (xccl, ``in_response=False``, a server whose answer has no fingerprint or one
+for another seed, e.g. it loaded another directory) the hook asks: the trainer for the
+fingerprint of what it exported (``actor.weights_fingerprint(seed)``, unless the
+reference was written) and every healthy server for the fingerprint of what it now holds
+(``POST /weights_fingerprint {"seed", "full"}``, a control endpoint: run secret
+required).
 
 What each check covers: a strided sample of every tensor (exact; small tensors whole) and
 the row sums (every element) of a rotating ``1/full_every`` share of the tensors, so every
 element of every tensor is checked once every ``full_every`` syncs (``full_every=1``: all
-of them at every sync). The seed changes with every version.
+of them at every sync).
 
-When: the first check runs inside the sync, before any version moves (``WeightSyncError``
-at step ``verify``); it also tells the trainer the dtypes the servers hold, so that later
-digests are taken in those. With ``background=True`` every later check runs on a thread
-of the hook while rollout and training go on, and a mismatch it finds is logged at once
-and raised at the next step boundary: ``flush()`` (``WeightSynchronizer.flush``, called by
-the trainer before each step and after the last one) or the next sync's ``before_push``,
-whichever comes first (``WeightSyncError`` at step ``before_push``). The weights of one
-version may thus serve one step before the run stops. ``background=False``: every check
-runs inside its sync.
+When: fingerprints that came with the update are compared inside the sync (before any
+version moves: ``WeightSyncError`` at step ``verify``). Requests: the first check runs
+inside the sync; it also tells the trainer the dtypes the servers hold, so that later
+digests are taken in those. With ``background=True`` every later requested check runs on
+a thread of the hook while rollout and training go on, and a mismatch it finds is logged
+at once and raised at the next step boundary: ``flush()`` (``WeightSynchronizer.flush``,
+called by the trainer before each step and after the last one) or the next sync's
+``before_push``, whichever comes first (``WeightSyncError`` at step ``before_push``). The
+weights of one version may thus serve one step before the run stops. ``background=False``:
+every check runs inside its sync.
 
 Servers whose backend has no such endpoint (HTTP 404: vLLM, SGLang) are skipped with one
 warning. Stats (of the sync that ran the check; a background check's in the next sync):
-``weight_sync/fingerprint_seconds`` (of which ``..._trainer_seconds``; the servers'
-digests: ``..._server_digest_seconds``), ``weight_sync/fingerprint_tensors``,
-``weight_sync/fingerprint_full_tensors``, ``weight_sync/fingerprint_servers``,
-``weight_sync/fingerprint_version``.
+``weight_sync/fingerprint_seconds`` (of which ``..._trainer_seconds``: reading the
+reference or asking the trainer; the servers' digests: ``..._server_digest_seconds``),
+``weight_sync/fingerprint_tensors``, ``weight_sync/fingerprint_full_tensors``,
+``weight_sync/fingerprint_servers``, ``weight_sync/fingerprint_in_response_servers``
+(those whose fingerprint came with the update), ``weight_sync/fingerprint_version``.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import time
 from typing import Any
 
@@ -42,7 +55,7 @@ from areal.infra.wait_log import WaitLog, waiting
 from areal.infra.weight_sync import WeightSyncContext, WeightSyncHook
 from areal.utils import logging
 from areal.utils.auth import auth_headers, get_run_secret
-from areal.utils.weight_fingerprint import RTOL, compare_fingerprints
+from areal.utils.weight_fingerprint import RTOL, compare_fingerprints, read_reference
 
 logger = logging.getLogger("WeightFingerprint")
 
@@ -69,8 +82,10 @@ class WeightFingerprintHook(WeightSyncHook):
     """Compare every server's weight fingerprint with the trainer's after each push.
 
     ``full_every``: the row sums of every tensor are checked once every this many syncs
-    (a balanced share at each); ``background``: checks after the first one run on a
-    thread and a mismatch fails the next step boundary (module docstring)."""
+    (a balanced share at each); ``background``: requested checks after the first one run
+    on a thread and a mismatch fails the next step boundary; ``in_response``: disk updates
+    carry the fingerprints (the trainer's written next to the weights, the servers' in
+    their answers) instead of separate requests (module docstring)."""
 
     def __init__(
         self,
@@ -78,6 +93,7 @@ class WeightFingerprintHook(WeightSyncHook):
         rtol: float = RTOL,
         full_every: int = 1,
         background: bool = False,
+        in_response: bool = True,
     ):
         if not isinstance(full_every, int) or full_every < 1:
             raise ValueError(f"full_every={full_every!r}; must be an integer >= 1")
@@ -91,6 +107,8 @@ class WeightFingerprintHook(WeightSyncHook):
         self._pending: tuple[int, concurrent.futures.Future] | None = None
         self._due: tuple | None = None  # a background check to start after the sync
         self._stats: dict[str, float] = {}  # of a background check, not yet reported
+        self.in_response = bool(in_response)
+        self._root: str | None = None  # where the trainer writes its references
 
     # ------------------------------------------------------------------ servers
     def _fetch(self, addr: str, seed: int, full: list[str] | None) -> dict[str, Any] | None:
@@ -206,13 +224,41 @@ class WeightFingerprintHook(WeightSyncHook):
         return out
 
     # ------------------------------------------------------------------ hook
+    def _reference_root(self, ctx: WeightSyncContext) -> str | None:
+        """Where the trainer writes its reference (disk updates with ``in_response``)."""
+        meta = ctx.meta
+        if not self.in_response or getattr(meta, "type", None) != "disk":
+            return None
+        path = getattr(meta, "path", None)
+        return os.path.dirname(path) if path else None
+
+    def _enable(self, actor: Any, dtypes: dict[str, str] | None = None) -> None:
+        enable = getattr(actor, "enable_weight_fingerprints", None)
+        if enable is None:
+            return
+        kwargs: dict[str, Any] = {"reference_root": self._root} if self._root else {}
+        if dtypes:
+            kwargs["dtypes"] = dtypes
+        enable(self.full_every, **kwargs)
+
     def before_push(self, ctx: WeightSyncContext) -> None:
         self.flush(ctx.stats)  # a mismatch found in the background fails this sync
-        if not self._configured:
-            enable = getattr(ctx.actor, "enable_weight_fingerprints", None)
-            if enable is not None:  # the export digests what the checks compare
-                enable(self.full_every)
+        if not self._configured:  # the export digests what the checks compare
+            self._root = self._reference_root(ctx)
+            self._enable(ctx.actor)
             self._configured = True
+
+    def _read_reference(self, ctx: WeightSyncContext) -> dict[str, Any] | None:
+        """The trainer's reference for this push (``weight_fingerprint.REFERENCE_FILE`` in
+        the pushed directory), or ``None`` (none written: ask the trainer instead)."""
+        if not self._root:
+            return None
+        path = getattr(ctx.meta, "path", None)
+        try:
+            return read_reference(path) if path else None
+        except ValueError as e:
+            logger.warning("%s: asking the trainer for its fingerprint instead", e)
+            return None
 
     def verify(self, ctx: WeightSyncContext) -> None:
         rollout = ctx.rollout
@@ -220,19 +266,45 @@ class WeightFingerprintHook(WeightSyncHook):
             getattr(rollout, "healthy_addresses", None) or getattr(rollout, "addresses", [])
         )
         version = int(ctx.version)
+        inline = not (self.background and self._inline_passed)
+        t0 = time.monotonic()
+        reference = self._read_reference(ctx)
+        if reference is not None:
+            # the servers' fingerprints came with the update (no request): compared here
+            answers = getattr(rollout, "disk_update_responses", None) or {}
+            servers, rest = {}, []
+            for a in addresses:
+                fp = (answers.get(a) or {}).get("fingerprint")
+                if isinstance(fp, dict) and fp.get("seed") == reference["seed"]:
+                    servers[a] = fp
+                else:  # an older server, or one that loaded another directory
+                    rest.append(a)
+            dt_read = time.monotonic() - t0
+            stats = self._compare(
+                ctx.actor, reference, servers, version, not self._inline_passed, t0, dt_read
+            )
+            stats["weight_sync/fingerprint_in_response_servers"] = float(len(servers))
+            ctx.stats.update(stats)
+            self._inline_passed = True
+            if not rest:
+                return
+            addresses = rest
         check = (ctx.actor, rollout, addresses, version, (version * 1_000_003 + 17) % 2**61)
-        if self.background and self._inline_passed:
-            self._due = check  # started by after_sync: off the sync's own requests
+        if not inline:
+            self._due = (check, reference)  # started by after_sync: off the sync's requests
             return
-        ctx.stats.update(self._check(*check, inline=True))
+        ctx.stats.update(self._check(*check, inline=True, reference=reference))
         self._inline_passed = True
 
     def after_sync(self, ctx: WeightSyncContext) -> None:
         if self._due is None:
             return
-        check, self._due = self._due, None
+        (check, reference), self._due = self._due, None
         # a daemon thread: a check waiting on a hung server never blocks the exit
-        self._pending = (check[3], spawn_daemon(self._check, *check, name="weight-fingerprint"))
+        self._pending = (
+            check[3],
+            spawn_daemon(self._check, *check, reference=reference, name="weight-fingerprint"),
+        )
 
     def on_error(self, ctx: WeightSyncContext, error: BaseException) -> None:
         self._due = None  # the sync failed before its versions moved: nothing to check
@@ -260,14 +332,36 @@ class WeightFingerprintHook(WeightSyncHook):
         version: int,
         seed: int,
         inline: bool = False,
+        reference: dict[str, Any] | None = None,
     ) -> dict[str, float]:
-        """One check of every server in ``addresses`` against the trainer; returns stats,
+        """One check of every server in ``addresses`` (each asked with a request) against
+        the trainer (``reference``: its written reference, else asked); returns stats,
         raises ``WeightFingerprintMismatch``."""
         t0 = time.monotonic()
-        ref = actor.weights_fingerprint(seed)  # the export's digests (a small request)
+        if reference is None:
+            ref = actor.weights_fingerprint(seed)  # the export's digests (a small request)
+            reference = {"seed": seed, "fingerprints": ref}
+        else:
+            seed, ref = reference["seed"], reference["fingerprints"]
         dt_trainer = time.monotonic() - t0
         full = [n for n, fp in ref.items() if len(fp) > 2]
         servers = self.server_fingerprints(addresses, seed, rollout, full)
+        return self._compare(actor, reference, servers, version, inline, t0, dt_trainer)
+
+    def _compare(
+        self,
+        actor: Any,
+        reference: dict[str, Any],
+        servers: dict[str, dict[str, Any]],
+        version: int,
+        inline: bool,
+        t0: float,
+        dt_trainer: float,
+    ) -> dict[str, float]:
+        """Compare each server's answer with the trainer's ``reference`` (``{"seed",
+        "fingerprints"}``); returns stats, raises ``WeightFingerprintMismatch``."""
+        seed, ref = reference["seed"], reference["fingerprints"]
+        full = [n for n, fp in ref.items() if len(fp) > 2]
         stats = {
             "weight_sync/fingerprint_trainer_seconds": dt_trainer,
             "weight_sync/fingerprint_version": float(version),
@@ -283,8 +377,8 @@ class WeightFingerprintHook(WeightSyncHook):
                 # collective recompute, only inline) and have later exports digested so
                 again = actor.weights_fingerprint(seed, dtypes, full)
                 bad = compare_fingerprints(again, got, self.rtol)
-                if not bad and getattr(actor, "enable_weight_fingerprints", None) is not None:
-                    actor.enable_weight_fingerprints(self.full_every, dtypes)
+                if not bad:
+                    self._enable(actor, dtypes)
             if bad:
                 err = WeightFingerprintMismatch(version, addr, bad, len(ref))
                 logger.error("%s", err)

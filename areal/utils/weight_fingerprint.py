@@ -44,6 +44,7 @@ import time
 import zlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 ROW = 4096
@@ -61,6 +62,9 @@ DEFAULT_K = 4
 RTOL = 2e-6
 #: Relative tolerance (of |sample|) of the sample part: exact values, float64 dot products.
 SAMPLE_RTOL = 1e-9
+
+
+_NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
 
 
 @dataclasses.dataclass
@@ -105,8 +109,12 @@ def digest_tensor(
     sample = tensor_sample(name, flat, dtype)
     if not full or n <= FULL_SAMPLE_MAX:
         return TensorDigest(sample)
-    if dtype is not None:
-        flat = flat.to(dtype)
+    return TensorDigest(sample, _row_sums(flat if dtype is None else flat.to(dtype)))
+
+
+def _row_sums(flat: torch.Tensor) -> torch.Tensor:
+    """float64 CPU row sums (module doc) of a flat tensor of more than ``ROW`` elements."""
+    n = flat.numel()
     whole = n // ROW
     row_sums = flat[: whole * ROW].view(whole, ROW).sum(1, dtype=torch.float32)
     if n > whole * ROW:  # the short last row
@@ -117,7 +125,7 @@ def digest_tensor(
     if group > 1:  # consecutive rows summed (float64) so that at most MAX_SUMS remain
         pad = -row_sums.numel() % group
         row_sums = torch.nn.functional.pad(row_sums, (0, pad)).view(-1, group).sum(1)
-    return TensorDigest(sample, row_sums)
+    return row_sums
 
 
 def _group(n: int) -> int:
@@ -156,51 +164,51 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def _frac(x: torch.Tensor) -> torch.Tensor:
-    return x - torch.floor(x)
-
-
-def _weights(pos: torch.Tensor, consts: torch.Tensor) -> torch.Tensor:
+def _weights(pos: np.ndarray, consts: np.ndarray) -> np.ndarray:
     """Pseudo-random weights ``+-[0.5, 1)`` (float64 ``[N, m]``) of element ``pos``
     (float64 ``[N]``) for each constant pair (``consts``: float64 ``[N, m, 2]`` in
     ``[0, 1)``): a Weyl sequence ``frac(pos * a + b)`` with a random step ``a`` in
     ``[0.5, 1)`` per tensor, seed and projection. Plain IEEE arithmetic, so other machines
     draw the same to round-off; no weight is near zero, so one changed element moves every
     projection by at least half its change."""
-    u = _frac(pos[:, None] * (0.5 + 0.5 * consts[..., 0]) + consts[..., 1])
-    return torch.where(u < 0.5, -0.5 - u, u)
+    u = pos[:, None] * (0.5 + 0.5 * consts[..., 0]) + consts[..., 1]
+    u -= np.floor(u)
+    return np.where(u < 0.5, -0.5 - u, u)
 
 
-def _consts(names: list[str], seed: int, m: int, salt: int) -> torch.Tensor:
+def _consts(names: list[str], seed: int, m: int, salt: int) -> np.ndarray:
     """float64 ``[len(names), m, 2]`` constants in ``[0, 1)`` for ``(seed, name, salt)``:
     one splitmix64 draw per name, spread over the ``2m`` constants by irrational steps."""
-    base = (
-        torch.tensor(
-            [_mix((seed * 1_000_003 + zlib.crc32(n.encode())) ^ (salt << 56)) >> 11 for n in names],
-            dtype=torch.float64,
-        )
-        / 2.0**53
-    )
-    j = torch.arange(1, 2 * m + 1, dtype=torch.float64)
-    c = _frac(base[:, None] * (1.0 + 0.7548776662466927 * j) + 0.5698402909980532 * j)
+    base = np.array(
+        [_mix((seed * 1_000_003 + zlib.crc32(n.encode())) ^ (salt << 56)) >> 11 for n in names],
+        dtype=np.float64,
+    ) / (2.0**53)
+    j = np.arange(1, 2 * m + 1, dtype=np.float64)
+    c = base[:, None] * (1.0 + 0.7548776662466927 * j) + 0.5698402909980532 * j
+    c -= np.floor(c)
     return c.reshape(len(names), m, 2)
 
 
 def _segment_projections(
-    vectors: list[torch.Tensor], consts: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+    vectors: list[np.ndarray], consts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """For each vector v_t (float64): ``[w_t,i . v_t for i < m]`` and ``v_t . v_t``, all
-    vectors at once (concatenated, weights drawn per element, segment sums)."""
-    n_t = len(vectors)
-    m = consts.shape[1]
-    lengths = torch.tensor([v.numel() for v in vectors], dtype=torch.int64)
-    flat = torch.cat(vectors) if n_t else torch.zeros(0, dtype=torch.float64)
-    ids = torch.repeat_interleave(torch.arange(n_t), lengths)
-    starts = torch.cumsum(lengths, 0) - lengths
-    pos = (torch.arange(flat.numel(), dtype=torch.int64) - starts[ids]).to(torch.float64)
-    w = _weights(pos, consts[ids])
-    proj = torch.zeros(n_t, m, dtype=torch.float64).index_add_(0, ids, w * flat[:, None])
-    sq = torch.zeros(n_t, dtype=torch.float64).index_add_(0, ids, flat * flat)
+    vectors at once (concatenated, weights drawn per element, segment sums; NumPy: a
+    few microseconds per operation, where most of the cost on small models is per call)."""
+    n_t, m = len(vectors), consts.shape[1]
+    lengths = np.fromiter((v.size for v in vectors), dtype=np.int64, count=n_t)
+    proj = np.zeros((n_t, m))
+    sq = np.zeros(n_t)
+    keep = np.flatnonzero(lengths)  # reduceat needs non-empty segments
+    if keep.size == 0:
+        return proj, sq
+    flat = np.concatenate([vectors[i] for i in keep])
+    lens = lengths[keep]
+    starts = np.cumsum(lens) - lens
+    pos = (np.arange(flat.size) - np.repeat(starts, lens)).astype(np.float64)
+    w = _weights(pos, np.repeat(consts[keep], lens, axis=0))
+    proj[keep] = np.add.reduceat(w * flat[:, None], starts, axis=0)
+    sq[keep] = np.add.reduceat(flat * flat, starts)
     return proj, sq
 
 
@@ -216,13 +224,14 @@ def fingerprint_digests(
     if not items:
         return {}
     names = [n for n, _ in items]
-    q, x_sq = _segment_projections([d.sample for _, d in items], _consts(names, seed, 1, 2))
-    out = dict(zip(names, torch.cat([q, x_sq[:, None]], dim=1).tolist()))
-    full = [(n, d.row_sums) for n, d in items if d.row_sums is not None]
+    samples = [d.sample.numpy() for _, d in items]
+    q, x_sq = _segment_projections(samples, _consts(names, seed, 1, 2))
+    out = dict(zip(names, np.concatenate([q, x_sq[:, None]], axis=1).tolist()))
+    full = [(n, d.row_sums.numpy()) for n, d in items if d.row_sums is not None]
     if full:
         fnames = [n for n, _ in full]
         proj, s_sq = _segment_projections([r for _, r in full], _consts(fnames, seed, k, 1))
-        for name, head in zip(fnames, torch.cat([proj, s_sq[:, None]], dim=1).tolist()):
+        for name, head in zip(fnames, np.concatenate([proj, s_sq[:, None]], axis=1).tolist()):
             out[name] = head + out[name]
     return out
 
@@ -256,7 +265,8 @@ class WeightDigests:
     the row sums of the names in ``full`` (``None``: all), in ``dtypes[name]`` when given
     (the dtype the servers hold). ``complete`` is set by the exporter once every tensor
     went through ``add``; ``fingerprints(seed)`` then answers without touching the
-    weights again. ``seconds``: the time the digests took."""
+    weights again. ``seconds``: the time the digests took; ``counted``: set by the
+    exporter once the rotation moved on to the next share."""
 
     def __init__(
         self,
@@ -269,6 +279,7 @@ class WeightDigests:
         self.dtypes = dict(dtypes or {})
         self.digests: dict[str, TensorDigest] = {}
         self.complete = False
+        self.counted = False  # the rotation moved on past this export's share
         self.seconds = 0.0
 
     @torch.no_grad()
@@ -276,28 +287,102 @@ class WeightDigests:
         if not self.enabled:
             return
         t0 = time.perf_counter()
-        names, pieces, sums = [], [], {}
+        names: list[str] = []
+        samples: list[np.ndarray | None] = []
+        moved: list[tuple[int, torch.Tensor]] = []  # pieces to cast / copy to the CPU
+        sums: dict[str, torch.Tensor] = {}
         for name, t in items:
             flat = t.detach().reshape(-1)
+            n = flat.numel()
             dt = self.dtypes.get(name)
             dt = getattr(torch, dt) if dt else None
-            offset, stride, count = _sample_slice(name, flat.numel())
-            piece = flat[offset : offset + stride * count : stride]
+            offset, stride, count = _sample_slice(name, n)
             names.append(name)
-            pieces.append(piece if dt is None else piece.to(dt))
-            if flat.numel() > FULL_SAMPLE_MAX and (self.full is None or name in self.full):
-                sums[name] = digest_tensor(name, flat, True, dt).row_sums
-        if names:
+            if dt is None and flat.device.type == "cpu" and flat.dtype in _NUMPY_DTYPES:
+                # a NumPy view: the strided pick costs ~1 us instead of a few torch calls
+                samples.append(
+                    flat.numpy()[offset : offset + stride * count : stride].astype(np.float64)
+                )
+            else:
+                piece = flat[offset : offset + stride * count : stride]
+                moved.append((len(samples), piece if dt is None else piece.to(dt)))
+                samples.append(None)
+            if n > FULL_SAMPLE_MAX and (self.full is None or name in self.full):
+                sums[name] = _row_sums(flat if dt is None else flat.to(dt))
+        if moved:  # one cast + one copy for all of them (e.g. from the GPU)
+            pieces = [p for _, p in moved]
             if len({p.dtype for p in pieces}) > 1:
                 pieces = [p.to(torch.float64) for p in pieces]
-            samples = torch.cat(pieces).to("cpu", torch.float64)
-            split = samples.split([p.numel() for p in pieces])
-            for name, sample in zip(names, split):
-                self.digests[name] = TensorDigest(sample, sums.get(name))
+            cpu = torch.cat(pieces).to("cpu", torch.float64).numpy()
+            split = np.split(cpu, np.cumsum([p.numel() for p in pieces])[:-1])
+            for (i, _), arr in zip(moved, split):
+                samples[i] = arr
+        for name, sample in zip(names, samples):
+            self.digests[name] = TensorDigest(torch.from_numpy(sample), sums.get(name))
         self.seconds += time.perf_counter() - t0
 
     def fingerprints(self, seed: int = 0, k: int = DEFAULT_K) -> dict[str, list[float]]:
         return fingerprint_digests(self.digests, seed, k)
+
+
+#: Written by the trainer into a weight-update directory when verification is on
+#: (``write_reference``): the seed, the names digested in full and the trainer's
+#: fingerprints. A built-in server that loads the directory digests its live weights with
+#: that seed and returns its fingerprints in the update response; the verifying hook reads
+#: the reference from here (no extra request to the trainer or the servers).
+REFERENCE_FILE = "weights_fingerprint.json"
+
+
+def write_reference(path: str, seed: int, digests: WeightDigests) -> dict:
+    """Write ``path/REFERENCE_FILE`` (atomically) with ``seed``, the names ``digests`` holds
+    in full and their fingerprints for ``seed``; returns what was written."""
+    import json
+    import os
+
+    doc = {
+        "seed": int(seed),
+        "full": sorted(n for n, d in digests.digests.items() if d.row_sums is not None),
+        "fingerprints": digests.fingerprints(seed),
+    }
+    tmp = os.path.join(path, f".{REFERENCE_FILE}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, os.path.join(path, REFERENCE_FILE))
+    return doc
+
+
+def read_request(path: str) -> tuple[int, list[str]] | None:
+    """``(seed, full)`` of ``path/REFERENCE_FILE``, ``None`` when there is none; raises
+    ``ValueError`` for a malformed one."""
+    doc = read_reference(path)
+    return None if doc is None else (doc["seed"], doc["full"])
+
+
+def read_reference(path: str) -> dict | None:
+    """The reference written by ``write_reference`` into ``path`` (``None``: no file);
+    ``ValueError`` when it is malformed."""
+    import json
+    import os
+
+    f = os.path.join(path, REFERENCE_FILE)
+    try:
+        with open(f) as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"unreadable weight fingerprint reference {f}: {e}") from None
+    seed, full, fps = doc.get("seed"), doc.get("full"), doc.get("fingerprints")
+    if (
+        not isinstance(seed, int)
+        or isinstance(seed, bool)
+        or not 0 <= seed < 2**62
+        or not isinstance(full, list)
+        or not all(isinstance(n, str) for n in full)
+        or not isinstance(fps, dict)
+    ):
+        raise ValueError(f"malformed weight fingerprint reference {f}")
+    return doc
 
 
 def compare_fingerprints(

@@ -325,9 +325,6 @@ class LocalInferenceServer(OpenAIRoutes):
         on the core's thread, between generation steps."""
         from aiohttp import web
 
-        from areal.engine.local_server.weights import _named_tensors, _tied_names
-        from areal.utils.weight_fingerprint import fingerprint_named
-
         body = await self._json(request)
         seed = body.get("seed", 0)
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**62:
@@ -338,21 +335,44 @@ class LocalInferenceServer(OpenAIRoutes):
         ):
             return _error(400, "'full' must be a list of tensor names")
         full = None if full is None else set(full)
+        return web.json_response(
+            await self._call_core(self.core.run_command(lambda: self._fingerprint(seed, full)))
+        )
 
-        def _do():
-            t0 = time.perf_counter()
-            named = _named_tensors(self.core.model)
-            for alias in _tied_names(self.core.model):  # the same storage as another name
-                named.pop(alias, None)
-            fingerprints = fingerprint_named(named, seed, full=full)
-            return {
-                "fingerprints": fingerprints,
-                "dtypes": {n: str(t.dtype).removeprefix("torch.") for n, t in named.items()},
-                "version": self.core.version,
-                "seconds": time.perf_counter() - t0,
-            }
+    def _fingerprint(self, seed: int, full: Any) -> dict[str, Any]:
+        """Fingerprints of the live weights (core thread): ``{"seed", "fingerprints",
+        "dtypes", "version", "seconds"}``; ``full``: names digested in full (``None``:
+        all)."""
+        from areal.engine.local_server.weights import _named_tensors, _tied_names
+        from areal.utils.weight_fingerprint import fingerprint_named
 
-        return web.json_response(await self._call_core(self.core.run_command(_do)))
+        t0 = time.perf_counter()
+        named = _named_tensors(self.core.model)
+        for alias in _tied_names(self.core.model):  # the same storage as another name
+            named.pop(alias, None)
+        fingerprints = fingerprint_named(named, seed, full=full)
+        return {
+            "seed": seed,
+            "fingerprints": fingerprints,
+            "dtypes": {n: str(t.dtype).removeprefix("torch.") for n, t in named.items()},
+            "version": self.core.version,
+            "seconds": time.perf_counter() - t0,
+        }
+
+    def _update_fingerprint(self, path: str) -> dict[str, Any] | None:
+        """After a disk load (core thread): the fingerprint asked for by the trainer's
+        reference in ``path`` (``weight_fingerprint.REFERENCE_FILE``: seed and names in
+        full), returned with the update so that no separate request is needed; ``None``
+        without (or with an unreadable) reference: the client falls back to
+        ``/weights_fingerprint``."""
+        from areal.utils.weight_fingerprint import read_request
+
+        try:
+            req = read_request(path)
+        except ValueError as e:
+            logger.warning("%s; no fingerprint in the update response", e)
+            return None
+        return None if req is None else self._fingerprint(req[0], set(req[1]))
 
     async def update_weights_from_disk(self, request):
         from aiohttp import web
@@ -380,20 +400,21 @@ class LocalInferenceServer(OpenAIRoutes):
                 self.__dict__.pop("_lora_base_weights", None)  # new base weights
             if version is not None:
                 self.core.version = version
-            return n
+            return n, self._update_fingerprint(path)
 
         try:
-            n = await self._call_core(self.core.run_command(_do))
+            n, fingerprint = await self._call_core(self.core.run_command(_do))
         except (FileNotFoundError, ValueError) as e:
             return _error(400, str(e))
-        return web.json_response(
-            {
-                "success": True,
-                "num_tensors": n,
-                "version": self.core.version,
-                "time_s": time.monotonic() - t0,
-            }
-        )
+        out = {
+            "success": True,
+            "num_tensors": n,
+            "version": self.core.version,
+            "time_s": time.monotonic() - t0,
+        }
+        if fingerprint is not None:  # verified weight sync (areal.infra.weight_verify)
+            out["fingerprint"] = fingerprint
+        return web.json_response(out)
 
     async def init_weights_update_group(self, request):
         from aiohttp import web
