@@ -211,6 +211,15 @@ def _one_rank_session(rank, world_size, path, tied_path, out_dir):
         l0=l0,
         l1=l1,
     )
+
+    # Reference for the 2-rank session: whole batch, the same warm-up schedule (a fresh
+    # engine from the same checkpoint; here rather than in a process of its own).
+    warm = make_engine(path, lr_scheduler_type="cosine", warmup_steps_proportion=0.2, lr=2e-3)
+    res["warmup"] = {
+        "fwd": warm.forward_batch(batch),
+        "stats": warm.train_batch(batch, loss_fn, loss_weight_fn),
+        "params": full_params(warm),
+    }
     return res
 
 
@@ -390,18 +399,9 @@ def two_rank(model_dirs, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def one_rank_warmup(model_dirs):
+def one_rank_warmup(one_rank):
     """1 rank, whole batch, same schedule as the 2-rank session (for the equivalence test)."""
-
-    return run_ranks(_one_rank_warmup_session, 1, (model_dirs[0],), timeout=300)[0]
-
-
-def _one_rank_warmup_session(rank, world_size, path):
-    eng = make_engine(path, lr_scheduler_type="cosine", warmup_steps_proportion=0.2, lr=2e-3)
-    batch = make_batch()
-    fwd = eng.forward_batch(batch)
-    stats = eng.train_batch(batch, loss_fn, loss_weight_fn)
-    return {"stats": stats, "params": full_params(eng), "fwd": fwd}
+    return one_rank["warmup"]
 
 
 # ----------------------------------------------------------------------------- tests
