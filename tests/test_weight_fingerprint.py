@@ -16,6 +16,7 @@ from areal.infra.weight_verify import WeightFingerprintHook, WeightFingerprintMi
 from areal.utils.auth import auth_headers, get_run_secret
 from areal.utils.weight_fingerprint import (
     FULL_SAMPLE_MAX,
+    LiveFingerprints,
     WeightDigests,
     _sample_slice,
     compare_fingerprints,
@@ -107,6 +108,30 @@ def test_fingerprint_export_digests_equal_live_and_rotation_covers_every_tensor_
         assert {n for n, fp in fps.items() if len(fp) > 2} == share  # full: k + 3 numbers
         assert all(len(fp) == 2 for n, fp in fps.items() if n not in share)  # sample
     assert WeightDigests(enabled=False).fingerprints(9) == {}  # ranks that do not answer
+
+
+def test_fingerprint_live_views_equal_named_and_follow_in_place_updates():
+    """``LiveFingerprints`` (the server's cached sample views) gives exactly the numbers
+    of ``fingerprint_named`` and sees in-place updates (how every loader writes); tensors
+    NumPy cannot view (bfloat16) go through ``fingerprint_named``."""
+    torch.manual_seed(0)
+    named = {
+        "a": torch.randn(300, 70),
+        "h": torch.randn(5000).half(),
+        "n": torch.ones(64),
+        "e": torch.zeros(0),
+    }
+    live = LiveFingerprints(named)
+    for full in (None, {"a"}, set()):
+        assert live.fingerprints(3, full=full) == fingerprint_named(named, 3, full=full)
+    before = live.fingerprints(4)
+    with torch.no_grad():
+        named["a"][7, 3] += 1e-3  # in place, as the loaders do
+    after = live.fingerprints(4)
+    assert after == fingerprint_named(named, 4)
+    assert compare_fingerprints(before, after) != [] and after["n"] == before["n"]
+    bf = {"b": torch.randn(300, 70).bfloat16()}
+    assert LiveFingerprints(bf).fingerprints(2) == fingerprint_named(bf, 2)
 
 
 def test_fingerprint_sample_only_catches_a_step_but_not_an_unsampled_element():

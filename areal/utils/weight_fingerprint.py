@@ -192,17 +192,24 @@ def _consts(names: list[str], seed: int, m: int, salt: int) -> np.ndarray:
 def _segment_projections(
     vectors: list[np.ndarray], consts: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """For each vector v_t (float64): ``[w_t,i . v_t for i < m]`` and ``v_t . v_t``, all
-    vectors at once (concatenated, weights drawn per element, segment sums; NumPy: a
-    few microseconds per operation, where most of the cost on small models is per call)."""
-    n_t, m = len(vectors), consts.shape[1]
-    lengths = np.fromiter((v.size for v in vectors), dtype=np.int64, count=n_t)
+    """For each vector v_t (float64): ``[w_t,i . v_t for i < m]`` and ``v_t . v_t``."""
+    lengths = np.fromiter((v.size for v in vectors), dtype=np.int64, count=len(vectors))
+    flat = np.concatenate(vectors) if vectors else np.zeros(0)
+    return _flat_projections(flat, lengths, consts)
+
+
+def _flat_projections(
+    flat: np.ndarray, lengths: np.ndarray, consts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``_segment_projections`` of the vectors laid end to end in ``flat`` (float64) with
+    ``lengths``: all at once (weights drawn per element, segment sums; NumPy, a few
+    microseconds per operation, where most of the cost on small models is per call)."""
+    n_t, m = len(lengths), consts.shape[1]
     proj = np.zeros((n_t, m))
     sq = np.zeros(n_t)
     keep = np.flatnonzero(lengths)  # reduceat needs non-empty segments
     if keep.size == 0:
         return proj, sq
-    flat = np.concatenate([vectors[i] for i in keep])
     lens = lengths[keep]
     starts = np.cumsum(lens) - lens
     pos = (np.arange(flat.size) - np.repeat(starts, lens)).astype(np.float64)
@@ -210,6 +217,26 @@ def _segment_projections(
     proj[keep] = np.add.reduceat(w * flat[:, None], starts, axis=0)
     sq[keep] = np.add.reduceat(flat * flat, starts)
     return proj, sq
+
+
+def _assemble(
+    names: list[str],
+    flat: np.ndarray,
+    lengths: np.ndarray,
+    full: list[tuple[str, np.ndarray]],
+    seed: int,
+    k: int,
+) -> dict[str, list[float]]:
+    """Fingerprints from the samples (laid end to end in ``flat``) and the row sums of the
+    names in ``full``."""
+    q, x_sq = _flat_projections(flat, lengths, _consts(names, seed, 1, 2))
+    out = dict(zip(names, np.concatenate([q, x_sq[:, None]], axis=1).tolist()))
+    if full:
+        fnames = [n for n, _ in full]
+        proj, s_sq = _segment_projections([r for _, r in full], _consts(fnames, seed, k, 1))
+        for name, head in zip(fnames, np.concatenate([proj, s_sq[:, None]], axis=1).tolist()):
+            out[name] = head + out[name]
+    return out
 
 
 @torch.no_grad()
@@ -223,17 +250,52 @@ def fingerprint_digests(
     items = list(digests.items() if isinstance(digests, Mapping) else digests)
     if not items:
         return {}
-    names = [n for n, _ in items]
     samples = [d.sample.numpy() for _, d in items]
-    q, x_sq = _segment_projections(samples, _consts(names, seed, 1, 2))
-    out = dict(zip(names, np.concatenate([q, x_sq[:, None]], axis=1).tolist()))
+    lengths = np.fromiter((v.size for v in samples), dtype=np.int64, count=len(samples))
     full = [(n, d.row_sums.numpy()) for n, d in items if d.row_sums is not None]
-    if full:
-        fnames = [n for n, _ in full]
-        proj, s_sq = _segment_projections([r for _, r in full], _consts(fnames, seed, k, 1))
-        for name, head in zip(fnames, np.concatenate([proj, s_sq[:, None]], axis=1).tolist()):
-            out[name] = head + out[name]
-    return out
+    return _assemble([n for n, _ in items], np.concatenate(samples), lengths, full, seed, k)
+
+
+class LiveFingerprints:
+    """Fingerprints of tensors that stay where they are (a server's weights, which every
+    loader updates in place): the sampled positions of each tensor are NumPy views taken
+    once, so a fingerprint gathers all samples in one call (tensors on the CPU in float32,
+    float64 or float16; others go through ``fingerprint_named``). Same numbers as
+    ``fingerprint_named``."""
+
+    def __init__(self, named: Mapping[str, torch.Tensor]):
+        self.named = dict(named)
+        self.names = list(self.named)
+        self._views: list[np.ndarray] | None = None
+        if all(
+            t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES and t.is_contiguous()
+            for t in self.named.values()
+        ):
+            views = []
+            for name, t in self.named.items():
+                flat = t.detach().reshape(-1).numpy()
+                offset, stride, count = _sample_slice(name, flat.size)
+                views.append(flat[offset : offset + stride * count : stride])
+            self._views = views
+            self._lengths = np.array([v.size for v in views], dtype=np.int64)
+
+    @torch.no_grad()
+    def fingerprints(
+        self, seed: int = 0, full: Collection[str] | None = None, k: int = DEFAULT_K
+    ) -> dict[str, list[float]]:
+        """Fingerprints by name, digested in full when the name is in ``full`` (``None``:
+        all), else sample only."""
+        if self._views is None:
+            return fingerprint_named(self.named, seed, full=full, k=k)
+        if not self.names:
+            return {}
+        flat = np.concatenate(self._views).astype(np.float64)
+        rows = [
+            (n, _row_sums(t.detach().reshape(-1)).numpy())
+            for n, t in self.named.items()
+            if t.numel() > FULL_SAMPLE_MAX and (full is None or n in full)
+        ]
+        return _assemble(self.names, flat, self._lengths, rows, seed, k)
 
 
 def fingerprint_tensor(

@@ -344,17 +344,25 @@ class LocalInferenceServer(OpenAIRoutes):
         "dtypes", "version", "seconds"}``; ``full``: names digested in full (``None``:
         all)."""
         from areal.engine.local_server.weights import _named_tensors, _tied_names
-        from areal.utils.weight_fingerprint import fingerprint_named
+        from areal.utils.weight_fingerprint import LiveFingerprints
 
         t0 = time.perf_counter()
-        named = _named_tensors(self.core.model)
-        for alias in _tied_names(self.core.model):  # the same storage as another name
-            named.pop(alias, None)
-        fingerprints = fingerprint_named(named, seed, full=full)
+        model = self.core.model
+        cached = self.__dict__.get("_live_fingerprints")
+        if cached is None or cached[0] is not model:
+            # every loader of this server updates the tensors in place (copy_), so the
+            # sampled positions are looked up once per model
+            named = _named_tensors(model)
+            for alias in _tied_names(model):  # the same storage as another name
+                named.pop(alias, None)
+            live = LiveFingerprints(named)
+            dtypes = {n: str(t.dtype).removeprefix("torch.") for n, t in named.items()}
+            cached = self._live_fingerprints = (model, live, dtypes)
+        _, live, dtypes = cached
         return {
             "seed": seed,
-            "fingerprints": fingerprints,
-            "dtypes": {n: str(t.dtype).removeprefix("torch.") for n, t in named.items()},
+            "fingerprints": live.fingerprints(seed, full=full),
+            "dtypes": dtypes,
             "version": self.core.version,
             "seconds": time.perf_counter() - t0,
         }
