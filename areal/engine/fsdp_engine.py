@@ -690,12 +690,14 @@ class FSDPEngine(TrainEngine):
         name = getattr(self.config, "dtype", "float32") or "float32"
         return _DTYPES.get(name, torch.float32) if self.device.type == "cuda" else torch.float32
 
-    def _gather_buckets(self, limit_bytes: int):
+    def _gather_buckets(self, limit_bytes: int, digest_pool: Any = None):
         """Yield ``(specs, full_tensors)`` bucket by bucket (export dtype, contiguous).
 
         Collective: every rank iterates (each ``full_tensor`` is an all-gather); the
         tensors are full on every rank. Order: ``named_parameters`` (tied weights once),
-        then persistent buffers.
+        then persistent buffers. ``digest_pool`` (a one-thread executor): the weight
+        fingerprint digests run there, alongside what the caller does with each bucket
+        (e.g. writing it), and are waited for at the end.
         """
         from areal.utils.weight_fingerprint import WeightDigests, rotation_share
 
@@ -709,15 +711,22 @@ class FSDPEngine(TrainEngine):
             sizes = [(n, t.numel()) for n, t in named.items()]
             share = rotation_share(sizes, every, self._fingerprint_checks)
             digests = WeightDigests(dist.get_rank() == 0, share, self._fingerprint_dtypes)
+        pending = []
         for bucket in bucket_param_specs(self._export_specs(named), limit_bytes):
             tensors = []
             for spec in bucket:
                 t = named[spec.name].detach()
                 full = t.full_tensor() if hasattr(t, "full_tensor") else t
                 tensors.append(full.to(dt).contiguous())
-            if digests is not None:
-                digests.add(zip((spec.name for spec in bucket), tensors))
+            if digests is not None and digests.enabled:
+                items = list(zip((spec.name for spec in bucket), tensors))
+                if digest_pool is not None:
+                    pending.append(digest_pool.submit(digests.add, items))
+                else:
+                    digests.add(items)
             yield bucket, tensors
+        for f in pending:
+            f.result()
         if digests is not None:
             digests.complete = True
         self._export_digests = digests
@@ -741,9 +750,15 @@ class FSDPEngine(TrainEngine):
         shard_bytes = max(1, int(self.hf_shard_mb * (1 << 20)))
         shards: list[tuple[str, list[str], int]] = []
         pool = ThreadPoolExecutor(max_workers=1) if rank0 else None
+        # the fingerprint digests (verified weight sync) alongside the shard writes
+        digest_pool = (
+            ThreadPoolExecutor(max_workers=1)
+            if rank0 and getattr(self, "_fingerprint_every", 0)
+            else None
+        )
         futs = []
         try:
-            for i, (specs, tensors) in enumerate(self._gather_buckets(shard_bytes)):
+            for i, (specs, tensors) in enumerate(self._gather_buckets(shard_bytes, digest_pool)):
                 if not rank0:
                     continue
                 tmp_name = f"shard-{i:05d}.safetensors.tmp"
@@ -760,8 +775,9 @@ class FSDPEngine(TrainEngine):
             for f in futs:
                 f.result()
         finally:
-            if pool is not None:
-                pool.shutdown(wait=True)
+            for p in (pool, digest_pool):
+                if p is not None:
+                    p.shutdown(wait=True)
         if rank0:
             n = len(shards)
             weight_map: dict[str, str] = {}
