@@ -610,10 +610,11 @@ class InferenceEngineConfig:
     )
     verify_weights_background: bool = _field(
         True,
-        "Run each weight check after the first on a background thread while rollout and "
-        "training go on; a mismatch is logged at once and fails the run at the next step "
-        "boundary (the weights served one step). False: every check runs inside the sync, "
-        "before any version moves.",
+        "Disk updates of built-in servers return their fingerprints with the update and are "
+        "checked inside the sync. Checks that need requests (xccl, other servers) run after "
+        "the first on a background thread while rollout and training go on; a mismatch is "
+        "logged at once and fails the run at the next step boundary (the weights served one "
+        "step). False: every check runs inside the sync, before any version moves.",
     )
     generation_api_key_env: str = _field(
         "",
