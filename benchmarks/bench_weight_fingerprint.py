@@ -225,12 +225,19 @@ def main() -> None:
             # or the fingerprints that came with the update)
             src = stats if "weight_sync/fingerprint_seconds" in stats else checked.last_stats
             for name, sync, wall in (("plain", plain, p_wall), ("verified", checked, v_wall)):
+                answers = getattr(sync.rollout, "disk_update_responses", None) or {}
                 phases.append(
                     {
                         "stack": name,
                         "version": version,
                         "seconds": round(wall, 4),
                         "push": round(sync.last_stats.get("weight_sync/push_seconds", 0.0), 4),
+                        # of the push: the server's reload (its answer's time_s), the rest
+                        # being the trainer's save and the requests
+                        "server_load": round(
+                            max((float(a.get("time_s", 0.0)) for a in answers.values()), default=0),
+                            4,
+                        ),
                         "pause": round(sync.last_stats.get("weight_sync/pause_seconds", 0.0), 4),
                     }
                 )
