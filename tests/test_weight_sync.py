@@ -23,7 +23,7 @@ from areal.api.cli_args import (
     OptimizerConfig,
     TrainEngineConfig,
 )
-from areal.api.io_struct import FinetuneSpec, ModelRequest, WeightUpdateMeta
+from areal.api.io_struct import FinetuneSpec, ModelRequest, SaveLoadMeta, WeightUpdateMeta
 from areal.infra.weight_sync import WeightSyncError, WeightSyncHook, WeightSynchronizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.ci_slow, pytest.mark.timeout(400)]
@@ -429,6 +429,11 @@ def test_weight_sync_fingerprint_in_update_response_catches_tensor_skipped_by_lo
         assert stats["weight_sync/fingerprint_servers"] == 1
         assert stats["weight_sync/fingerprint_version"] == version
         shares.append(set(read_reference(meta.with_version(version).path)["full"]))
+        # a checkpoint in between: no reference there, the rotation does not move
+        ckpt = str(tmp_path / f"ckpt{version}")
+        actor.save(SaveLoadMeta(path=ckpt, weight_format="hf", with_optim=False))
+        assert os.path.isfile(os.path.join(ckpt, "model.safetensors"))
+        assert read_reference(ckpt) is None
     assert "actor.weights_fingerprint" not in log and asked == []
     sizes = {s.name: math.prod(s.shape) for b in actor.get_param_specs(1) for s in b}
     assert set().union(*shares) == {n for n, k in sizes.items() if k > FULL_SAMPLE_MAX}
