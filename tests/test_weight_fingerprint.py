@@ -196,6 +196,7 @@ class _Actor:
     def enable_weight_fingerprints(self, full_every=1, dtypes=None, reference_root=None):
         self.every = full_every
         self.root = reference_root
+        self.dtypes = dtypes
 
     def export(self, named, path=None):
         """Digest ``named``; with a reference root (and ``path`` below it), write the
@@ -203,7 +204,8 @@ class _Actor:
         self.named = named
         sizes = [(n, t.numel()) for n, t in named.items()]
         self.digests = WeightDigests(
-            full=rotation_share(sizes, self.every, self.checks) if self.every else None
+            full=rotation_share(sizes, self.every, self.checks) if self.every else None,
+            dtypes=getattr(self, "dtypes", None),
         )
         self.digests.add(named.items())
         if self.root and path:
@@ -684,3 +686,30 @@ async def test_fingerprint_update_answer_without_fingerprint_falls_back_to_a_req
             await asyncio.to_thread(hook.verify, ctx)
     assert len(asked) == 2
     assert ei.value.server == addr and ei.value.tensors[0].startswith(_FAULTY)
+
+
+async def test_fingerprint_in_update_response_bf16_server_learns_dtypes_then_no_request(
+    tiny_model_dir, tmp_path
+):
+    """A bf16 server of a float32 trainer: the first check from the update answer differs
+    only by the cast, so the trainer recomputes once in the server's dtypes (one request)
+    and digests later exports in them; the next checks need no request and pass."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from areal.engine.local_server.app import LocalInferenceServer
+
+    torch.set_num_threads(1)
+    srv = LocalInferenceServer.from_pretrained(tiny_model_dir, dtype="bfloat16", device="cpu")
+    hook = WeightFingerprintHook(full_every=4, background=True)
+    actor = _Actor(_checkpoint(tiny_model_dir))
+    async with TestClient(TestServer(srv.build_app(), host="127.0.0.1")) as client:
+        named = _stepped(actor.named)
+        ctx = await _sync_in_response(hook, actor, client, tmp_path / "v1", named, 1)
+        assert ctx.stats["weight_sync/fingerprint_in_response_servers"] == 1
+        assert actor.asked == 1 and actor.dtypes["model.norm.weight"] == "bfloat16"
+        for version in (2, 3):
+            named = _stepped(named)
+            d = tmp_path / f"v{version}"
+            ctx = await _sync_in_response(hook, actor, client, d, named, version)
+            assert ctx.stats["weight_sync/fingerprint_servers"] == 1
+        assert actor.asked == 1
