@@ -713,3 +713,47 @@ async def test_fingerprint_in_update_response_bf16_server_learns_dtypes_then_no_
             ctx = await _sync_in_response(hook, actor, client, d, named, version)
             assert ctx.stats["weight_sync/fingerprint_servers"] == 1
         assert actor.asked == 1
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_fingerprint_fsdp_export_writes_reference_of_saved_weights_only_under_root(
+    tiny_model_dir, tmp_path, monkeypatch, threaded
+):
+    """``FSDPEngine``: after ``enable_weight_fingerprints(every, reference_root=R)`` an HF
+    save below ``R`` writes the reference of exactly the weights it saved (digested inline
+    or on the digest thread), the rotation moving on by one share per reference; a save
+    elsewhere (a checkpoint) writes none and does not move it."""
+    import areal.engine.fsdp_engine as fe
+    from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
+    from areal.api.io_struct import FinetuneSpec
+
+    monkeypatch.setattr(fe, "_DIGEST_THREAD_MIN_BYTES", 0 if threaded else 1 << 60)
+    config = TrainEngineConfig(
+        experiment_name="t",
+        trial_name="t",
+        path=tiny_model_dir,
+        dtype="float32",
+        optimizer=OptimizerConfig(lr=1e-3),
+        mb_spec=MicroBatchSpec(max_tokens_per_mb=None),
+        num_threads=1,
+    )
+    eng = fe.FSDPEngine(config)
+    eng.create_process_group()
+    try:
+        eng.initialize(None, FinetuneSpec(1, 10, 1))
+        every, root = 3, tmp_path / "wu"
+        eng.enable_weight_fingerprints(every, reference_root=str(root))
+        shares = []
+        for i in range(every):
+            eng._save_hf(str(tmp_path / f"ckpt{i}"))  # not below the root
+            assert read_reference(str(tmp_path / f"ckpt{i}")) is None
+            d = root / f"v{i}"
+            eng._save_hf(str(d))
+            ref = read_reference(str(d))
+            saved = _checkpoint(str(d))
+            assert ref["fingerprints"] == fingerprint_named(saved, ref["seed"], full=ref["full"])
+            shares.append(set(ref["full"]))
+        sizes = [(n, t.numel()) for n, t in _checkpoint(str(root / "v0")).items()]
+        assert shares == [rotation_share(sizes, every, i) for i in range(every)]
+    finally:
+        eng.destroy()
