@@ -90,11 +90,25 @@ def test_resume_sync_after_kill9_matches_uninterrupted_run(tmp_path):
     assert 1 <= k <= STEPS - 3, f"AREAL_TEST_RESUME_K={k}: need 1..{STEPS - 3}"
     ref_root, crash_root = str(tmp_path / "ref"), str(tmp_path / "crash")
 
-    ref = _run(_cmd(ref_root, eta=0), str(tmp_path / "ref.log"))
-    assert ref.returncode == 0, open(tmp_path / "ref.log").read()[-3000:]
-
-    _run_and_kill_after_step(_cmd(crash_root, eta=0), crash_root, k, str(tmp_path / "crash1.log"))
-    resumed = _run(_cmd(crash_root, eta=0), str(tmp_path / "crash2.log"))
+    # The uninterrupted reference runs beside the crash and resume runs (its own fileroot,
+    # ports and process group; each run is single-threaded and synchronous, so it computes
+    # the same numbers, and the second core halves the test's wall time).
+    with open(tmp_path / "ref.log", "w") as f:
+        ref = subprocess.Popen(
+            _cmd(ref_root, eta=0), stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        _run_and_kill_after_step(
+            _cmd(crash_root, eta=0), crash_root, k, str(tmp_path / "crash1.log")
+        )
+        resumed = _run(_cmd(crash_root, eta=0), str(tmp_path / "crash2.log"))
+        ref_rc = ref.wait(timeout=600)
+    finally:
+        if ref.poll() is None:
+            os.killpg(ref.pid, signal.SIGKILL)
+            ref.wait(timeout=30)
+    assert ref_rc == 0, open(tmp_path / "ref.log").read()[-3000:]
     log2 = open(tmp_path / "crash2.log").read()
     assert resumed.returncode == 0, log2[-3000:]
     assert f"continuing at step {k + 1}" in log2, f"killed after step k={k}"
