@@ -616,6 +616,14 @@ class InferenceEngineConfig:
         "logged at once and fails the run at the next step boundary (the weights served one "
         "step). False: every check runs inside the sync, before any version moves.",
     )
+    verify_weights_in_response: bool = _field(
+        True,
+        "Disk updates carry the fingerprints: the trainer writes its reference next to the "
+        "weights and built-in servers return theirs in the update answer, checked inside "
+        "the sync with no extra request (about 3x less CPU; the digests are on the sync's "
+        "path). False: the trainer and the servers are asked after the push (the check off "
+        "the sync's path with verify_weights_background).",
+    )
     generation_api_key_env: str = _field(
         "",
         "Name of a controller environment variable holding an API key the built-in servers "

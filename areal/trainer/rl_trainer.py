@@ -139,6 +139,7 @@ class PPOTrainer:
                     WeightFingerprintHook(
                         full_every=config.rollout.verify_weights_full_every,
                         background=config.rollout.verify_weights_background,
+                        in_response=config.rollout.verify_weights_in_response,
                     )
                 )
             self.server_watchdog = self._make_server_watchdog()
