@@ -758,8 +758,11 @@ class FSDPEngine(TrainEngine):
         # exports large enough that this saves more than a thread's hand-offs cost
         digest_pool = None
         if rank0 and getattr(self, "_fingerprint_every", 0):
-            size = sum(p.numel() * p.element_size() for p in self._require_model().parameters())
-            if size >= _DIGEST_THREAD_MIN_BYTES:
+            if getattr(self, "_model_bytes", None) is None:  # walks the modules: once
+                self._model_bytes = sum(
+                    p.numel() * p.element_size() for p in self._require_model().parameters()
+                )
+            if self._model_bytes >= _DIGEST_THREAD_MIN_BYTES:
                 digest_pool = ThreadPoolExecutor(max_workers=1)
         futs = []
         try:

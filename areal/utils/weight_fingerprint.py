@@ -407,8 +407,9 @@ def write_reference(path: str, seed: int, digests: WeightDigests) -> dict:
         "fingerprints": digests.fingerprints(seed),
     }
     tmp = os.path.join(path, f".{REFERENCE_FILE}.tmp")
+    text = json.dumps(doc)  # the C encoder (json.dump streams through the Python one)
     with open(tmp, "w") as f:
-        json.dump(doc, f)
+        f.write(text)
     os.replace(tmp, os.path.join(path, REFERENCE_FILE))
     return doc
 
