@@ -75,6 +75,10 @@ def test_preset_runs_two_training_steps_on_tiny_model(name, tiny_lm_dir, tmp_pat
         )
         rows = trainer.stats_logger.history
         assert trainer.rollout.get_version() == 2
+    # close() stopped the dataloader's worker process (a leaked one is joined only when
+    # garbage collection finds it, seconds per worker, during whatever test runs then)
+    workers = trainer.train_dataloader._iterator._workers
+    assert workers and not any(w.is_alive() for w in workers)
     assert res["total_steps"] == 2
     assert [r["global_step"] for r in rows] == [0, 1]
     for r in rows:

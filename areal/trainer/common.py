@@ -101,6 +101,23 @@ def teardown_run(trainer: Any, components: tuple[str, ...]) -> None:
         png = sl.close()
         if png:
             logger.info(f"Curves written to {png}")
+    for name in ("train_dataloader", "valid_dataloader"):
+        try:
+            stop_dataloader_workers(getattr(trainer, name, None))
+        except Exception as e:
+            logger.warning(f"stopping the {name} workers failed: {e}")
+
+
+def stop_dataloader_workers(dataloader: Any) -> None:
+    """Stop the worker processes (``num_workers > 0``) of ``dataloader``'s live iterator.
+
+    A ``StatefulDataLoader`` keeps its last iterator (for ``state_dict``), so its workers
+    outlive the run; left to garbage collection they are joined whenever it finds them,
+    taking seconds per worker (measured: 4 workers ~20 s at collection, 2.7 s here).
+    """
+    it = getattr(dataloader, "_iterator", None)
+    if getattr(it, "_workers", None):
+        it._shutdown_workers()
 
 
 def run_step_loop(
