@@ -281,7 +281,14 @@ class WeightFingerprintHook(WeightSyncHook):
                     rest.append(a)
             dt_read = time.monotonic() - t0
             stats = self._compare(
-                ctx.actor, reference, servers, version, not self._inline_passed, t0, dt_read
+                ctx.actor,
+                reference,
+                servers,
+                version,
+                not self._inline_passed,
+                t0,
+                dt_read,
+                " (from the update answers)",
             )
             stats["weight_sync/fingerprint_in_response_servers"] = float(len(servers))
             ctx.stats.update(stats)
@@ -357,9 +364,11 @@ class WeightFingerprintHook(WeightSyncHook):
         inline: bool,
         t0: float,
         dt_trainer: float,
+        how: str | None = None,
     ) -> dict[str, float]:
         """Compare each server's answer with the trainer's ``reference`` (``{"seed",
-        "fingerprints"}``); returns stats, raises ``WeightFingerprintMismatch``."""
+        "fingerprints"}``); returns stats, raises ``WeightFingerprintMismatch``. ``inline``:
+        a dtype-only difference may be resolved (the first check); ``how``: for the log."""
         seed, ref = reference["seed"], reference["fingerprints"]
         full = [n for n, fp in ref.items() if len(fp) > 2]
         stats = {
@@ -402,6 +411,6 @@ class WeightFingerprintHook(WeightSyncHook):
             len(ref),
             len(full),
             dt,
-            "" if inline else " (background)",
+            how if how is not None else ("" if inline else " (background)"),
         )
         return stats
