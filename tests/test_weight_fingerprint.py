@@ -25,6 +25,7 @@ from areal.utils.weight_fingerprint import (
     read_reference,
     rotation_share,
     write_reference,
+    write_request,
 )
 
 
@@ -193,24 +194,50 @@ class _Actor:
         self.root = None
         self.export(named)
 
-    def enable_weight_fingerprints(self, full_every=1, dtypes=None, reference_root=None):
+    def enable_weight_fingerprints(
+        self, full_every=1, dtypes=None, reference_root=None, deferred=False
+    ):
         self.every = full_every
         self.root = reference_root
         self.dtypes = dtypes
+        self.deferred = deferred
 
     def export(self, named, path=None):
         """Digest ``named``; with a reference root (and ``path`` below it), write the
-        reference there as ``FSDPEngine._save_hf`` does."""
+        reference there as ``FSDPEngine._save_hf`` does (``deferred``: only the request;
+        the digests when ``fingerprint_reference`` asks)."""
         self.named = named
         sizes = [(n, t.numel()) for n, t in named.items()]
         self.digests = WeightDigests(
             full=rotation_share(sizes, self.every, self.checks) if self.every else None,
             dtypes=getattr(self, "dtypes", None),
         )
+        seed = int.from_bytes(os.urandom(7), "little")
+        if self.root and path and getattr(self, "deferred", False):
+            share = self.digests.full
+            full = [
+                n for n, t in named.items() if t.numel() > 4096 and (share is None or n in share)
+            ]
+            write_request(path, seed, sorted(full))
+            self.held = (seed, dict(named))
+            self.checks += 1
+            return
         self.digests.add(named.items())
         if self.root and path:
-            write_reference(path, int.from_bytes(os.urandom(7), "little"), self.digests)
+            write_reference(path, seed, self.digests)
             self.checks += 1
+
+    def fingerprint_reference(self, seed):
+        held, self.held = getattr(self, "held", None), None
+        if held is None or held[0] != seed:
+            return None
+        self.digests.add(held[1].items())
+        fps = self.digests.fingerprints(seed)
+        return {
+            "seed": seed,
+            "full": [n for n, fp in fps.items() if len(fp) > 2],
+            "fingerprints": fps,
+        }
 
     def weights_fingerprint(self, seed, dtypes=None, full=None):
         self.asked += 1
@@ -573,18 +600,27 @@ async def _sync_in_response(hook, actor, client, weights_dir, named, version):
 
 
 @pytest.mark.parametrize(
-    "kind,every", [("skipped", 1), ("reverted", 1), ("one_element", 1), ("noise", 8)]
+    "kind,every,background",
+    [
+        ("skipped", 1, False),
+        ("skipped", 1, True),
+        ("reverted", 1, True),
+        ("one_element", 1, True),
+        ("noise", 8, True),
+        ("noise", 8, False),
+    ],
 )
 async def test_fingerprint_in_update_response_bad_tensor_caught_without_extra_request(
-    server_app, tiny_model_dir, tmp_path, monkeypatch, kind, every
+    server_app, tiny_model_dir, tmp_path, monkeypatch, kind, every, background
 ):
     """Disk sync with the reference written next to the weights: the server returns its
-    fingerprint with the update and the hook compares it there, asking neither the trainer
-    nor the server anything more. A load that skips, reverts, perturbs one element of
-    (outside the sample) or adds noise to one tensor is caught at once, naming the server,
-    the tensor and the version."""
+    fingerprint with the update, asking neither the trainer nor the server anything more.
+    A load that skips, reverts, perturbs one element of (outside the sample) or adds noise
+    to one tensor is caught, naming the server, the tensor and the version: inside the
+    sync (``background=False``, and the first check), else (the file names only the
+    seed, the trainer digests its export after the sync) at the next step boundary."""
     srv, make_client = server_app
-    hook = WeightFingerprintHook(full_every=every, background=True)
+    hook = WeightFingerprintHook(full_every=every, background=background)
     actor = _Actor(_checkpoint(tiny_model_dir))
     asked_servers = []
     monkeypatch.setattr(hook, "server_fingerprints", lambda *a, **k: asked_servers.append(a))
@@ -596,10 +632,18 @@ async def test_fingerprint_in_update_response_bad_tensor_caught_without_extra_re
         assert ctx.stats["weight_sync/fingerprint_servers"] == 1
         assert ctx.stats["weight_sync/fingerprint_tensors"] == len(new)
         ref = read_reference(str(tmp_path / "v1"))
-        assert sorted(n for n, fp in ref["fingerprints"].items() if len(fp) > 2) == ref["full"]
+        if background:  # deferred: the request only (the server's seed and names)
+            assert ref["deferred"] is True and ref["fingerprints"] == {}
+            big = {n for n, t in new.items() if t.numel() > FULL_SAMPLE_MAX}
+            assert ref["full"] and set(ref["full"]) <= big
+        else:
+            full = sorted(n for n, fp in ref["fingerprints"].items() if len(fp) > 2)
+            assert full == ref["full"]
         _inject(monkeypatch, kind)
         with pytest.raises(WeightFingerprintMismatch) as ei:
             await _sync_in_response(hook, actor, client, tmp_path / "v2", _stepped(new), 2)
+            assert background  # the sync returned: the check runs after it
+            hook.flush()  # the step boundary
     assert actor.asked == 0 and asked_servers == []  # no request beyond the update
     err = ei.value
     assert err.server == addr and len(err.tensors) == 1 and err.tensors[0].startswith(_FAULTY)
@@ -710,24 +754,29 @@ async def test_fingerprint_in_update_response_bf16_server_learns_dtypes_then_no_
         for version in (2, 3):
             named = _stepped(named)
             d = tmp_path / f"v{version}"
-            ctx = await _sync_in_response(hook, actor, client, d, named, version)
-            assert ctx.stats["weight_sync/fingerprint_servers"] == 1
+            await _sync_in_response(hook, actor, client, d, named, version)
+            stats: dict[str, float] = {}
+            hook.flush(stats)  # checked after the sync (background)
+            assert stats["weight_sync/fingerprint_servers"] == 1
+            assert stats["weight_sync/fingerprint_version"] == version
         assert actor.asked == 1
 
 
-@pytest.mark.parametrize("threaded", [False, True])
+@pytest.mark.parametrize("mode", ["inline", "threaded", "deferred"])
 def test_fingerprint_fsdp_export_writes_reference_of_saved_weights_only_under_root(
-    tiny_model_dir, tmp_path, monkeypatch, threaded
+    tiny_model_dir, tmp_path, monkeypatch, mode
 ):
     """``FSDPEngine``: after ``enable_weight_fingerprints(every, reference_root=R)`` an HF
     save below ``R`` writes the reference of exactly the weights it saved (digested inline
     or on the digest thread), the rotation moving on by one share per reference; a save
-    elsewhere (a checkpoint) writes none and does not move it."""
+    elsewhere (a checkpoint) writes none and does not move it. ``deferred=True``: the file
+    only names the seed and the names in full; ``fingerprint_reference(seed)`` digests the
+    export afterwards (a checkpoint saved meanwhile does not replace it), once."""
     import areal.engine.fsdp_engine as fe
     from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
     from areal.api.io_struct import FinetuneSpec
 
-    monkeypatch.setattr(fe, "_DIGEST_THREAD_MIN_BYTES", 0 if threaded else 1 << 60)
+    monkeypatch.setattr(fe, "_DIGEST_THREAD_MIN_BYTES", 0 if mode == "threaded" else 1 << 60)
     config = TrainEngineConfig(
         experiment_name="t",
         trial_name="t",
@@ -742,7 +791,8 @@ def test_fingerprint_fsdp_export_writes_reference_of_saved_weights_only_under_ro
     try:
         eng.initialize(None, FinetuneSpec(1, 10, 1))
         every, root = 3, tmp_path / "wu"
-        eng.enable_weight_fingerprints(every, reference_root=str(root))
+        deferred = mode == "deferred"
+        eng.enable_weight_fingerprints(every, reference_root=str(root), deferred=deferred)
         shares = []
         for i in range(every):
             eng._save_hf(str(tmp_path / f"ckpt{i}"))  # not below the root
@@ -751,6 +801,13 @@ def test_fingerprint_fsdp_export_writes_reference_of_saved_weights_only_under_ro
             eng._save_hf(str(d))
             ref = read_reference(str(d))
             saved = _checkpoint(str(d))
+            if deferred:
+                assert ref["deferred"] is True and ref["fingerprints"] == {}
+                eng._save_hf(str(tmp_path / f"ckpt{i}"))  # meanwhile: a checkpoint
+                assert eng.fingerprint_reference(ref["seed"] + 1) is None
+                req, ref = ref, eng.fingerprint_reference(ref["seed"])
+                assert ref["seed"] == req["seed"] and ref["full"] == req["full"]
+                assert eng.fingerprint_reference(ref["seed"]) is None  # released
             assert ref["fingerprints"] == fingerprint_named(saved, ref["seed"], full=ref["full"])
             shares.append(set(ref["full"]))
         sizes = [(n, t.numel()) for n, t in _checkpoint(str(root / "v0")).items()]

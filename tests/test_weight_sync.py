@@ -402,14 +402,18 @@ class _SkipInLoad(WeightSyncHook):
         del ctx.rollout.update_weights_from_disk  # the engine's own method again
 
 
+@pytest.mark.parametrize("background", [False, True])
 def test_weight_sync_fingerprint_in_update_response_catches_tensor_skipped_by_load(
-    stack, tiny_model_dir, tmp_path
+    stack, tiny_model_dir, tmp_path, background
 ):
     """Disk sync, fingerprints in the update response (the default): the trainer writes its
     reference next to the weights, the server returns its fingerprint with the update, and
     the check asks nothing more (no RPC to the trainer, no request to the server). A server
     whose load skips one tensor is caught in the sync, naming server, tensor and version;
-    over ``full_every`` syncs the references take every large tensor in full once."""
+    over ``full_every`` syncs the references take every large tensor in full once.
+    ``background=True``: after the first check the file names only the seed, the trainer
+    digests its export after the sync (``fingerprint_reference``, a checkpoint saved
+    meanwhile changes nothing) and the mismatch is raised at the next ``flush()``."""
     from areal.infra.weight_verify import WeightFingerprintHook, WeightFingerprintMismatch
     from areal.utils.weight_fingerprint import FULL_SAMPLE_MAX, read_reference
 
@@ -417,24 +421,31 @@ def test_weight_sync_fingerprint_in_update_response_catches_tensor_skipped_by_lo
     log: list[str] = []
     spy = _Spy(actor, "actor", log)
     every = 2
-    hook = WeightFingerprintHook(full_every=every, background=True)
+    hook = WeightFingerprintHook(full_every=every, background=background)
     asked = []
     hook.server_fingerprints = lambda *a, **k: asked.append(a)
     sync = WeightSynchronizer(spy, engine, meta, hooks=[hook])
-    v = engine.get_version() + 30
+    v = engine.get_version() + 30 + (40 if background else 0)
     shares = []
     for version in range(v, v + every):
         stats = sync.sync(version)
-        assert stats["weight_sync/fingerprint_in_response_servers"] == 1
-        assert stats["weight_sync/fingerprint_servers"] == 1
-        assert stats["weight_sync/fingerprint_version"] == version
-        shares.append(set(read_reference(meta.with_version(version).path)["full"]))
         # a checkpoint in between: no reference there, the rotation does not move
         ckpt = str(tmp_path / f"ckpt{version}")
         actor.save(SaveLoadMeta(path=ckpt, weight_format="hf", with_optim=False))
         assert os.path.isfile(os.path.join(ckpt, "model.safetensors"))
         assert read_reference(ckpt) is None
+        if background and version > v:  # checked after the sync
+            assert "weight_sync/fingerprint_servers" not in stats
+            stats = {}
+            hook.flush(stats)
+        assert stats["weight_sync/fingerprint_in_response_servers"] == 1
+        assert stats["weight_sync/fingerprint_servers"] == 1
+        assert stats["weight_sync/fingerprint_version"] == version
+        ref = read_reference(meta.with_version(version).path)
+        assert ref.get("deferred", False) == background
+        shares.append(set(ref["full"]))
     assert "actor.weights_fingerprint" not in log and asked == []
+    assert ("actor.fingerprint_reference" in log) == background
     sizes = {s.name: math.prod(s.shape) for b in actor.get_param_specs(1) for s in b}
     assert set().union(*shares) == {n for n, k in sizes.items() if k > FULL_SAMPLE_MAX}
     assert sum(map(len, shares)) == len(set().union(*shares))  # each once
@@ -442,10 +453,17 @@ def test_weight_sync_fingerprint_in_update_response_catches_tensor_skipped_by_lo
     name = "model.layers.1.mlp.up_proj.weight"
     skip = _SkipInLoad(tiny_model_dir, name, str(tmp_path / "skip"))
     sync = WeightSynchronizer(actor, engine, meta, hooks=[skip, hook])
-    with pytest.raises(WeightSyncError, match="failed at 'verify'") as ei:
+    if background:  # the sync returns; the next step boundary fails
         sync.sync(v + every)
-    cause = ei.value.__cause__
+        with pytest.raises(WeightFingerprintMismatch) as ei:
+            sync.flush()
+        cause = ei.value
+        assert actor.get_version() == v + every and asked == []
+    else:
+        with pytest.raises(WeightSyncError, match="failed at 'verify'") as ei:
+            sync.sync(v + every)
+        cause = ei.value.__cause__
+        assert actor.get_version() == v + every - 1 and asked == []
     assert isinstance(cause, WeightFingerprintMismatch) and cause.version == v + every
     assert cause.server == engine.addresses[0] and len(cause.tensors) == 1
     assert cause.tensors[0].startswith(name) and name in str(ei.value)
-    assert actor.get_version() == v + every - 1 and asked == []

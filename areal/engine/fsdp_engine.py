@@ -80,6 +80,10 @@ _SAFETENSORS_INDEX = "model.safetensors.index.json"
 #: alongside the shard writes; smaller ones inline (measured on the demo model: a thread
 #: adds ~1 ms to a 4 MB export, saves ~3 ms of a 116 MB one).
 _DIGEST_THREAD_MIN_BYTES = 32 << 20
+#: Deferred digests (``enable_weight_fingerprints(deferred=True)``) hold the exported
+#: tensors until ``fingerprint_reference`` digests them; exports larger than this (the
+#: held tensors may be copies, e.g. cast on the GPU) are digested during the export.
+_DEFER_DIGEST_MAX_BYTES = 1 << 30
 _EXTRA_STATE_NAME = "engine_extra_state.pt"
 
 
@@ -694,14 +698,15 @@ class FSDPEngine(TrainEngine):
         name = getattr(self.config, "dtype", "float32") or "float32"
         return _DTYPES.get(name, torch.float32) if self.device.type == "cuda" else torch.float32
 
-    def _gather_buckets(self, limit_bytes: int, digest_pool: Any = None):
+    def _gather_buckets(self, limit_bytes: int, digest_pool: Any = None, defer: bool = False):
         """Yield ``(specs, full_tensors)`` bucket by bucket (export dtype, contiguous).
 
         Collective: every rank iterates (each ``full_tensor`` is an all-gather); the
         tensors are full on every rank. Order: ``named_parameters`` (tied weights once),
         then persistent buffers. ``digest_pool`` (a one-thread executor): the weight
         fingerprint digests run there, alongside what the caller does with each bucket
-        (e.g. writing it), and are waited for at the end.
+        (e.g. writing it), and are waited for at the end. ``defer``: they are not taken;
+        the tensors are kept (``self._export_held``) for ``fingerprint_reference``.
         """
         from areal.utils.weight_fingerprint import WeightDigests, rotation_share
 
@@ -716,6 +721,8 @@ class FSDPEngine(TrainEngine):
             share = rotation_share(sizes, every, self._fingerprint_checks)
             digests = WeightDigests(dist.get_rank() == 0, share, self._fingerprint_dtypes)
         pending = []
+        held: list[tuple[str, torch.Tensor]] | None = [] if defer else None
+        self._export_held = None
         for bucket in bucket_param_specs(self._export_specs(named), limit_bytes):
             tensors = []
             for spec in bucket:
@@ -724,7 +731,9 @@ class FSDPEngine(TrainEngine):
                 tensors.append(full.to(dt).contiguous())
             if digests is not None and digests.enabled:
                 items = list(zip((spec.name for spec in bucket), tensors))
-                if digest_pool is not None:
+                if held is not None:
+                    held.extend(items)
+                elif digest_pool is not None:
                     pending.append(digest_pool.submit(digests.add, items))
                 else:
                     digests.add(items)
@@ -732,7 +741,8 @@ class FSDPEngine(TrainEngine):
         for f in pending:
             f.result()
         if digests is not None:
-            digests.complete = True
+            digests.complete = held is None
+            self._export_held = held if digests.enabled else None
         self._export_digests = digests
 
     def _save_hf(self, path: str, tokenizer: Any = None) -> None:
@@ -757,16 +767,23 @@ class FSDPEngine(TrainEngine):
         # the fingerprint digests (verified weight sync) alongside the shard writes, for
         # exports large enough that this saves more than a thread's hand-offs cost
         digest_pool = None
+        defer = False  # digests taken after the sync (fingerprint_reference)
         if rank0 and getattr(self, "_fingerprint_every", 0):
             if getattr(self, "_model_bytes", None) is None:  # walks the modules: once
                 self._model_bytes = sum(
                     p.numel() * p.element_size() for p in self._require_model().parameters()
                 )
-            if self._model_bytes >= _DIGEST_THREAD_MIN_BYTES:
+            defer = (
+                getattr(self, "_fingerprint_deferred", False)
+                and self._model_bytes <= _DEFER_DIGEST_MAX_BYTES
+                and self._is_weight_update_path(path)
+            )
+            if self._model_bytes >= _DIGEST_THREAD_MIN_BYTES and not defer:
                 digest_pool = ThreadPoolExecutor(max_workers=1)
         futs = []
         try:
-            for i, (specs, tensors) in enumerate(self._gather_buckets(shard_bytes, digest_pool)):
+            buckets = self._gather_buckets(shard_bytes, digest_pool, defer)
+            for i, (specs, tensors) in enumerate(buckets):
                 if not rank0:
                     continue
                 tmp_name = f"shard-{i:05d}.safetensors.tmp"
@@ -965,15 +982,21 @@ class FSDPEngine(TrainEngine):
         full_every: int = 1,
         dtypes: dict[str, str] | None = None,
         reference_root: str | None = None,
+        deferred: bool = False,
     ) -> None:
         """Digest every later export for ``weights_fingerprint`` (verified weight sync):
         row sums of a ``1/full_every`` share of the tensors, rotating with every answered
         check (or written reference), plus a strided sample of every tensor; in
         ``dtypes[name]`` (the dtype the servers hold) when given. ``full_every=0`` turns
         the digests off. ``reference_root``: HF saves below this directory (the disk
-        weight updates) also get the reference file (``_write_fingerprint_reference``)."""
+        weight updates) also get the reference file (``_write_fingerprint_reference``).
+        ``deferred``: for those weight updates the file only names the seed and the names
+        digested in full (what the servers need); the exported tensors are kept and
+        digested when ``fingerprint_reference`` asks, off the sync's path (exports of up
+        to ``_DEFER_DIGEST_MAX_BYTES``; larger ones are digested during the export)."""
         if full_every < 0:
             raise ValueError(f"full_every={full_every}; must be >= 0")
+        self._fingerprint_deferred = bool(deferred)
         self._fingerprint_every = int(full_every)
         self._fingerprint_dtypes = dict(dtypes or {})
         self._fingerprint_checks = getattr(self, "_fingerprint_checks", 0)
@@ -984,19 +1007,57 @@ class FSDPEngine(TrainEngine):
         ``enable_weight_fingerprints``: write the export's fingerprints for a fresh random
         seed into ``path`` (``weight_fingerprint.write_reference``), for the servers that
         load it and the verifying hook; the rotation moves on to the next share."""
-        from areal.utils.weight_fingerprint import write_reference
+        from areal.utils.weight_fingerprint import FULL_SAMPLE_MAX, write_reference, write_request
 
         digests = getattr(self, "_export_digests", None)
-        root = getattr(self, "_fingerprint_root", None)
-        if digests is None or not digests.complete or not digests.enabled or not root:
+        if digests is None or not digests.enabled or not self._is_weight_update_path(path):
+            return  # nothing digested, or a checkpoint, not a weight update
+        held = getattr(self, "_export_held", None)
+        seed = int.from_bytes(os.urandom(8), "little") >> 3
+        if held is not None:  # deferred: the servers' request now, the digests later
+            share = digests.full
+            full = [
+                n for n, t in held if t.numel() > FULL_SAMPLE_MAX and (share is None or n in share)
+            ]
+            write_request(path, seed, sorted(full))
+            self._export_held = None
+            self._deferred_export = (seed, digests, held)
+        elif digests.complete:
+            write_reference(path, seed, digests)
+        else:
             return
-        real = os.path.realpath(path)
-        if os.path.commonpath([real, root]) != root or real == root:
-            return  # a checkpoint, not a weight update
-        write_reference(path, int.from_bytes(os.urandom(8), "little") >> 3, digests)
         if not digests.counted:
             digests.counted = True
             self._fingerprint_checks += 1
+
+    def _is_weight_update_path(self, path: str) -> bool:
+        """``path`` is below the weight-update root of ``enable_weight_fingerprints``."""
+        root = getattr(self, "_fingerprint_root", None)
+        if not root:
+            return False
+        real = os.path.realpath(path)
+        return os.path.commonpath([real, root]) == root and real != root
+
+    @torch.no_grad()
+    def fingerprint_reference(self, seed: int) -> dict[str, Any] | None:
+        """The reference (``{"seed", "full", "fingerprints"}``) of the last deferred
+        weight-update export whose request named ``seed``: its kept tensors are digested
+        now (rank 0; they must not have changed since the export: the trainer's next
+        optimizer step comes after the check, ``WeightFingerprintHook.flush``) and
+        released. ``None`` on other ranks, or when no such export is held (a later export
+        replaced it)."""
+        pending = getattr(self, "_deferred_export", None)
+        if pending is None or pending[0] != seed:
+            return None
+        self._deferred_export = None
+        _, digests, held = pending
+        digests.add(held)
+        digests.complete = True
+        return {
+            "seed": seed,
+            "full": sorted(n for n, d in digests.digests.items() if d.row_sums is not None),
+            "fingerprints": digests.fingerprints(seed),
+        }
 
     def weights_fingerprint(
         self, seed: int = 0, dtypes: dict[str, str] | None = None, full: list[str] | None = None

@@ -236,7 +236,11 @@ class WeightFingerprintHook(WeightSyncHook):
         enable = getattr(actor, "enable_weight_fingerprints", None)
         if enable is None:
             return
-        kwargs: dict[str, Any] = {"reference_root": self._root} if self._root else {}
+        kwargs: dict[str, Any] = {}
+        if self._root:
+            kwargs["reference_root"] = self._root
+            if self.background:  # the trainer digests its export after the sync
+                kwargs["deferred"] = True
         if dtypes:
             kwargs["dtypes"] = dtypes
         enable(self.full_every, **kwargs)
@@ -279,18 +283,25 @@ class WeightFingerprintHook(WeightSyncHook):
                     servers[a] = fp
                 else:  # an older server, or one that loaded another directory
                     rest.append(a)
+            if reference.get("deferred") and not inline:
+                # the trainer digests its export, and the answers are compared, on the
+                # hook's thread after the sync (after_sync); a mismatch fails the next
+                # step boundary (flush)
+                self._due = ("answers", ctx.actor, rollout, reference, servers, rest, version)
+                return
+            if reference.get("deferred"):  # the first check: inside the sync
+                reference = self._trainer_reference(ctx.actor, reference, version)
+                dt = time.monotonic() - t0
+                stats = self._answers_check(
+                    ctx.actor, rollout, reference, servers, rest, version, t0, dt, inline=True
+                )
+                ctx.stats.update(stats)
+                self._inline_passed = True
+                return
             dt_read = time.monotonic() - t0
-            stats = self._compare(
-                ctx.actor,
-                reference,
-                servers,
-                version,
-                not self._inline_passed,
-                t0,
-                dt_read,
-                " (from the update answers)",
+            stats = self._answers_check(
+                ctx.actor, rollout, reference, servers, [], version, t0, dt_read, inline=True
             )
-            stats["weight_sync/fingerprint_in_response_servers"] = float(len(servers))
             ctx.stats.update(stats)
             self._inline_passed = True
             if not rest:
@@ -303,14 +314,79 @@ class WeightFingerprintHook(WeightSyncHook):
         ctx.stats.update(self._check(*check, inline=True, reference=reference))
         self._inline_passed = True
 
+    def _trainer_reference(
+        self, actor: Any, request: dict[str, Any], version: int
+    ) -> dict[str, Any]:
+        """The trainer's reference for a deferred ``request`` (the file named only the
+        seed): its export digested now (``FSDPEngine.fingerprint_reference``)."""
+        ref = actor.fingerprint_reference(request["seed"])
+        if not isinstance(ref, dict) or ref.get("seed") != request["seed"]:
+            raise RuntimeError(
+                f"the trainer holds no export for the weight fingerprint check of version "
+                f"{version} (seed {request['seed']}): it cannot be verified"
+            )
+        return ref
+
+    def _answers_check(
+        self,
+        actor: Any,
+        rollout: Any,
+        reference: dict[str, Any],
+        servers: dict[str, dict[str, Any]],
+        rest: list[str],
+        version: int,
+        t0: float,
+        dt_read: float,
+        inline: bool = False,
+    ) -> dict[str, float]:
+        """Compare the fingerprints that came with the update (``servers``) with the
+        trainer's ``reference``, then ask the servers in ``rest`` (their answer had none);
+        returns stats, raises ``WeightFingerprintMismatch``."""
+        how = " (from the update answers)" + ("" if inline else " (background)")
+        stats = self._compare(
+            actor, reference, servers, version, inline and not self._inline_passed, t0, dt_read, how
+        )
+        stats["weight_sync/fingerprint_in_response_servers"] = float(len(servers))
+        if rest:
+            seed = reference["seed"]
+            stats.update(
+                self._check(actor, rollout, rest, version, seed, inline=inline, reference=reference)
+            )
+        return stats
+
+    def _deferred_answers_check(
+        self,
+        actor: Any,
+        rollout: Any,
+        request: dict[str, Any],
+        servers: dict[str, dict[str, Any]],
+        rest: list[str],
+        version: int,
+    ) -> dict[str, float]:
+        t0 = time.monotonic()
+        reference = self._trainer_reference(actor, request, version)
+        dt = time.monotonic() - t0
+        return self._answers_check(actor, rollout, reference, servers, rest, version, t0, dt)
+
     def after_sync(self, ctx: WeightSyncContext) -> None:
         if self._due is None:
             return
-        (check, reference), self._due = self._due, None
+        due, self._due = self._due, None
+        if due[0] == "answers":
+            _, actor, rollout, request, servers, rest, version = due
+            fn, args, kwargs = (
+                self._deferred_answers_check,
+                (actor, rollout, request, servers, rest, version),
+                {},
+            )
+        else:
+            check, reference = due
+            version = check[3]
+            fn, args, kwargs = self._check, check, {"reference": reference}
         # a daemon thread: a check waiting on a hung server never blocks the exit
         self._pending = (
-            check[3],
-            spawn_daemon(self._check, *check, reference=reference, name="weight-fingerprint"),
+            version,
+            spawn_daemon(fn, *args, name="weight-fingerprint", **kwargs),
         )
 
     def on_error(self, ctx: WeightSyncContext, error: BaseException) -> None:

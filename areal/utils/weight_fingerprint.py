@@ -398,20 +398,33 @@ REFERENCE_FILE = "weights_fingerprint.json"
 def write_reference(path: str, seed: int, digests: WeightDigests) -> dict:
     """Write ``path/REFERENCE_FILE`` (atomically) with ``seed``, the names ``digests`` holds
     in full and their fingerprints for ``seed``; returns what was written."""
-    import json
-    import os
-
     doc = {
         "seed": int(seed),
         "full": sorted(n for n, d in digests.digests.items() if d.row_sums is not None),
         "fingerprints": digests.fingerprints(seed),
     }
+    _write_json(path, doc)
+    return doc
+
+
+def write_request(path: str, seed: int, full: Sequence[str]) -> dict:
+    """Write ``path/REFERENCE_FILE`` (atomically) with ``seed`` and the names to digest in
+    full but no fingerprints yet (``"deferred": true``): what a server needs; the trainer
+    digests its export later (``FSDPEngine.fingerprint_reference``), off the sync's path."""
+    doc = {"seed": int(seed), "full": list(full), "fingerprints": {}, "deferred": True}
+    _write_json(path, doc)
+    return doc
+
+
+def _write_json(path: str, doc: dict) -> None:
+    import json
+    import os
+
     tmp = os.path.join(path, f".{REFERENCE_FILE}.tmp")
     text = json.dumps(doc)  # the C encoder (json.dump streams through the Python one)
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, os.path.join(path, REFERENCE_FILE))
-    return doc
 
 
 def read_request(path: str) -> tuple[int, list[str]] | None:
