@@ -610,19 +610,20 @@ class InferenceEngineConfig:
     )
     verify_weights_background: bool = _field(
         True,
-        "Disk updates of built-in servers return their fingerprints with the update and are "
-        "checked inside the sync. Checks that need requests (xccl, other servers) run after "
-        "the first on a background thread while rollout and training go on; a mismatch is "
-        "logged at once and fails the run at the next step boundary (the weights served one "
-        "step). False: every check runs inside the sync, before any version moves.",
+        "Every check after the first runs on a background thread while rollout and training "
+        "go on (disk updates of built-in servers: the servers' fingerprints still come with "
+        "the update, the trainer digests its export and compares after the sync); a mismatch "
+        "is logged at once and fails the run at the next step boundary (the weights served "
+        "one step). False: every check runs inside the sync, before any version moves.",
     )
     verify_weights_in_response: bool = _field(
         True,
         "Disk updates carry the fingerprints: the trainer writes its reference next to the "
-        "weights and built-in servers return theirs in the update answer, checked inside "
-        "the sync with no extra request (about 3x less CPU; the digests are on the sync's "
-        "path). False: the trainer and the servers are asked after the push (the check off "
-        "the sync's path with verify_weights_background).",
+        "weights and built-in servers return theirs in the update answer, compared with no "
+        "extra request (about 3x less CPU; the servers' digests are on the sync's path, the "
+        "trainer's too without verify_weights_background). False: the trainer and the "
+        "servers are asked after the push (the check off the sync's path with "
+        "verify_weights_background).",
     )
     generation_api_key_env: str = _field(
         "",

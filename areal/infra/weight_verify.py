@@ -3,7 +3,8 @@
 Disk updates (the default, ``in_response=True``): the trainer digests the tensors while it
 exports them and writes its *reference* next to the weights
 (``weight_fingerprint.REFERENCE_FILE``: a fresh random seed, the names digested in full,
-its fingerprints; ``FSDPEngine._write_fingerprint_reference``, switched on by
+its fingerprints, the latter deferred in background mode, below;
+``FSDPEngine._write_fingerprint_reference``, switched on by
 ``enable_weight_fingerprints(..., reference_root=...)``). A built-in server that loads the
 directory digests its live tensors with that seed right after the load and returns its
 fingerprints in the update response (``RemoteInfEngine.disk_update_responses``), so the
@@ -23,16 +24,21 @@ the row sums (every element) of a rotating ``1/full_every`` share of the tensors
 element of every tensor is checked once every ``full_every`` syncs (``full_every=1``: all
 of them at every sync).
 
-When: fingerprints that came with the update are compared inside the sync (before any
-version moves: ``WeightSyncError`` at step ``verify``). Requests: the first check runs
-inside the sync; it also tells the trainer the dtypes the servers hold, so that later
-digests are taken in those. With ``background=True`` every later requested check runs on
-a thread of the hook while rollout and training go on, and a mismatch it finds is logged
-at once and raised at the next step boundary: ``flush()`` (``WeightSynchronizer.flush``,
-called by the trainer before each step and after the last one) or the next sync's
-``before_push``, whichever comes first (``WeightSyncError`` at step ``before_push``). The
-weights of one version may thus serve one step before the run stops. ``background=False``:
-every check runs inside its sync.
+When: the first check runs inside the sync (before any version moves:
+``WeightSyncError`` at step ``verify``); it also tells the trainer the dtypes the servers
+hold, so that later digests are taken in those. ``background=False``: every check runs
+inside its sync, the trainer's digests taken during the export. With ``background=True``
+every later check runs on a thread of the hook while rollout and training go on: for disk
+updates with ``in_response`` the trainer's file then names only the seed and the names to
+digest in full (``weight_fingerprint.write_request``: what the servers need), and the
+trainer keeps its exported tensors and digests them when the thread asks
+(``FSDPEngine.fingerprint_reference``; the next optimizer step comes after the next
+``flush()``, so they are the weights that were saved), so that only the servers' digests
+stay on the sync's path. A mismatch found there is logged at once and raised at the next
+step boundary: ``flush()`` (``WeightSynchronizer.flush``, called by the trainer before
+each step and after the last one) or the next sync's ``before_push``, whichever comes
+first (``WeightSyncError`` at step ``before_push``). The weights of one version may thus
+serve one step before the run stops.
 
 Servers whose backend has no such endpoint (HTTP 404: vLLM, SGLang) are skipped with one
 warning. Stats (of the sync that ran the check; a background check's in the next sync):
