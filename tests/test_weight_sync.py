@@ -442,10 +442,9 @@ def test_weight_sync_fingerprint_in_update_response_catches_tensor_skipped_by_lo
         assert stats["weight_sync/fingerprint_servers"] == 1
         assert stats["weight_sync/fingerprint_version"] == version
         ref = read_reference(meta.with_version(version).path)
-        assert ref.get("deferred", False) == background
+        assert "deferred" not in ref  # background: completed by the trainer's thread
         shares.append(set(ref["full"]))
     assert "actor.weights_fingerprint" not in log and asked == []
-    assert ("actor.fingerprint_reference" in log) == background
     sizes = {s.name: math.prod(s.shape) for b in actor.get_param_specs(1) for s in b}
     assert set().union(*shares) == {n for n, k in sizes.items() if k > FULL_SAMPLE_MAX}
     assert sum(map(len, shares)) == len(set().union(*shares))  # each once

@@ -81,7 +81,7 @@ _SAFETENSORS_INDEX = "model.safetensors.index.json"
 #: adds ~1 ms to a 4 MB export, saves ~3 ms of a 116 MB one).
 _DIGEST_THREAD_MIN_BYTES = 32 << 20
 #: Deferred digests (``enable_weight_fingerprints(deferred=True)``) hold the exported
-#: tensors until ``fingerprint_reference`` digests them; exports larger than this (the
+#: tensors until a thread digested them (``_finish_reference``); exports larger than this (the
 #: held tensors may be copies, e.g. cast on the GPU) are digested during the export.
 _DEFER_DIGEST_MAX_BYTES = 1 << 30
 _EXTRA_STATE_NAME = "engine_extra_state.pt"
@@ -706,10 +706,11 @@ class FSDPEngine(TrainEngine):
         then persistent buffers. ``digest_pool`` (a one-thread executor): the weight
         fingerprint digests run there, alongside what the caller does with each bucket
         (e.g. writing it), and are waited for at the end. ``defer``: they are not taken;
-        the tensors are kept (``self._export_held``) for ``fingerprint_reference``.
+        the tensors are kept (``self._export_held``) for ``_finish_reference``.
         """
         from areal.utils.weight_fingerprint import WeightDigests, rotation_share
 
+        self._join_deferred_digests()  # the last export's digests read those tensors
         dt = self._export_dtype()
         named = self._export_tensors()
         # verified weight sync (enable_weight_fingerprints): digests taken while each
@@ -767,7 +768,7 @@ class FSDPEngine(TrainEngine):
         # the fingerprint digests (verified weight sync) alongside the shard writes, for
         # exports large enough that this saves more than a thread's hand-offs cost
         digest_pool = None
-        defer = False  # digests taken after the sync (fingerprint_reference)
+        defer = False  # digests taken on a thread after the save (_finish_reference)
         if rank0 and getattr(self, "_fingerprint_every", 0):
             if getattr(self, "_model_bytes", None) is None:  # walks the modules: once
                 self._model_bytes = sum(
@@ -990,9 +991,9 @@ class FSDPEngine(TrainEngine):
         ``dtypes[name]`` (the dtype the servers hold) when given. ``full_every=0`` turns
         the digests off. ``reference_root``: HF saves below this directory (the disk
         weight updates) also get the reference file (``_write_fingerprint_reference``).
-        ``deferred``: for those weight updates the file only names the seed and the names
-        digested in full (what the servers need); the exported tensors are kept and
-        digested when ``fingerprint_reference`` asks, off the sync's path (exports of up
+        ``deferred``: for those weight updates the file first only names the seed and the
+        names digested in full (what the servers need, ``"deferred": true``); a thread then
+        digests the kept exported tensors and completes it, off the save (exports of up
         to ``_DEFER_DIGEST_MAX_BYTES``; larger ones are digested during the export)."""
         if full_every < 0:
             raise ValueError(f"full_every={full_every}; must be >= 0")
@@ -1021,7 +1022,19 @@ class FSDPEngine(TrainEngine):
             ]
             write_request(path, seed, sorted(full))
             self._export_held = None
-            self._deferred_export = (seed, digests, held)
+            # digested on a thread while the servers load; done before the next export
+            # (joined there) and before the next optimizer step (the hook's flush waits
+            # for the complete reference)
+            import threading
+
+            t = threading.Thread(
+                target=self._finish_reference,
+                args=(path, seed, digests, held),
+                name="weight-digest",
+                daemon=True,
+            )
+            t.start()
+            self._deferred_export = t
         elif digests.complete:
             write_reference(path, seed, digests)
         else:
@@ -1038,26 +1051,32 @@ class FSDPEngine(TrainEngine):
         real = os.path.realpath(path)
         return os.path.commonpath([real, root]) == root and real != root
 
-    @torch.no_grad()
-    def fingerprint_reference(self, seed: int) -> dict[str, Any] | None:
-        """The reference (``{"seed", "full", "fingerprints"}``) of the last deferred
-        weight-update export whose request named ``seed``: its kept tensors are digested
-        now (rank 0; they must not have changed since the export: the trainer's next
-        optimizer step comes after the check, ``WeightFingerprintHook.flush``) and
-        released. ``None`` on other ranks, or when no such export is held (a later export
-        replaced it)."""
-        pending = getattr(self, "_deferred_export", None)
-        if pending is None or pending[0] != seed:
-            return None
-        self._deferred_export = None
-        _, digests, held = pending
-        digests.add(held)
-        digests.complete = True
-        return {
-            "seed": seed,
-            "full": sorted(n for n, d in digests.digests.items() if d.row_sums is not None),
-            "fingerprints": digests.fingerprints(seed),
-        }
+    def _finish_reference(self, path: str, seed: int, digests: Any, held: list) -> None:
+        """Deferred digests (a thread of rank 0, started after the weight-update save):
+        digest the kept tensors and replace the request in ``path`` by the complete
+        reference; on failure the file says why (``"error"``)."""
+        import json
+
+        from areal.utils.weight_fingerprint import REFERENCE_FILE, write_reference
+
+        try:
+            with torch.no_grad():
+                digests.add(held)
+            digests.complete = True
+            write_reference(path, seed, digests)
+        except Exception as e:  # noqa: BLE001 - reported to the verifying hook
+            logger.error("weight fingerprint digests of %s failed: %s", path, e)
+            tmp = os.path.join(path, f".{REFERENCE_FILE}.tmp")
+            with open(tmp, "w") as f:
+                json.dump({"seed": seed, "full": [], "fingerprints": {}, "error": str(e)}, f)
+            os.replace(tmp, os.path.join(path, REFERENCE_FILE))
+
+    def _join_deferred_digests(self) -> None:
+        """Wait for the deferred digests of the last weight-update export, if running."""
+        t = getattr(self, "_deferred_export", None)
+        if t is not None:
+            t.join()
+            self._deferred_export = None
 
     def weights_fingerprint(
         self, seed: int = 0, dtypes: dict[str, str] | None = None, full: list[str] | None = None

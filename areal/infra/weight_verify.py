@@ -31,10 +31,10 @@ inside its sync, the trainer's digests taken during the export. With ``backgroun
 every later check runs on a thread of the hook while rollout and training go on: for disk
 updates with ``in_response`` the trainer's file then names only the seed and the names to
 digest in full (``weight_fingerprint.write_request``: what the servers need), and the
-trainer keeps its exported tensors and digests them when the thread asks
-(``FSDPEngine.fingerprint_reference``; the next optimizer step comes after the next
-``flush()``, so they are the weights that were saved), so that only the servers' digests
-stay on the sync's path. A mismatch found there is logged at once and raised at the next
+trainer keeps its exported tensors and digests them on a thread of its own while the
+servers load, then completes the file (``FSDPEngine._finish_reference``; the hook's thread
+waits for it, and the next optimizer step comes after the next ``flush()``, so they are
+the weights that were saved), so that only the servers' digests stay on the sync's path. A mismatch found there is logged at once and raised at the next
 step boundary: ``flush()`` (``WeightSynchronizer.flush``, called by the trainer before
 each step and after the last one) or the next sync's ``before_push``, whichever comes
 first (``WeightSyncError`` at step ``before_push``). The weights of one version may thus
@@ -289,14 +289,15 @@ class WeightFingerprintHook(WeightSyncHook):
                     servers[a] = fp
                 else:  # an older server, or one that loaded another directory
                     rest.append(a)
-            if reference.get("deferred") and not inline:
+            if not inline:
                 # the trainer digests its export, and the answers are compared, on the
                 # hook's thread after the sync (after_sync); a mismatch fails the next
                 # step boundary (flush)
-                self._due = ("answers", ctx.actor, rollout, reference, servers, rest, version)
+                path = ctx.meta.path
+                self._due = ("answers", ctx.actor, rollout, path, reference, servers, rest, version)
                 return
             if reference.get("deferred"):  # the first check: inside the sync
-                reference = self._trainer_reference(ctx.actor, reference, version)
+                reference = self._trainer_reference(ctx.meta.path, reference, version)
                 dt = time.monotonic() - t0
                 stats = self._answers_check(
                     ctx.actor, rollout, reference, servers, rest, version, t0, dt, inline=True
@@ -320,18 +321,33 @@ class WeightFingerprintHook(WeightSyncHook):
         ctx.stats.update(self._check(*check, inline=True, reference=reference))
         self._inline_passed = True
 
-    def _trainer_reference(
-        self, actor: Any, request: dict[str, Any], version: int
-    ) -> dict[str, Any]:
-        """The trainer's reference for a deferred ``request`` (the file named only the
-        seed): its export digested now (``FSDPEngine.fingerprint_reference``)."""
-        ref = actor.fingerprint_reference(request["seed"])
-        if not isinstance(ref, dict) or ref.get("seed") != request["seed"]:
-            raise RuntimeError(
-                f"the trainer holds no export for the weight fingerprint check of version "
-                f"{version} (seed {request['seed']}): it cannot be verified"
-            )
-        return ref
+    def _trainer_reference(self, path: str, request: dict[str, Any], version: int) -> dict:
+        """The trainer's reference for a deferred ``request`` (the file in ``path`` named
+        only the seed): waits until the trainer's digest thread completed the file
+        (``FSDPEngine._finish_reference``, started when the save returned)."""
+        deadline = time.monotonic() + self.timeout
+        delay = 0.0005
+        while True:
+            ref = read_reference(path)
+            if ref is None or ref.get("seed") != request["seed"]:
+                raise RuntimeError(
+                    f"weight fingerprint reference of version {version} in {path} was "
+                    f"replaced or removed before the check: it cannot be verified"
+                )
+            if ref.get("error"):
+                raise RuntimeError(
+                    f"the trainer's weight fingerprint digests of version {version} "
+                    f"failed: {ref['error']}"
+                )
+            if not ref.get("deferred"):
+                return ref
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the trainer's weight fingerprint digests of version {version} did not "
+                    f"complete {path} within {self.timeout:.0f}s"
+                )
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
 
     def _answers_check(
         self,
@@ -364,13 +380,14 @@ class WeightFingerprintHook(WeightSyncHook):
         self,
         actor: Any,
         rollout: Any,
+        path: str,
         request: dict[str, Any],
         servers: dict[str, dict[str, Any]],
         rest: list[str],
         version: int,
     ) -> dict[str, float]:
         t0 = time.monotonic()
-        reference = self._trainer_reference(actor, request, version)
+        reference = self._trainer_reference(path, request, version)
         dt = time.monotonic() - t0
         return self._answers_check(actor, rollout, reference, servers, rest, version, t0, dt)
 
@@ -379,10 +396,10 @@ class WeightFingerprintHook(WeightSyncHook):
             return
         due, self._due = self._due, None
         if due[0] == "answers":
-            _, actor, rollout, request, servers, rest, version = due
+            _, actor, rollout, path, request, servers, rest, version = due
             fn, args, kwargs = (
                 self._deferred_answers_check,
-                (actor, rollout, request, servers, rest, version),
+                (actor, rollout, path, request, servers, rest, version),
                 {},
             )
         else:
