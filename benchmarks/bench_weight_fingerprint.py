@@ -70,27 +70,16 @@ def _model(path: str, hidden: int, layers: int) -> int:
 
 def _stack(root: str, model_dir: str):
     """(actor, engine, scheduler, meta) of one stack."""
-    from areal.api.cli_args import (
-        InferenceEngineConfig,
-        MicroBatchSpec,
-        OptimizerConfig,
-        TrainEngineConfig,
-    )
+    from _train_config import tiny_train_config
+
+    from areal.api.cli_args import InferenceEngineConfig
     from areal.api.io_struct import FinetuneSpec, WeightUpdateMeta
     from areal.engine.local_remote import RemoteLocalEngine
     from areal.infra.controller.train_controller import TrainController
     from areal.infra.scheduler.local import LocalScheduler
 
     os.makedirs(root, exist_ok=True)
-    config = TrainEngineConfig(
-        experiment_name="bench",
-        trial_name="t",
-        path=model_dir,
-        dtype="float32",
-        optimizer=OptimizerConfig(lr=1e-3),
-        mb_spec=MicroBatchSpec(max_tokens_per_mb=None),
-        num_threads=1,
-    )
+    config = tiny_train_config(model_dir, experiment_name="bench")
     sched = LocalScheduler(fileroot=root, startup_timeout=300, call_timeout=600)
     actor = TrainController("areal.engine.fsdp_engine.FSDPEngine", config, sched)
     engine = RemoteLocalEngine(InferenceEngineConfig(setup_timeout=300, request_timeout=600))

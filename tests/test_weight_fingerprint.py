@@ -764,20 +764,13 @@ def test_fingerprint_fsdp_export_writes_reference_of_saved_weights_only_under_ro
     elsewhere (a checkpoint) writes none and does not move it. ``deferred=True``: the file
     only names the seed and the names in full; ``fingerprint_reference(seed)`` digests the
     export afterwards (a checkpoint saved meanwhile does not replace it), once."""
+    from _train_config import tiny_train_config
+
     import areal.engine.fsdp_engine as fe
-    from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
     from areal.api.io_struct import FinetuneSpec
 
     monkeypatch.setattr(fe, "_DIGEST_THREAD_MIN_BYTES", 0 if mode == "threaded" else 1 << 60)
-    config = TrainEngineConfig(
-        experiment_name="t",
-        trial_name="t",
-        path=tiny_model_dir,
-        dtype="float32",
-        optimizer=OptimizerConfig(lr=1e-3),
-        mb_spec=MicroBatchSpec(max_tokens_per_mb=None),
-        num_threads=1,
-    )
+    config = tiny_train_config(tiny_model_dir)
     eng = fe.FSDPEngine(config)
     eng.create_process_group()
     try:

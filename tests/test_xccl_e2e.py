@@ -135,21 +135,14 @@ class _RejectingInferenceEngine:
 def test_xccl_server_rejects_announcement_raises_fast_and_trainer_recovers(
     tiny_model_dir, tmp_path
 ):
-    from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
+    from _train_config import tiny_train_config
+
     from areal.api.io_struct import FinetuneSpec, WeightUpdateMeta
     from areal.infra.controller.train_controller import TrainController
     from areal.infra.scheduler.local import LocalScheduler
     from areal.utils.network import find_free_ports
 
-    config = TrainEngineConfig(
-        experiment_name="t",
-        trial_name="t",
-        path=tiny_model_dir,
-        dtype="float32",
-        optimizer=OptimizerConfig(lr=1e-3),
-        mb_spec=MicroBatchSpec(max_tokens_per_mb=None),
-        num_threads=1,
-    )
+    config = tiny_train_config(tiny_model_dir)
     ft_spec = FinetuneSpec(total_train_epochs=1, dataset_size=10, train_batch_size=1)
     timeout_s = 8.0
     with LocalScheduler(fileroot=str(tmp_path), startup_timeout=180, call_timeout=120) as sched:
