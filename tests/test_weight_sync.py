@@ -265,6 +265,23 @@ def test_weight_sync_verify_dropped_connection_retried_server_kept(stack):
     assert _server(engine, "/version")["version"] == v
 
 
+def _write_push_with_one_tensor_initial(push_dir: str, initial_dir: str, name: str, out: str):
+    """Write to ``out`` the pushed weights of ``push_dir`` with ``name`` at its initial value
+    (it must have moved in the push): what a server that skipped that tensor holds."""
+    import glob
+
+    from safetensors.torch import load_file, save_file
+
+    pushed = {}
+    for f in glob.glob(os.path.join(push_dir, "*.safetensors")):
+        pushed.update(load_file(f))
+    initial = load_file(os.path.join(initial_dir, "model.safetensors"))
+    assert not torch.equal(pushed[name], initial[name])
+    pushed[name] = initial[name]
+    os.makedirs(out, exist_ok=True)
+    save_file(pushed, os.path.join(out, "model.safetensors"))
+
+
 class _SkipOneTensor(WeightSyncHook):
     """After the push, reload the server with the pushed weights except ``name``, which keeps
     its initial value: a server that silently skipped one tensor."""
@@ -276,20 +293,12 @@ class _SkipOneTensor(WeightSyncHook):
     def verify(self, ctx):
         if not self.active:
             return
-        import glob
-
-        from safetensors.torch import load_file, save_file
 
         from areal.utils.auth import auth_headers, get_run_secret
 
-        pushed = {}
-        for f in glob.glob(os.path.join(ctx.meta.path, "*.safetensors")):
-            pushed.update(load_file(f))
-        initial = load_file(os.path.join(self.initial_dir, "model.safetensors"))
-        assert not torch.equal(pushed[self.name], initial[self.name])
-        pushed[self.name] = initial[self.name]
-        os.makedirs(self.scratch, exist_ok=True)
-        save_file(pushed, os.path.join(self.scratch, "model.safetensors"))
+        _write_push_with_one_tensor_initial(
+            ctx.meta.path, self.initial_dir, self.name, self.scratch
+        )
         for addr in ctx.rollout.addresses:
             r = requests.post(
                 f"http://{addr}/update_weights_from_disk",
@@ -374,10 +383,7 @@ class _SkipInLoad(WeightSyncHook):
 
     def before_push(self, ctx):
         import dataclasses
-        import glob
         import shutil
-
-        from safetensors.torch import load_file, save_file
 
         from areal.utils.weight_fingerprint import REFERENCE_FILE
 
@@ -385,14 +391,9 @@ class _SkipInLoad(WeightSyncHook):
         real = engine.update_weights_from_disk
 
         def update(meta):
-            pushed = {}
-            for f in glob.glob(os.path.join(meta.path, "*.safetensors")):
-                pushed.update(load_file(f))
-            initial = load_file(os.path.join(hook.initial_dir, "model.safetensors"))
-            assert not torch.equal(pushed[hook.name], initial[hook.name])
-            pushed[hook.name] = initial[hook.name]
-            os.makedirs(hook.scratch, exist_ok=True)
-            save_file(pushed, os.path.join(hook.scratch, "model.safetensors"))
+            _write_push_with_one_tensor_initial(
+                meta.path, hook.initial_dir, hook.name, hook.scratch
+            )
             shutil.copy(os.path.join(meta.path, REFERENCE_FILE), hook.scratch)
             return real(dataclasses.replace(meta, path=hook.scratch))
 
