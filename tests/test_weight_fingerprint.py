@@ -770,6 +770,7 @@ def test_fingerprint_fsdp_export_writes_reference_of_saved_weights_only_under_ro
     from areal.api.io_struct import FinetuneSpec
 
     monkeypatch.setattr(fe, "_DIGEST_THREAD_MIN_BYTES", 0 if mode == "threaded" else 1 << 60)
+    monkeypatch.setattr(fe, "_DEFER_DIGEST_MIN_BYTES", 0)  # the tiny model deferred too
     config = tiny_train_config(tiny_model_dir)
     eng = fe.FSDPEngine(config)
     eng.create_process_group()

@@ -2,15 +2,15 @@
 
 Disk updates (the default, ``in_response=True``): the trainer digests the tensors while it
 exports them and writes its *reference* next to the weights
-(``weight_fingerprint.REFERENCE_FILE``: a fresh random seed, the names digested in full,
-its fingerprints, the latter deferred in background mode, below;
-``FSDPEngine._write_fingerprint_reference``, switched on by
-``enable_weight_fingerprints(..., reference_root=...)``). A built-in server that loads the
-directory digests its live tensors with that seed right after the load and returns its
-fingerprints in the update response (``RemoteInfEngine.disk_update_responses``), so the
-check (``WeightSyncHook.verify``) only reads the reference and compares, tensor by tensor
-(``areal.utils.weight_fingerprint``): no request to the trainer or the servers. A
-mismatch raises ``WeightFingerprintMismatch`` naming the server and the tensors.
+(``weight_fingerprint.REFERENCE_FILE``: a fresh random seed naming the check, the names
+digested in full, its fingerprints; ``FSDPEngine._write_fingerprint_reference``, switched
+on by ``enable_weight_fingerprints(..., reference_root=...)``). A built-in server that
+loads the directory digests its live tensors right after the load and returns its
+fingerprints, with that seed, in the update response
+(``RemoteInfEngine.disk_update_responses``), so the check only reads the reference and
+compares, tensor by tensor (``areal.utils.weight_fingerprint``): no request to the trainer
+or the servers, no thread. A mismatch raises ``WeightFingerprintMismatch`` naming the
+server and the tensors.
 
 Otherwise (xccl, ``in_response=False``, a server whose answer has no fingerprint or one
 for another seed, e.g. it loaded another directory) the hook asks: the trainer for the
@@ -27,18 +27,20 @@ of them at every sync).
 When: the first check runs inside the sync (before any version moves:
 ``WeightSyncError`` at step ``verify``); it also tells the trainer the dtypes the servers
 hold, so that later digests are taken in those. ``background=False``: every check runs
-inside its sync, the trainer's digests taken during the export. With ``background=True``
-every later check runs on a thread of the hook while rollout and training go on: for disk
-updates with ``in_response`` the trainer's file then names only the seed and the names to
-digest in full (``weight_fingerprint.write_request``: what the servers need), and the
-trainer keeps its exported tensors and digests them on a thread of its own while the
-servers load, then completes the file (``FSDPEngine._finish_reference``; the hook's thread
-waits for it, and the next optimizer step comes after the next ``flush()``, so they are
-the weights that were saved), so that only the servers' digests stay on the sync's path. A mismatch found there is logged at once and raised at the next
-step boundary: ``flush()`` (``WeightSynchronizer.flush``, called by the trainer before
-each step and after the last one) or the next sync's ``before_push``, whichever comes
-first (``WeightSyncError`` at step ``before_push``). The weights of one version may thus
-serve one step before the run stops.
+inside its sync. With ``background=True`` every later check runs after the sync: a check
+from the update answers (a comparison of a few dozen microseconds, less than a thread's
+start) at the next step boundary, on the caller's thread; a check that needs requests on
+a thread of the hook while rollout and training go on. For exports of 32 MiB or more
+(``FSDPEngine._DEFER_DIGEST_MIN_BYTES``) the trainer's file first names only the seed and
+the names to digest in full (``weight_fingerprint.write_request``: what the servers need);
+the trainer keeps its exported tensors and digests them on a thread of its own while the
+servers load, then completes the file (``FSDPEngine._finish_reference``; the check waits
+for it, and the next optimizer step comes after the next ``flush()``, so they are the
+weights that were saved). A mismatch found after the sync is logged when found and raised
+at the next step boundary: ``flush()`` (``WeightSynchronizer.flush``, called by the
+trainer before each step and after the last one) or the next sync's ``before_push``,
+whichever comes first (``WeightSyncError`` at step ``before_push``). The weights of one
+version may thus serve one step before the run stops.
 
 Servers whose backend has no such endpoint (HTTP 404: vLLM, SGLang) are skipped with one
 warning. Stats (of the sync that ran the check; a background check's in the next sync):
@@ -61,11 +63,29 @@ from areal.infra.wait_log import WaitLog, waiting
 from areal.infra.weight_sync import WeightSyncContext, WeightSyncHook
 from areal.utils import logging
 from areal.utils.auth import auth_headers, get_run_secret
-from areal.utils.weight_fingerprint import RTOL, compare_fingerprints, read_reference
+from areal.utils.weight_fingerprint import (
+    REFERENCE_FILE,
+    RTOL,
+    Packed,
+    compare_fingerprints,
+    read_reference,
+)
 
 logger = logging.getLogger("WeightFingerprint")
 
 PATH = "/weights_fingerprint"
+
+
+def _server_fingerprints(res: dict[str, Any]) -> dict[str, list[float]]:
+    """A server's fingerprints by name from its answer: ``"fingerprints"`` (by name, as
+    ``/weights_fingerprint`` answers) or ``"packed"`` (``Packed.encode``, as the disk update
+    answers); ``ValueError`` when malformed."""
+    if "packed" in res:
+        return Packed.decode(res["packed"]).as_dict()
+    got = res.get("fingerprints") or {}
+    if not isinstance(got, dict):
+        raise ValueError(f"fingerprints of type {type(got).__name__}, not an object")
+    return got
 
 
 class WeightFingerprintMismatch(RuntimeError):
@@ -112,6 +132,7 @@ class WeightFingerprintHook(WeightSyncHook):
         self._configured = False  # the trainer digests its exports
         self._pending: tuple[int, concurrent.futures.Future] | None = None
         self._due: tuple | None = None  # a background check to start after the sync
+        self._lazy: tuple | None = None  # update answers to compare at the next flush
         self._stats: dict[str, float] = {}  # of a background check, not yet reported
         self.in_response = bool(in_response)
         self._root: str | None = None  # where the trainer writes its references
@@ -258,18 +279,6 @@ class WeightFingerprintHook(WeightSyncHook):
             self._enable(ctx.actor)
             self._configured = True
 
-    def _read_reference(self, ctx: WeightSyncContext) -> dict[str, Any] | None:
-        """The trainer's reference for this push (``weight_fingerprint.REFERENCE_FILE`` in
-        the pushed directory), or ``None`` (none written: ask the trainer instead)."""
-        if not self._root:
-            return None
-        path = getattr(ctx.meta, "path", None)
-        try:
-            return read_reference(path) if path else None
-        except ValueError as e:
-            logger.warning("%s: asking the trainer for its fingerprint instead", e)
-            return None
-
     def verify(self, ctx: WeightSyncContext) -> None:
         rollout = ctx.rollout
         addresses = list(
@@ -277,48 +286,23 @@ class WeightFingerprintHook(WeightSyncHook):
         )
         version = int(ctx.version)
         inline = not (self.background and self._inline_passed)
-        t0 = time.monotonic()
-        reference = self._read_reference(ctx)
-        if reference is not None:
-            # the servers' fingerprints came with the update (no request): compared here
+        path = getattr(ctx.meta, "path", None) if self._root else None
+        if path and os.path.exists(os.path.join(path, REFERENCE_FILE)):
+            # the trainer wrote its reference next to the weights and the servers'
+            # fingerprints came with the update (no request): only a comparison is left
             answers = getattr(rollout, "disk_update_responses", None) or {}
-            servers, rest = {}, []
-            for a in addresses:
-                fp = (answers.get(a) or {}).get("fingerprint")
-                if isinstance(fp, dict) and fp.get("seed") == reference["seed"]:
-                    servers[a] = fp
-                else:  # an older server, or one that loaded another directory
-                    rest.append(a)
-            if not inline:
-                # the trainer digests its export, and the answers are compared, on the
-                # hook's thread after the sync (after_sync); a mismatch fails the next
-                # step boundary (flush)
-                path = ctx.meta.path
-                self._due = ("answers", ctx.actor, rollout, path, reference, servers, rest, version)
+            got = {a: (answers.get(a) or {}).get("fingerprint") for a in addresses}
+            if not inline:  # compared at the next step boundary (after_sync, flush)
+                self._due = ("answers", ctx.actor, rollout, path, got, version)
                 return
-            if reference.get("deferred"):  # the first check: inside the sync
-                reference = self._trainer_reference(ctx.meta.path, reference, version)
-                dt = time.monotonic() - t0
-                stats = self._answers_check(
-                    ctx.actor, rollout, reference, servers, rest, version, t0, dt, inline=True
-                )
-                ctx.stats.update(stats)
-                self._inline_passed = True
-                return
-            dt_read = time.monotonic() - t0
-            stats = self._answers_check(
-                ctx.actor, rollout, reference, servers, [], version, t0, dt_read, inline=True
-            )
-            ctx.stats.update(stats)
+            ctx.stats.update(self._answers_check(ctx.actor, rollout, path, got, version, True))
             self._inline_passed = True
-            if not rest:
-                return
-            addresses = rest
+            return
         check = (ctx.actor, rollout, addresses, version, (version * 1_000_003 + 17) % 2**61)
         if not inline:
-            self._due = (check, reference)  # started by after_sync: off the sync's requests
+            self._due = (check, None)  # started by after_sync: off the sync's requests
             return
-        ctx.stats.update(self._check(*check, inline=True, reference=reference))
+        ctx.stats.update(self._check(*check, inline=True))
         self._inline_passed = True
 
     def _trainer_reference(self, path: str, request: dict[str, Any], version: int) -> dict:
@@ -353,18 +337,35 @@ class WeightFingerprintHook(WeightSyncHook):
         self,
         actor: Any,
         rollout: Any,
-        reference: dict[str, Any],
-        servers: dict[str, dict[str, Any]],
-        rest: list[str],
+        path: str,
+        got: dict[str, Any],
         version: int,
-        t0: float,
-        dt_read: float,
         inline: bool = False,
     ) -> dict[str, float]:
-        """Compare the fingerprints that came with the update (``servers``) with the
-        trainer's ``reference``, then ask the servers in ``rest`` (their answer had none);
-        returns stats, raises ``WeightFingerprintMismatch``."""
-        how = " (from the update answers)" + ("" if inline else " (background)")
+        """Compare the fingerprints that came with the update (``got``: by address, the
+        ``"fingerprint"`` of each server's answer) with the trainer's reference in ``path``
+        (waited for when deferred); servers whose answer has none, or one for another
+        seed (an older server, or one that loaded another directory), are asked. Returns
+        stats, raises ``WeightFingerprintMismatch``."""
+        t0 = time.monotonic()
+        try:
+            reference = read_reference(path)
+        except ValueError as e:
+            logger.warning("%s: asking the trainer for its fingerprint instead", e)
+            reference = None
+        if reference is None:  # removed meanwhile, or malformed: ask both sides
+            seed = (version * 1_000_003 + 17) % 2**61
+            return self._check(actor, rollout, list(got), version, seed, inline=inline)
+        if reference.get("deferred"):
+            reference = self._trainer_reference(path, reference, version)
+        dt_read = time.monotonic() - t0
+        servers, rest = {}, []
+        for a, fp in got.items():
+            if isinstance(fp, dict) and fp.get("seed") == reference["seed"]:
+                servers[a] = fp
+            else:
+                rest.append(a)
+        how = " (from the update answers)" + ("" if inline else " (at the step boundary)")
         stats = self._compare(
             actor, reference, servers, version, inline and not self._inline_passed, t0, dt_read, how
         )
@@ -376,49 +377,35 @@ class WeightFingerprintHook(WeightSyncHook):
             )
         return stats
 
-    def _deferred_answers_check(
-        self,
-        actor: Any,
-        rollout: Any,
-        path: str,
-        request: dict[str, Any],
-        servers: dict[str, dict[str, Any]],
-        rest: list[str],
-        version: int,
-    ) -> dict[str, float]:
-        t0 = time.monotonic()
-        reference = self._trainer_reference(path, request, version)
-        dt = time.monotonic() - t0
-        return self._answers_check(actor, rollout, reference, servers, rest, version, t0, dt)
-
     def after_sync(self, ctx: WeightSyncContext) -> None:
         if self._due is None:
             return
         due, self._due = self._due, None
         if due[0] == "answers":
-            _, actor, rollout, path, request, servers, rest, version = due
-            fn, args, kwargs = (
-                self._deferred_answers_check,
-                (actor, rollout, path, request, servers, rest, version),
-                {},
-            )
-        else:
-            check, reference = due
-            version = check[3]
-            fn, args, kwargs = self._check, check, {"reference": reference}
+            # the fingerprints came with the update: comparing them is a few dozen
+            # microseconds, less than a thread's start and hand-offs, so it runs at the next
+            # step boundary (flush) on the caller's thread
+            self._lazy = due[1:]
+            return
+        check, reference = due
+        version = check[3]
         # a daemon thread: a check waiting on a hung server never blocks the exit
         self._pending = (
             version,
-            spawn_daemon(fn, *args, name="weight-fingerprint", **kwargs),
+            spawn_daemon(self._check, *check, name="weight-fingerprint", reference=reference),
         )
 
     def on_error(self, ctx: WeightSyncContext, error: BaseException) -> None:
         self._due = None  # the sync failed before its versions moved: nothing to check
 
     def flush(self, stats: dict[str, float] | None = None) -> None:
-        """Wait for the background check still running, if any, and raise what it found
+        """Run the comparison of the last update's answers still due, if any, or wait for
+        the background check still running, and raise what it found
         (``WeightFingerprintMismatch``). Its stats go into ``stats`` (else into those of
         the next sync)."""
+        if self._lazy is not None:
+            due, self._lazy = self._lazy, None
+            self._stats.update(self._answers_check(*due))  # raises the mismatch
         if self._pending is not None:
             version, fut = self._pending
             self._pending = None
@@ -477,9 +464,14 @@ class WeightFingerprintHook(WeightSyncHook):
         if not servers:
             return stats
         for addr, res in servers.items():
-            got = res.get("fingerprints") or {}
-            bad = compare_fingerprints(ref, got, self.rtol)
-            dtypes = {n: d for n, d in (res.get("dtypes") or {}).items() if n in ref}
+            try:
+                got = _server_fingerprints(res)
+                bad = compare_fingerprints(ref, got, self.rtol)
+            except ValueError as e:
+                got, bad = {}, [f"(the server's answer: {e})"]
+            # the dtypes the server holds ("dtype": the same for every tensor)
+            dtypes = (res.get("dtypes") or dict.fromkeys(ref, res.get("dtype"))) if bad else {}
+            dtypes = {n: d for n, d in dtypes.items() if n in ref and isinstance(d, str)}
             if bad and dtypes and inline:
                 # a server holding other dtypes (e.g. bf16): compare in its dtypes (a
                 # collective recompute, only inline) and have later exports digested so

@@ -339,26 +339,28 @@ class LocalInferenceServer(OpenAIRoutes):
             await self._call_core(self.core.run_command(lambda: self._fingerprint(seed, full)))
         )
 
+    def _live_fingerprints(self) -> tuple[Any, dict[str, str]]:
+        """(``LiveFingerprints`` of the model's tensors, their dtypes), looked up once per
+        model: every loader of this server updates the tensors in place (copy_)."""
+        from areal.engine.local_server.weights import _named_tensors, _tied_names
+        from areal.utils.weight_fingerprint import LiveFingerprints
+
+        model = self.core.model
+        cached = self.__dict__.get("_live_fp_cache")
+        if cached is None or cached[0] is not model:
+            named = _named_tensors(model)
+            for alias in _tied_names(model):  # the same storage as another name
+                named.pop(alias, None)
+            dtypes = {n: str(t.dtype).removeprefix("torch.") for n, t in named.items()}
+            cached = self._live_fp_cache = (model, LiveFingerprints(named), dtypes)
+        return cached[1], cached[2]
+
     def _fingerprint(self, seed: int, full: Any) -> dict[str, Any]:
         """Fingerprints of the live weights (core thread): ``{"seed", "fingerprints",
         "dtypes", "version", "seconds"}``; ``full``: names digested in full (``None``:
         all)."""
-        from areal.engine.local_server.weights import _named_tensors, _tied_names
-        from areal.utils.weight_fingerprint import LiveFingerprints
-
         t0 = time.perf_counter()
-        model = self.core.model
-        cached = self.__dict__.get("_live_fingerprints")
-        if cached is None or cached[0] is not model:
-            # every loader of this server updates the tensors in place (copy_), so the
-            # sampled positions are looked up once per model
-            named = _named_tensors(model)
-            for alias in _tied_names(model):  # the same storage as another name
-                named.pop(alias, None)
-            live = LiveFingerprints(named)
-            dtypes = {n: str(t.dtype).removeprefix("torch.") for n, t in named.items()}
-            cached = self._live_fingerprints = (model, live, dtypes)
-        _, live, dtypes = cached
+        live, dtypes = self._live_fingerprints()
         return {
             "seed": seed,
             "fingerprints": live.fingerprints(seed, full=full),
@@ -370,8 +372,10 @@ class LocalInferenceServer(OpenAIRoutes):
     def _update_fingerprint(self, path: str) -> dict[str, Any] | None:
         """After a disk load (core thread): the fingerprint asked for by the trainer's
         reference in ``path`` (``weight_fingerprint.REFERENCE_FILE``: seed and names in
-        full), returned with the update so that no separate request is needed; ``None``
-        without (or with an unreadable) reference: the client falls back to
+        full), returned with the update so that no separate request is needed:
+        ``{"seed", "packed"`` (``weight_fingerprint.Packed.encode``), ``"dtype"`` (every
+        tensor's) or ``"dtypes"`` (by name), ``"version", "seconds"}``; ``None`` without
+        (or with an unreadable) reference: the client falls back to
         ``/weights_fingerprint``."""
         from areal.utils.weight_fingerprint import read_request
 
@@ -380,7 +384,19 @@ class LocalInferenceServer(OpenAIRoutes):
         except ValueError as e:
             logger.warning("%s; no fingerprint in the update response", e)
             return None
-        return None if req is None else self._fingerprint(req[0], set(req[1]))
+        if req is None:
+            return None
+        t0 = time.perf_counter()
+        live, dtypes = self._live_fingerprints()
+        out: dict[str, Any] = {"seed": req[0], "packed": live.packed(set(req[1])).encode()}
+        kinds = set(dtypes.values())
+        if len(kinds) == 1:  # one dtype for every tensor (the usual case): said once
+            out["dtype"] = next(iter(kinds))
+        else:
+            out["dtypes"] = dtypes
+        out["version"] = self.core.version
+        out["seconds"] = time.perf_counter() - t0
+        return out
 
     async def update_weights_from_disk(self, request):
         from aiohttp import web
