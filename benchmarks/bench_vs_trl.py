@@ -45,6 +45,7 @@ import contextlib
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -435,7 +436,30 @@ def compare(ours: dict, trl: dict, checkpoints: list[float]) -> dict:
     out["accuracy_at_checkpoints"] = acc
     # one standard error of a 512-problem accuracy near p: sqrt(p(1-p)/512)
     out["accuracy_standard_error"] = round(math.sqrt(0.25 / EVAL_N), 4)
+    late = {"areal": _late_accuracy(ours, checkpoints), "trl": _late_accuracy(trl, checkpoints)}
+    if late["areal"] and late["trl"]:
+        late["delta_of_means"] = round(late["areal"]["mean"] - late["trl"]["mean"], 4)
+        out["accuracy_second_half"] = late
     return out
+
+
+def _late_accuracy(run: dict, checkpoints: list[float]) -> dict | None:
+    """Held-out accuracy over the second half of the run (evaluations at or after half the
+    last checkpoint): mean, standard deviation, and the standard deviation of the change
+    between consecutive evaluations (how much one greedy evaluation of the policy moves
+    from one checkpoint to the next once training has levelled off). Needs dense
+    ``--checkpoints`` (at least 3 in the second half) to mean anything."""
+    half = max(checkpoints) / 2
+    accs = [e["accuracy"] for e in run["checkpoints"] if e["train_seconds"] >= half]
+    if len(accs) < 3:
+        return None
+    steps = [b - a for a, b in zip(accs, accs[1:])]
+    return {
+        "n": len(accs),
+        "mean": round(statistics.fmean(accs), 4),
+        "stdev": round(statistics.stdev(accs), 4),
+        "stdev_of_consecutive_changes": round(statistics.pstdev(steps), 4),
+    }
 
 
 def main() -> None:
