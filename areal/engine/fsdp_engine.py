@@ -721,7 +721,9 @@ class FSDPEngine(TrainEngine):
         self._export_digests = digests = None
         every = getattr(self, "_fingerprint_every", 0)
         if every:
-            sizes = [(n, t.numel()) for n, t in named.items()]
+            sizes = getattr(self, "_fingerprint_sizes", None)
+            if sizes is None or len(sizes) != len(named):  # the model's names and sizes
+                sizes = self._fingerprint_sizes = [(n, t.numel()) for n, t in named.items()]
             share = rotation_share(sizes, every, self._fingerprint_checks)
             digests = WeightDigests(
                 dist.get_rank() == 0,
@@ -1063,6 +1065,8 @@ class FSDPEngine(TrainEngine):
         root = getattr(self, "_fingerprint_root", None)
         if not root:
             return False
+        if os.path.abspath(path).startswith(root + os.sep):
+            return True  # (realpath costs a syscall per path component)
         real = os.path.realpath(path)
         return os.path.commonpath([real, root]) == root and real != root
 

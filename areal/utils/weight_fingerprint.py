@@ -94,20 +94,25 @@ def _crc(name: str) -> int:
     return zlib.crc32(name.encode())
 
 
-def _row_sums(flat: torch.Tensor) -> torch.Tensor:
-    """float64 CPU row sums (module doc) of a flat tensor of more than ``ROW`` elements."""
+def _row_sums(flat: torch.Tensor) -> np.ndarray:
+    """float64 row sums (module doc) of a flat tensor of more than ``ROW`` elements."""
     n = flat.numel()
     whole = n // ROW
-    row_sums = flat[: whole * ROW].view(whole, ROW).sum(1, dtype=torch.float32)
-    if n > whole * ROW:  # the short last row
-        tail = flat[whole * ROW :].sum(dtype=torch.float32).reshape(1)
-        row_sums = torch.cat([row_sums, tail])
-    row_sums = row_sums.to("cpu", torch.float64)
+    if flat.device.type == "cpu" and flat.dtype in _NUMPY_DTYPES:  # NumPy: fewer calls
+        a = flat.numpy()
+        sums = a[: whole * ROW].reshape(whole, ROW).sum(1, dtype=np.float32)
+        if n > whole * ROW:  # the short last row
+            sums = np.append(sums, a[whole * ROW :].sum(dtype=np.float32))
+        sums = sums.astype(np.float64)
+    else:
+        t = flat[: whole * ROW].view(whole, ROW).sum(1, dtype=torch.float32)
+        if n > whole * ROW:
+            t = torch.cat([t, flat[whole * ROW :].sum(dtype=torch.float32).reshape(1)])
+        sums = t.to("cpu", torch.float64).numpy()
     group = _group(n)
     if group > 1:  # consecutive rows summed (float64) so that at most MAX_SUMS remain
-        pad = -row_sums.numel() % group
-        row_sums = torch.nn.functional.pad(row_sums, (0, pad)).view(-1, group).sum(1)
-    return row_sums
+        sums = np.pad(sums, (0, -sums.size % group)).reshape(-1, group).sum(1)
+    return sums
 
 
 def _group(n: int) -> int:
@@ -386,7 +391,7 @@ class LiveFingerprints:
             return digests.packed(k)
         flat = np.concatenate(self._views, dtype=np.float64) if self._views else np.zeros(0)
         rows = [
-            (n, _row_sums(self.named[n].detach().reshape(-1)).numpy())
+            (n, _row_sums(self.named[n].detach().reshape(-1)))
             for n in self._big
             if full is None or n in full
         ]
@@ -425,8 +430,9 @@ class WeightDigests:
     ``full`` (``None``: all), in ``dtypes[name]`` when given (the dtype the servers hold).
     ``views``: a dict the exporter keeps across exports whose tensors are its live
     parameters (the same memory at every export, e.g. a single CPU rank): the sampled
-    positions of each tensor are looked up once and reused while the tensor's address,
-    size and dtype stay the same. ``complete`` is set by the exporter once every tensor
+    positions of a bucket's tensors are looked up once and reused while the bucket's names
+    and tensor addresses stay the same (the kept views hold those tensors, so an address
+    cannot be reused by another tensor meanwhile). ``complete`` is set by the exporter once every tensor
     went through ``add``; ``fingerprints(seed)`` then answers without touching the weights
     again. ``seconds``: the time the digests took; ``counted``: set by the exporter once
     the rotation moved on to the next share."""
@@ -456,29 +462,41 @@ class WeightDigests:
         if not self.enabled:
             return
         t0 = time.perf_counter()
+        items = items if isinstance(items, list) else list(items)
+        full, casts, views = self.full, self._casts, self._views
+        plan = key = ptrs = None
+        if views is not None and not casts:
+            # the same tensors (addresses) as at the last export of this bucket: its views
+            key = tuple(name for name, _ in items)
+            ptrs = [t.data_ptr() for _, t in items]
+            plan = views.get(key)
+            if plan is not None and plan[0] == ptrs:
+                _, parts, counts, big = plan
+                self.names.extend(key)
+                self.counts.extend(counts)
+                for i in big:
+                    name, t = items[i]
+                    if full is None or name in full:
+                        self.rows[name] = _row_sums(t.detach().reshape(-1))
+                self._samples.append(np.concatenate(parts, dtype=np.float64))
+                self.seconds += time.perf_counter() - t0
+                return
         parts: list[np.ndarray | None] = []
         moved: list[tuple[int, torch.Tensor]] = []  # pieces to cast / copy to the CPU
-        full, casts, views = self.full, self._casts, self._views
+        big: list[int] = []
         for name, t in items:
             n = t.numel()
             self.names.append(name)
-            if views is not None and not casts:
-                hit = views.get(name)
-                if hit is not None and hit[0] == t.data_ptr() and hit[1] == n and hit[2] is t.dtype:
-                    self.counts.append(hit[3].size)
-                    parts.append(hit[3])
-                    if n > FULL_SAMPLE_MAX and (full is None or name in full):
-                        self.rows[name] = _row_sums(t.detach().reshape(-1)).numpy()
-                    continue
             offset, stride, count = _sample_slice(name, n)
             dt = casts.get(name) if casts else None
             self.counts.append(count)
+            if n > FULL_SAMPLE_MAX:
+                big.append(len(parts))
             if dt is None and t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES:
                 # a NumPy view: the strided pick costs ~1 us instead of a few torch calls
-                view = t.detach().numpy().reshape(-1)[offset : offset + stride * count : stride]
-                parts.append(view)
-                if views is not None and not casts and t.is_contiguous():
-                    views[name] = (t.data_ptr(), n, t.dtype, view)
+                parts.append(
+                    t.detach().numpy().reshape(-1)[offset : offset + stride * count : stride]
+                )
             else:
                 flat = t.detach().reshape(-1)
                 piece = flat[offset : offset + stride * count : stride]
@@ -486,7 +504,7 @@ class WeightDigests:
                 parts.append(None)
             if n > FULL_SAMPLE_MAX and (full is None or name in full):
                 flat = t.detach().reshape(-1)
-                self.rows[name] = _row_sums(flat if dt is None else flat.to(dt)).numpy()
+                self.rows[name] = _row_sums(flat if dt is None else flat.to(dt))
         if moved:  # one cast + one copy for all of them (e.g. from the GPU)
             pieces = [p for _, p in moved]
             if len({p.dtype for p in pieces}) > 1:
@@ -497,6 +515,11 @@ class WeightDigests:
                 parts[i] = arr
         if parts:  # copied out now: the tensors may be the live parameters
             self._samples.append(np.concatenate(parts, dtype=np.float64))
+        if key is not None:
+            if moved or not all(t.is_contiguous() for _, t in items):
+                views.pop(key, None)
+            else:  # kept until the addresses change (then the old tensors are let go)
+                views[key] = (ptrs, parts, self.counts[-len(items) :], big)
         self.seconds += time.perf_counter() - t0
 
     def fingerprints(self, seed: int = 0, k: int = DEFAULT_K) -> dict[str, list[float]]:
