@@ -34,8 +34,12 @@ every group as TRL does; ``both`` runs areal twice per setting against one TRL r
 
 JSON per setting: for both sides trained and generated samples/s and tokens/s, steps,
 start-up seconds, held-out accuracy before training and at each checkpoint (with the
-training time it was taken at), and the ratios (areal / TRL). Extra ``key=value``
-arguments after ``--`` are configuration overrides of areal's side.
+training time it was taken at), and the ratios (areal / TRL) with each accuracy delta's
+binomial standard error; with dense ``--checkpoints`` (e.g. every 30 s) also each side's
+accuracy over the second half of the run (mean, spread, and the change between
+consecutive evaluations: how far the policy's greedy answers move from one checkpoint
+to the next once training has levelled off). Extra ``key=value`` arguments after ``--``
+are configuration overrides of areal's side.
 """
 
 from __future__ import annotations
@@ -429,13 +433,14 @@ def compare(ours: dict, trl: dict, checkpoints: list[float]) -> dict:
         a = next((e for e in ours["checkpoints"] if e["train_seconds"] >= c), None)
         b = next((e for e in trl["checkpoints"] if e["train_seconds"] >= c), None)
         if a and b:
+            pa, pb = a["accuracy"], b["accuracy"]
             acc.append(
-                {"checkpoint": c, "areal": a["accuracy"], "trl": b["accuracy"],
-                 "delta": round(a["accuracy"] - b["accuracy"], 4)}
+                {"checkpoint": c, "areal": pa, "trl": pb, "delta": round(pa - pb, 4),
+                 # the delta's standard error as binomial sampling of the 512 problems
+                 "delta_standard_error": round(
+                     math.sqrt((pa * (1 - pa) + pb * (1 - pb)) / EVAL_N), 4)}
             )  # fmt: skip
     out["accuracy_at_checkpoints"] = acc
-    # one standard error of a 512-problem accuracy near p: sqrt(p(1-p)/512)
-    out["accuracy_standard_error"] = round(math.sqrt(0.25 / EVAL_N), 4)
     late = {"areal": _late_accuracy(ours, checkpoints), "trl": _late_accuracy(trl, checkpoints)}
     if late["areal"] and late["trl"]:
         late["delta_of_means"] = round(late["areal"]["mean"] - late["trl"]["mean"], 4)
