@@ -94,11 +94,17 @@ def _crc(name: str) -> int:
     return zlib.crc32(name.encode())
 
 
+#: Row sums of CPU tensors of up to this many elements are taken with NumPy.
+_NUMPY_ROWS_MAX = 1 << 16
+
+
 def _row_sums(flat: torch.Tensor) -> np.ndarray:
     """float64 row sums (module doc) of a flat tensor of more than ``ROW`` elements."""
     n = flat.numel()
     whole = n // ROW
-    if flat.device.type == "cpu" and flat.dtype in _NUMPY_DTYPES:  # NumPy: fewer calls
+    if n <= _NUMPY_ROWS_MAX and flat.device.type == "cpu" and flat.dtype in _NUMPY_DTYPES:
+        # small tensors: NumPy has less overhead per call (torch's vectorised sums are
+        # ~3x faster per element); same size, same path on both sides
         a = flat.numpy()
         sums = a[: whole * ROW].reshape(whole, ROW).sum(1, dtype=np.float32)
         if n > whole * ROW:  # the short last row
