@@ -18,6 +18,7 @@ from areal.utils.auth import auth_headers, get_run_secret
 from areal.utils.weight_fingerprint import (
     FULL_SAMPLE_MAX,
     LiveFingerprints,
+    Packed,
     WeightDigests,
     _sample_slice,
     compare_fingerprints,
@@ -155,6 +156,30 @@ def test_fingerprint_sample_only_catches_a_step_but_not_an_unsampled_element():
     assert compare_fingerprints(ref, fingerprint_named({"w": w}, seed=4)) == []
     bad = compare_fingerprints(fingerprint_named({"w": w}, seed=4), ref)
     assert len(bad) == 1 and "length 2" in bad[0]
+
+
+def test_fingerprint_packed_round_trips_through_json_empty_share_included_malformed_raises():
+    """``Packed`` (the numbers of the reference file and the update answers, base64
+    float64) gives back exactly the fingerprints, also for a check whose share is empty
+    (more groups than large tensors); anything else raises ``ValueError``."""
+    import json
+
+    torch.manual_seed(0)
+    named = {"a": torch.randn(300, 70), "n": torch.ones(64), "b": torch.randn(5000)}
+    for full in (None, {"a"}, set()):
+        live = LiveFingerprints(named)
+        packed = json.loads(json.dumps(live.packed(full).encode()))
+        assert Packed.decode(packed).as_dict() == fingerprint_named(named, 1, full=full)
+    good = LiveFingerprints(named).packed({"a"}).encode()
+    for bad in (
+        {},
+        {**good, "sample": good["sample"][:-4]},  # a byte count that is not 16 per name
+        {**good, "full": ["zz"]},  # a name in full that is not in names
+        {**good, "names": [["a"], "n", "b"]},
+        {**good, "rows": "not base64!"},
+    ):
+        with pytest.raises(ValueError):
+            Packed.decode(bad).as_dict()
 
 
 def _unsampled(name: str, n: int) -> int:

@@ -456,7 +456,9 @@ class WeightFingerprintHook(WeightSyncHook):
         "fingerprints"}``); returns stats, raises ``WeightFingerprintMismatch``. ``inline``:
         a dtype-only difference may be resolved (the first check); ``how``: for the log."""
         seed, ref = reference["seed"], reference["fingerprints"]
-        full = [n for n, fp in ref.items() if len(fp) > 2]
+        full = reference.get("full")
+        if full is None:
+            full = [n for n, fp in ref.items() if len(fp) > 2]
         stats = {
             "weight_sync/fingerprint_trainer_seconds": dt_trainer,
             "weight_sync/fingerprint_version": float(version),

@@ -298,9 +298,12 @@ class Packed:
         self.names, self.sample, self.full, self.rows = list(names), sample, list(full), rows
 
     def as_dict(self) -> dict[str, list[float]]:
-        out = dict(zip(self.names, self.sample.tolist()))
-        for name, head in zip(self.full, self.rows.tolist()):
-            out[name] = head + out[name]
+        try:
+            out = dict(zip(self.names, self.sample.tolist()))
+            for name, head in zip(self.full, self.rows.tolist()):
+                out[name] = head + out[name]
+        except (KeyError, TypeError):  # a name in full that is not in names, or not a str
+            raise ValueError("malformed packed fingerprints: names do not match") from None
         return out
 
     def encode(self) -> dict:
@@ -330,13 +333,12 @@ class Packed:
         if (
             not isinstance(names, list)
             or not isinstance(full, list)
-            or not all(isinstance(n, str) for n in names)
-            or not set(full) <= set(names)
             or sample.size != 2 * len(names)
             or (rows.size % len(full) if full else rows.size)
-        ):
+        ):  # (a name that is not a string is a name the reference does not have)
             raise ValueError("malformed packed fingerprints: names and numbers do not match")
-        return cls(names, sample.reshape(-1, 2), full, rows.reshape(len(full), -1))
+        rows = rows.reshape(len(full), -1) if full else rows.reshape(0, 0)
+        return cls(names, sample.reshape(-1, 2), full, rows)
 
 
 def _pack(
