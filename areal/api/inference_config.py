@@ -610,20 +610,21 @@ class InferenceEngineConfig:
     )
     verify_weights_background: bool = _field(
         True,
-        "Every check after the first runs on a background thread while rollout and training "
-        "go on (disk updates of built-in servers: the servers' fingerprints still come with "
-        "the update, the trainer digests its export and compares after the sync); a mismatch "
-        "is logged at once and fails the run at the next step boundary (the weights served "
-        "one step). False: every check runs inside the sync, before any version moves.",
+        "Every check after the first runs after the sync (disk updates of built-in servers: "
+        "the servers' fingerprints still come with the update and are compared with the "
+        "trainer's at the next step boundary; checks that need requests run on a background "
+        "thread while rollout and training go on); a mismatch fails the run at the next step "
+        "boundary (the weights served one step). False: every check runs inside the sync, "
+        "before any version moves.",
     )
     verify_weights_in_response: bool = _field(
         True,
         "Disk updates carry the fingerprints: the trainer writes its reference next to the "
         "weights and built-in servers return theirs in the update answer, compared with no "
-        "extra request (about 3x less CPU; the servers' digests are on the sync's path, the "
-        "trainer's too without verify_weights_background). False: the trainer and the "
-        "servers are asked after the push (the check off the sync's path with "
-        "verify_weights_background).",
+        "extra request (both sides' digests on the sync's path, the trainer's on a thread "
+        "for exports of 32 MiB or more with verify_weights_background: ~3% of a sync on the "
+        "demo model, docs/fault_tolerance.md). False: the trainer and the servers are asked "
+        "after the push (the check off the sync's path with verify_weights_background).",
     )
     generation_api_key_env: str = _field(
         "",
