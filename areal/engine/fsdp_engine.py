@@ -1010,8 +1010,9 @@ class FSDPEngine(TrainEngine):
         weight updates) also get the reference file (``_write_fingerprint_reference``).
         ``deferred``: for those weight updates the file first only names the seed and the
         names digested in full (what the servers need, ``"deferred": true``); a thread then
-        digests the kept exported tensors and completes it, off the save (exports of up
-        to ``_DEFER_DIGEST_MAX_BYTES``; larger ones are digested during the export)."""
+        digests the kept exported tensors and completes it, off the save (exports of
+        ``_DEFER_DIGEST_MIN_BYTES`` to ``_DEFER_DIGEST_MAX_BYTES``; others are digested
+        during the export)."""
         if full_every < 0:
             raise ValueError(f"full_every={full_every}; must be >= 0")
         self._fingerprint_deferred = bool(deferred)
