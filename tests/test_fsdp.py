@@ -1,4 +1,4 @@
-"""``areal.utils.fsdp.varlen_sdpa_attention``: packed attention equals per-sequence SDPA.
+"""``areal.engine.fsdp.attention.varlen_sdpa_attention``: packed attention equals per-sequence SDPA.
 
 Three paths: one padded batched SDPA (lengths even enough), a split loop (lengths too
 uneven for padding), one sequence. Values and gradients must match causal SDPA run on
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from areal.utils import fsdp
+from areal.engine.fsdp import attention as fsdp
 
 
 class _Attn(nn.Module):
