@@ -62,6 +62,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from areal.api.inference_protocol import NoHealthyServerError
 from areal.infra import workflow_context
 from areal.infra.grouped_workflow import (
     GroupedRolloutWorkflow,
@@ -834,8 +835,6 @@ class WorkflowExecutor:
         except asyncio.CancelledError:
             reason = "cancelled"
         except Exception as e:
-            from areal.infra.remote_inf_engine import NoHealthyServerError
-
             if isinstance(e, NoHealthyServerError) and not task.is_eval:
                 # No server in rotation for a moment (all restarting or being probed): not
                 # the row's fault, so it is generated again (below) instead of lost; the
