@@ -61,11 +61,18 @@ class FakeInference:
         self.workflow_executor = FakeExecutor(pending)
         self.paused = 0
         self.resumed = 0
+        self.pushed = []
 
     def get_version(self):
         return self.version
 
     def set_version(self, v):
+        self.version = v
+
+    def update_weights_from_disk(self, meta):  # the servers load as pending ...
+        self.pushed.append(meta)
+
+    def commit_weights(self, v):  # ... and the version moves at the commit
         self.version = v
 
     def pause(self):
@@ -128,7 +135,9 @@ def test_recover_dump_then_load_restores_step_weights_dataloader_and_pending(tmp
     assert torch.equal(eng2.w, torch.tensor([1.0, 2.0, 3.0]))
     assert dl2.pos == 7
     assert inf2.version == 4 and eng2.versions == [4]
-    assert [m.version for m in eng2.pushed] == [4]  # restored weights pushed before any rollout
+    # restored weights exported and pushed before any rollout
+    assert [m.version for m in inf2.pushed] == [4]
+    assert [m.path for m in eng2.saved] == [inf2.pushed[0].path]
     assert inf2.paused == 1 and inf2.resumed == 1  # through the one weight-sync object
     assert inf2.workflow_executor.requeued == [{"q": 1}, {"q": 2}]
     assert inf2.workflow_executor.recovered_version == 4

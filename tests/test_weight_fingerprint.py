@@ -249,7 +249,7 @@ class _Actor:
                 target=lambda: (
                     time.sleep(0.02),  # the server loads meanwhile
                     self.digests.add(named.items()),
-                    write_reference(path, seed, self.digests),
+                    write_reference(path, seed, self.digests, atomic=True),  # as FSDPEngine
                 )
             )
             self.held.start()
@@ -376,7 +376,7 @@ async def _push(client, weights_dir, named):
 
 async def _sync_check(hook, actor, client, weights_dir, named, version):
     """One ``WeightSynchronizer.sync`` of ``named`` as ``version`` with the hook:
-    ``before_push`` (raises a mismatch a background check found), the push (the trainer's
+    ``before_push``, the push (the trainer's
     export digests, the server's disk load), ``verify``, ``after_sync``."""
     addr = f"127.0.0.1:{client.port}"
     ctx = _ctx(actor, addr, version)
@@ -384,7 +384,7 @@ async def _sync_check(hook, actor, client, weights_dir, named, version):
     actor.export(named)
     await _push(client, weights_dir, named)
     await asyncio.to_thread(hook.verify, ctx)
-    await asyncio.to_thread(hook.after_sync, ctx)  # synced: a background check starts
+    await asyncio.to_thread(hook.after_sync, ctx)
     return ctx
 
 
@@ -456,13 +456,13 @@ async def test_fingerprint_rotation_catches_unsampled_element_off_within_full_ev
     assert caught.tensors[0].startswith(f"{_FAULTY} (row-sum projection differs")
 
 
-async def test_fingerprint_background_check_mismatch_fails_next_boundary_naming_it(
+async def test_fingerprint_background_check_mismatch_raised_inside_its_sync_naming_it(
     server_app, tiny_model_dir, tmp_path, monkeypatch
 ):
-    """``background=True``: the first check runs inside the sync; later ones return at
-    once and run on the hook's thread. A good one's stats arrive with the next sync; a
-    server that skipped a tensor is named at the next boundary: the next sync's
-    ``before_push`` or ``flush()`` raises, naming server, tensor and version."""
+    """``background=True``: every check still runs inside its sync, before the commit
+    (design choice (b)): a good one's stats come with its own sync, a server that skipped
+    a tensor is named by that sync's ``verify`` (server, tensor, version); ``flush()``
+    has nothing left to raise."""
     srv, make_client = server_app
     hook = WeightFingerprintHook(full_every=8, background=True)
     actor = _Actor(_checkpoint(tiny_model_dir))
@@ -473,21 +473,15 @@ async def test_fingerprint_background_check_mismatch_fails_next_boundary_naming_
             named = _stepped(actor.named)
             return await _sync_check(hook, actor, client, tmp_path, named, version)
 
-        assert (await sync(1)).stats["weight_sync/fingerprint_version"] == 1  # inline
-        assert "weight_sync/fingerprint_version" not in (await sync(2)).stats  # behind
+        assert (await sync(1)).stats["weight_sync/fingerprint_version"] == 1
+        assert (await sync(2)).stats["weight_sync/fingerprint_version"] == 2
         _inject(monkeypatch, "skipped")
-        ctx = await sync(3)  # returns: checked in the background
-        assert ctx.stats["weight_sync/fingerprint_version"] == 2  # the previous check
-        with pytest.raises(WeightFingerprintMismatch) as ei:  # a step boundary
-            await asyncio.to_thread(hook.flush)
-        await asyncio.to_thread(hook.flush)  # reported once
-
-        await sync(4)
-        with pytest.raises(WeightFingerprintMismatch) as ei4:  # the next sync
-            await sync(5)
-    for e, v in ((ei.value, 3), (ei4.value, 4)):
-        assert e.server == addr and len(e.tensors) == 1 and e.tensors[0].startswith(_FAULTY)
-        assert f"version {v}" in str(e) and addr in str(e)
+        with pytest.raises(WeightFingerprintMismatch) as ei:
+            await sync(3)
+        await asyncio.to_thread(hook.flush)  # nothing deferred to the step boundary
+    e = ei.value
+    assert e.server == addr and len(e.tensors) == 1 and e.tensors[0].startswith(_FAULTY)
+    assert "version 3" in str(e) and addr in str(e)
 
 
 class _Rotation:
@@ -637,9 +631,9 @@ async def test_fingerprint_in_update_response_bad_tensor_caught_without_extra_re
     """Disk sync with the reference written next to the weights: the server returns its
     fingerprint with the update, asking neither the trainer nor the server anything more.
     A load that skips, reverts, perturbs one element of (outside the sample) or adds noise
-    to one tensor is caught, naming the server, the tensor and the version: inside the
-    sync (``background=False``, and the first check), else (the file names only the
-    seed, the trainer digests its export after the sync) at the next step boundary."""
+    to one tensor is caught, naming the server, the tensor and the version, inside the
+    sync (with ``background=True`` the file first names only the seed and the trainer
+    digests its export on a thread; the check waits for it)."""
     srv, make_client = server_app
     hook = WeightFingerprintHook(full_every=every, background=background)
     actor = _Actor(_checkpoint(tiny_model_dir))
@@ -659,8 +653,6 @@ async def test_fingerprint_in_update_response_bad_tensor_caught_without_extra_re
         _inject(monkeypatch, kind)
         with pytest.raises(WeightFingerprintMismatch) as ei:
             await _sync_in_response(hook, actor, client, tmp_path / "v2", _stepped(new), 2)
-            assert background  # the sync returned: the check runs after it
-            hook.flush()  # the step boundary
     assert actor.asked == 0 and asked_servers == []  # no request beyond the update
     err = ei.value
     assert err.server == addr and len(err.tensors) == 1 and err.tensors[0].startswith(_FAULTY)
@@ -771,9 +763,7 @@ async def test_fingerprint_in_update_response_bf16_server_learns_dtypes_then_no_
         for version in (2, 3):
             named = _stepped(named)
             d = tmp_path / f"v{version}"
-            await _sync_in_response(hook, actor, client, d, named, version)
-            stats: dict[str, float] = {}
-            hook.flush(stats)  # checked after the sync (background)
+            stats = (await _sync_in_response(hook, actor, client, d, named, version)).stats
             assert stats["weight_sync/fingerprint_servers"] == 1
             assert stats["weight_sync/fingerprint_version"] == version
         assert actor.asked == 1
@@ -791,11 +781,12 @@ def test_fingerprint_fsdp_export_writes_reference_of_saved_weights_only_under_ro
     export afterwards (a checkpoint saved meanwhile does not replace it), once."""
     from _train_config import tiny_train_config
 
-    import areal.engine.fsdp_engine as fe
+    import areal.engine.fsdp.engine as fe
+    import areal.engine.fsdp.fingerprints as fp
     from areal.api.io_struct import FinetuneSpec
 
-    monkeypatch.setattr(fe, "_DIGEST_THREAD_MIN_BYTES", 0 if mode == "threaded" else 1 << 60)
-    monkeypatch.setattr(fe, "_DEFER_DIGEST_MIN_BYTES", 0)  # the tiny model deferred too
+    monkeypatch.setattr(fp, "DIGEST_THREAD_MIN_BYTES", 0 if mode == "threaded" else 1 << 60)
+    monkeypatch.setattr(fp, "DEFER_DIGEST_MIN_BYTES", 0)  # the tiny model deferred too
     config = tiny_train_config(tiny_model_dir)
     eng = fe.FSDPEngine(config)
     eng.create_process_group()

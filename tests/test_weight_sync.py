@@ -1,9 +1,9 @@
 """WeightSynchronizer on real components: a train controller (FSDPEngine worker on the
 tiny model), a real built-in server and the RemoteLocalEngine client.
 
-Checks the order pause -> hooks -> push -> verify -> versions -> resume, that the server
-then serves exactly the pushed weights, and that a failing push leaves the servers
-generating, the versions unchanged and a clear error.
+Checks the order pause -> hooks -> export -> push -> verify -> commit -> resume, that the
+server then serves exactly the pushed weights, and that a failing export leaves the
+servers generating, the versions unchanged and a clear error.
 """
 
 from __future__ import annotations
@@ -161,10 +161,11 @@ def test_weight_sync_order_hooks_versions_and_served_weights(stack, tiny_model_d
         "rollout.pause_generation",
         "hook.before_push",
         "hook.transform",
-        "actor.update_weights",
+        "actor.save",
+        "rollout.update_weights_from_disk",
         "hook.verify",
+        "rollout.commit_weights",
         "actor.set_version",
-        "rollout.set_version",
         "hook.after_push",
         "rollout.continue_generation",
     ]
@@ -189,7 +190,7 @@ def test_weight_sync_order_hooks_versions_and_served_weights(stack, tiny_model_d
     assert (got - initial).abs().max() > 1e-3
 
 
-def test_weight_sync_failing_push_resumes_servers_keeps_versions_clear_error(stack):
+def test_weight_sync_failing_export_resumes_servers_keeps_versions_clear_error(stack):
     actor, engine, meta = stack
     log: list[str] = []
     hook = _RecordingHook(log)
@@ -200,9 +201,9 @@ def test_weight_sync_failing_push_resumes_servers_keeps_versions_clear_error(sta
     with open(bad, "w") as f:  # a file where the weight directory should go: save fails
         f.write("not a directory")
 
-    with pytest.raises(WeightSyncError, match=rf"version {v_before + 1} failed at 'push'") as ei:
+    with pytest.raises(WeightSyncError, match=rf"version {v_before + 1} failed at 'export'") as ei:
         sync.sync(v_before + 1)
-    assert ei.value.step == "push" and ei.value.__cause__ is not None
+    assert ei.value.step == "export" and ei.value.__cause__ is not None
     assert hook.errors and hook.errors[0][0] == v_before + 1
     assert "hook.verify" not in log and "hook.after_push" not in log
     # Servers generate again, the executor is running, no side moved its version.
@@ -302,7 +303,7 @@ class _SkipOneTensor(WeightSyncHook):
         for addr in ctx.rollout.addresses:
             r = requests.post(
                 f"http://{addr}/update_weights_from_disk",
-                json={"model_path": self.scratch},
+                json={"model_path": self.scratch, "version": ctx.version},
                 headers=auth_headers(get_run_secret()),
                 timeout=60,
             )
@@ -341,13 +342,13 @@ def test_weight_sync_fingerprint_hook_passes_real_push_catches_skipped_tensor(
     assert actor.get_version() == v  # the trainer's version did not move
 
 
-def test_weight_sync_background_fingerprint_mismatch_fails_next_boundary_naming_it(
+def test_weight_sync_background_fingerprint_mismatch_refused_before_commit_naming_it(
     stack, tiny_model_dir, tmp_path
 ):
-    """``background=True`` on the real stack: the first check runs inside the sync; a later
-    sync whose server skipped a tensor returns (versions moved: the weights serve until
-    the next boundary), then ``flush()`` (the trainer's step boundary) or the next sync
-    (at ``before_push``) fails naming the server, the tensor and the version."""
+    """``background=True`` on the real stack: the commit waits for every check (design
+    choice (b)), so a later sync whose server skipped a tensor is refused inside the sync,
+    naming the server, the tensor and the version; the server stays at the previous
+    version."""
     from areal.infra.weight_verify import WeightFingerprintHook, WeightFingerprintMismatch
 
     actor, engine, meta = stack
@@ -357,20 +358,19 @@ def test_weight_sync_background_fingerprint_mismatch_fails_next_boundary_naming_
     skip.active = False
     hook = WeightFingerprintHook(full_every=4, background=True, in_response=False)
     sync = WeightSynchronizer(actor, engine, meta, hooks=[skip, hook])
-    assert sync.sync(v)["weight_sync/fingerprint_version"] == v  # inline
+    assert sync.sync(v)["weight_sync/fingerprint_version"] == v
+    assert sync.sync(v + 1)["weight_sync/fingerprint_version"] == v + 1
     skip.active = True
-    sync.sync(v + 1)  # checked in the background
-    assert engine.get_version() == v + 1
-    with pytest.raises(WeightFingerprintMismatch) as ei:
-        sync.flush()
-    sync.sync(v + 2)
-    with pytest.raises(WeightSyncError, match="failed at 'before_push'") as ei2:
-        sync.sync(v + 3)
-    for err, version in ((ei.value, v + 1), (ei2.value.__cause__, v + 2)):
-        assert isinstance(err, WeightFingerprintMismatch)
-        assert err.server == engine.addresses[0] and err.version == version
-        assert len(err.tensors) == 1 and err.tensors[0].startswith(name)
-    assert name in str(ei2.value) and engine.addresses[0] in str(ei2.value)
+    with pytest.raises(WeightSyncError, match="failed at 'verify'") as ei:
+        sync.sync(v + 2)
+    err = ei.value.__cause__
+    assert isinstance(err, WeightFingerprintMismatch)
+    assert err.server == engine.addresses[0] and err.version == v + 2
+    assert len(err.tensors) == 1 and err.tensors[0].startswith(name)
+    assert name in str(ei.value) and engine.addresses[0] in str(ei.value)
+    assert engine.get_version() == v + 1 == actor.get_version()
+    assert _server(engine, "/version")["version"] == v + 1
+    sync.flush()  # nothing left to check at the step boundary
 
 
 class _SkipInLoad(WeightSyncHook):
@@ -414,7 +414,7 @@ def test_weight_sync_fingerprint_in_update_response_catches_tensor_skipped_by_lo
     over ``full_every`` syncs the references take every large tensor in full once.
     ``background=True``: after the first check the file names only the seed, the trainer
     digests its export after the sync (``fingerprint_reference``, a checkpoint saved
-    meanwhile changes nothing) and the mismatch is raised at the next ``flush()``."""
+    meanwhile changes nothing) and the check waits for it before the commit."""
     from areal.infra.weight_verify import WeightFingerprintHook, WeightFingerprintMismatch
     from areal.utils.weight_fingerprint import FULL_SAMPLE_MAX, read_reference
 
@@ -435,10 +435,6 @@ def test_weight_sync_fingerprint_in_update_response_catches_tensor_skipped_by_lo
         actor.save(SaveLoadMeta(path=ckpt, weight_format="hf", with_optim=False))
         assert os.path.isfile(os.path.join(ckpt, "model.safetensors"))
         assert read_reference(ckpt) is None
-        if background and version > v:  # checked after the sync
-            assert "weight_sync/fingerprint_servers" not in stats
-            stats = {}
-            hook.flush(stats)
         assert stats["weight_sync/fingerprint_in_response_servers"] == 1
         assert stats["weight_sync/fingerprint_servers"] == 1
         assert stats["weight_sync/fingerprint_version"] == version
@@ -453,17 +449,12 @@ def test_weight_sync_fingerprint_in_update_response_catches_tensor_skipped_by_lo
     name = "model.layers.1.mlp.up_proj.weight"
     skip = _SkipInLoad(tiny_model_dir, name, str(tmp_path / "skip"))
     sync = WeightSynchronizer(actor, engine, meta, hooks=[skip, hook])
-    if background:  # the sync returns; the next step boundary fails
+    # background or not, the commit waits for the check: refused inside the sync
+    with pytest.raises(WeightSyncError, match="failed at 'verify'") as ei:
         sync.sync(v + every)
-        with pytest.raises(WeightFingerprintMismatch) as ei:
-            sync.flush()
-        cause = ei.value
-        assert actor.get_version() == v + every and asked == []
-    else:
-        with pytest.raises(WeightSyncError, match="failed at 'verify'") as ei:
-            sync.sync(v + every)
-        cause = ei.value.__cause__
-        assert actor.get_version() == v + every - 1 and asked == []
+    cause = ei.value.__cause__
+    assert actor.get_version() == v + every - 1 and asked == []
+    assert _server(engine, "/version")["version"] == v + every - 1
     assert isinstance(cause, WeightFingerprintMismatch) and cause.version == v + every
     assert cause.server == engine.addresses[0] and len(cause.tensors) == 1
     assert cause.tensors[0].startswith(name) and name in str(ei.value)

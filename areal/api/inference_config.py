@@ -610,12 +610,9 @@ class InferenceEngineConfig:
     )
     verify_weights_background: bool = _field(
         True,
-        "Every check after the first runs after the sync (disk updates of built-in servers: "
-        "the servers' fingerprints still come with the update and are compared with the "
-        "trainer's at the next step boundary; checks that need requests run on a background "
-        "thread while rollout and training go on); a mismatch fails the run at the next step "
-        "boundary (the weights served one step). False: every check runs inside the sync, "
-        "before any version moves.",
+        "The trainer digests its disk exports of 32 MiB or more on a thread while the servers "
+        "load (the check still runs inside the sync and the new version is committed only "
+        "after it passed). False: the digests are taken during the export.",
     )
     verify_weights_in_response: bool = _field(
         True,
@@ -625,6 +622,14 @@ class InferenceEngineConfig:
         "for exports of 32 MiB or more with verify_weights_background: ~3% of a sync on the "
         "demo model, docs/fault_tolerance.md). False: the trainer and the servers are asked "
         "after the push (the check off the sync's path with verify_weights_background).",
+    )
+    max_consecutive_weight_sync_refusals: int | None = _field(
+        3,
+        "A refused weight sync (a weight check failed, or a push failed on a server) rolls "
+        "every server back to the previous weights and version and the run continues on "
+        "them, retrying at the next step (counted in weight_sync/refusals); after this many "
+        "refusals in a row the run stops with an error naming the version, the server and "
+        "the tensor. 0: stop at the first refusal; null: never stop; >= 0.",
     )
     generation_api_key_env: str = _field(
         "",
@@ -694,6 +699,13 @@ class InferenceEngineConfig:
         _check_range(owner, "health_check_timeout", self.health_check_timeout, gt=0)
         _check_range(owner, "pause_grace_period", self.pause_grace_period, ge=0)
         _check_range(owner, "verify_weights_full_every", self.verify_weights_full_every, ge=1)
+        _check_range(
+            owner,
+            "max_consecutive_weight_sync_refusals",
+            self.max_consecutive_weight_sync_refusals,
+            ge=0,
+            optional=True,
+        )
         if len(self.scheduling_spec) not in (1, 2):
             raise ValueError(
                 f"{owner}.scheduling_spec has {len(self.scheduling_spec)} entries; must have 1 or 2"

@@ -117,6 +117,16 @@ class BackendAdapter:
         """None: the server does not track versions (the client does)."""
         return None
 
+    def commit_call(self, version: int) -> HttpCall | None:
+        """Make the pending weights current as ``version`` (default: the version call;
+        None: nothing to tell the server)."""
+        return self.set_version_call(version)
+
+    def rollback_call(self, previous_path: str | None) -> HttpCall | None:
+        """Serve the weights held before the pending update again (default: reload
+        ``previous_path``; None: this server cannot, it leaves the rotation)."""
+        return None if previous_path is None else self.update_disk_call(previous_path, None)
+
 
 class HttpError(RuntimeError):
     def __init__(self, status: int, message: str, address: str):

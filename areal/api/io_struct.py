@@ -186,6 +186,9 @@ class WeightUpdateMeta:
     # registered on the servers as ``lora_name`` (areal.engine.lora.LoRASyncHook sets both)
     use_lora: bool = False
     lora_name: str | None = None
+    # disk: every training rank writes its own share of the tensors
+    # (``WeightExporter.export_weight_shards``; areal.infra.weights.transports)
+    sharded: bool = False
 
     def __post_init__(self):
         if self.type not in ("disk", "xccl"):

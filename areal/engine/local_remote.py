@@ -85,6 +85,12 @@ class LocalBackend(BackendAdapter):
     def set_version_call(self, version):
         return HttpCall("/set_version", {"version": version})
 
+    def commit_call(self, version):
+        return HttpCall("/commit_weights", {"version": version})
+
+    def rollback_call(self, previous_path):  # the server restores the copy it kept
+        return HttpCall("/rollback_weights", {})
+
 
 class RemoteLocalEngine(RemoteInfEngine):
     """Client of built-in servers (``python -m areal.engine.local_server``)."""

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from areal.infra.weight_sync import WeightSyncContext, WeightSyncHook
+from areal.infra.weights.weight_sync import WeightSyncContext, WeightSyncHook
 from areal.utils import logging
 
 logger = logging.getLogger("LoRA")

@@ -214,6 +214,8 @@ class PPOTrainer:
             critic=self.critic,
             hooks=hooks,
             scratch_dir=scratch,
+            max_consecutive_refusals=c.rollout.max_consecutive_weight_sync_refusals,
+            initial_weights_path=c.actor.path,
         )
 
     def _make_server_watchdog(self):

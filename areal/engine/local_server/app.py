@@ -2,7 +2,8 @@
 
 ``LocalInferenceServer`` wraps a ``GenerationCore`` (``core.py``) with the native endpoints
 (health, metrics, version, ``/generate``, pause/continue, weight updates); the
-OpenAI-compatible endpoints come from ``openai_api.OpenAIRoutes``. The full HTTP surface
+OpenAI-compatible endpoints come from ``openai_api.OpenAIRoutes``, the weight and version
+endpoints (pending weights, commit, rollback) from ``weight_routes.WeightRoutes``. The full HTTP surface
 is documented in ``docs/inference.md``. Start it with ``python -m areal.engine.local_server``.
 
 Framework: aiohttp (already a dependency of the client). Request bodies are validated by
@@ -14,11 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 import uuid
 from typing import Any
 
 from areal.engine.local_server.openai_api import OpenAIRoutes, error_response
+from areal.engine.local_server.weight_routes import WeightRoutes
 from areal.utils import logging
 
 logger = logging.getLogger("LocalServer")
@@ -39,6 +40,8 @@ CONTROL_PATHS = (
     "/init_weights_update_group",
     "/update_weights_from_distributed",
     "/weights_fingerprint",
+    "/commit_weights",
+    "/rollback_weights",
 )
 
 
@@ -63,7 +66,7 @@ def resolve_device(device: str) -> Any:
     return dev
 
 
-class LocalInferenceServer(OpenAIRoutes):
+class LocalInferenceServer(OpenAIRoutes, WeightRoutes):
     """Wraps a ``GenerationCore`` with the HTTP endpoints; build with ``from_pretrained``."""
 
     def __init__(
@@ -165,6 +168,8 @@ class LocalInferenceServer(OpenAIRoutes):
         r.add_post("/init_weights_update_group", self.init_weights_update_group)
         r.add_post("/update_weights_from_distributed", self.update_weights_from_distributed)
         r.add_post("/weights_fingerprint", self.weights_fingerprint)
+        r.add_post("/commit_weights", self.commit_weights)
+        r.add_post("/rollback_weights", self.rollback_weights)
         r.add_get("/v1/models", self.models)
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat_completions)
@@ -247,16 +252,6 @@ class LocalInferenceServer(OpenAIRoutes):
 
         return web.json_response({"version": self.core.version})
 
-    async def set_version(self, request):
-        from aiohttp import web
-
-        body = await self._json(request)
-        v = body.get("version")
-        if not isinstance(v, int) or isinstance(v, bool):
-            return _error(400, "'version' (int) is required")
-        self.core.version = v
-        return web.json_response({"success": True, "version": v})
-
     async def is_paused(self, request):
         from aiohttp import web
 
@@ -315,226 +310,3 @@ class LocalInferenceServer(OpenAIRoutes):
         if "error" in result:
             return _error(500, result["error"])
         return web.json_response(result)
-
-    # ------------------------------------------------------------------ weights
-    async def weights_fingerprint(self, request):
-        """``{"seed": int, "full"?: [name]}`` -> fingerprints of every tensor the model
-        holds (``areal.utils.weight_fingerprint``: row sums + sample for the names in
-        ``full``, every tensor when it is absent; the sample only for the others), their
-        dtypes, the version and ``seconds`` (the digests); computed from the live tensors
-        on the core's thread, between generation steps."""
-        from aiohttp import web
-
-        body = await self._json(request)
-        seed = body.get("seed", 0)
-        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**62:
-            return _error(400, "'seed' must be an integer in [0, 2**62)")
-        full = body.get("full")
-        if full is not None and not (
-            isinstance(full, list) and all(isinstance(n, str) for n in full)
-        ):
-            return _error(400, "'full' must be a list of tensor names")
-        full = None if full is None else set(full)
-        return web.json_response(
-            await self._call_core(self.core.run_command(lambda: self._fingerprint(seed, full)))
-        )
-
-    def _live_fingerprints(self) -> tuple[Any, dict[str, str]]:
-        """(``LiveFingerprints`` of the model's tensors, their dtypes), looked up once per
-        model: every loader of this server updates the tensors in place (copy_)."""
-        from areal.engine.local_server.weights import _named_tensors, _tied_names
-        from areal.utils.weight_fingerprint import LiveFingerprints
-
-        model = self.core.model
-        cached = self.__dict__.get("_live_fp_cache")
-        if cached is None or cached[0] is not model:
-            named = _named_tensors(model)
-            for alias in _tied_names(model):  # the same storage as another name
-                named.pop(alias, None)
-            dtypes = {n: str(t.dtype).removeprefix("torch.") for n, t in named.items()}
-            cached = self._live_fp_cache = (model, LiveFingerprints(named), dtypes)
-        return cached[1], cached[2]
-
-    def _fingerprint(self, seed: int, full: Any) -> dict[str, Any]:
-        """Fingerprints of the live weights (core thread): ``{"seed", "fingerprints",
-        "dtypes", "version", "seconds"}``; ``full``: names digested in full (``None``:
-        all)."""
-        t0 = time.perf_counter()
-        live, dtypes = self._live_fingerprints()
-        return {
-            "seed": seed,
-            "fingerprints": live.fingerprints(seed, full=full),
-            "dtypes": dtypes,
-            "version": self.core.version,
-            "seconds": time.perf_counter() - t0,
-        }
-
-    def _update_fingerprint(self, path: str) -> dict[str, Any] | None:
-        """After a disk load (core thread): the fingerprint asked for by the trainer's
-        reference in ``path`` (``weight_fingerprint.REFERENCE_FILE``: seed and names in
-        full), returned with the update so that no separate request is needed:
-        ``{"seed", "packed"`` (``weight_fingerprint.Packed.encode``), ``"dtype"`` (every
-        tensor's) or ``"dtypes"`` (by name), ``"version", "seconds"}``; ``None`` without
-        (or with an unreadable) reference: the client falls back to
-        ``/weights_fingerprint``."""
-        from areal.utils.weight_fingerprint import read_request
-
-        try:
-            req = read_request(path)
-        except ValueError as e:
-            logger.warning("%s; no fingerprint in the update response", e)
-            return None
-        if req is None:
-            return None
-        t0 = time.perf_counter()
-        live, dtypes = self._live_fingerprints()
-        out: dict[str, Any] = {"seed": req[0], "packed": live.packed(set(req[1])).encode()}
-        kinds = set(dtypes.values())
-        if len(kinds) == 1:  # one dtype for every tensor (the usual case): said once
-            out["dtype"] = next(iter(kinds))
-        else:
-            out["dtypes"] = dtypes
-        out["version"] = self.core.version
-        out["seconds"] = time.perf_counter() - t0
-        return out
-
-    async def update_weights_from_disk(self, request):
-        from aiohttp import web
-
-        from areal.engine.local_server.weights import load_weights_from_disk
-
-        body = await self._json(request)
-        path = body.get("model_path", body.get("path"))
-        version = body.get("version")
-        if not isinstance(path, str):
-            return _error(400, "'model_path' (str) is required")
-        if version is not None and not isinstance(version, int):
-            return _error(400, "'version' must be an integer")
-        t0 = time.monotonic()
-
-        def _do():
-            if os.path.isfile(os.path.join(path, "adapter_config.json")):
-                # LoRA adapter only: merged into the base weights (W0 kept aside)
-                from areal.engine.lora import apply_adapter
-
-                cache = self.__dict__.setdefault("_lora_base_weights", {})
-                n = apply_adapter(self.core.model, path, cache)
-            else:
-                n = load_weights_from_disk(self.core.model, path)
-                self.__dict__.pop("_lora_base_weights", None)  # new base weights
-            if version is not None:
-                self.core.version = version
-            return n, self._update_fingerprint(path)
-
-        try:
-            n, fingerprint = await self._call_core(self.core.run_command(_do))
-        except (FileNotFoundError, ValueError) as e:
-            return _error(400, str(e))
-        out = {
-            "success": True,
-            "num_tensors": n,
-            "version": self.core.version,
-            "time_s": time.monotonic() - t0,
-        }
-        if fingerprint is not None:  # verified weight sync (areal.infra.weight_verify)
-            out["fingerprint"] = fingerprint
-        return web.json_response(out)
-
-    async def init_weights_update_group(self, request):
-        from aiohttp import web
-
-        from areal.engine.local_server.weights import init_custom_process_group
-
-        body = await self._json(request)
-        try:
-            host = str(body["master_address"])
-            port = int(body["master_port"])
-            world_size = int(body["world_size"])
-            rank = int(body.get("rank", body.get("rank_offset", 1)))
-            group_name = str(body.get("group_name", "areal_weight_update"))
-            backend = str(body.get("backend", "gloo"))
-            timeout_s = float(body.get("timeout_s", 120.0))
-        except (KeyError, TypeError, ValueError, OverflowError) as e:
-            return _error(400, f"bad init_weights_update_group request: {e!r}")
-        if not 0 < rank < world_size:
-            return _error(400, f"rank={rank} must be in [1, world_size={world_size})")
-        checks = [
-            (0 < port < 65536, f"master_port={port} outside [1, 65535]"),
-            (world_size <= 65536, f"world_size={world_size} above 65536"),
-            (0 < timeout_s <= 3600, f"timeout_s={timeout_s}; must be in (0, 3600]"),
-            (
-                backend == "gloo" or (backend == "nccl" and self.core.device.type == "cuda"),
-                f"backend={backend!r}; allowed: 'gloo', 'nccl' (CUDA servers)",
-            ),
-        ]
-        bad = next((msg for ok, msg in checks if not ok), None)
-        if bad:
-            return _error(400, bad)
-        loop = asyncio.get_running_loop()
-        try:
-            pg = await loop.run_in_executor(
-                None,
-                lambda: init_custom_process_group(
-                    backend, host, port, world_size, rank, group_name, timeout_s
-                ),
-            )
-        except ValueError as e:
-            return _error(400, str(e))
-        except Exception as e:
-            return _error(500, f"joining group {group_name!r} failed: {e}")
-        self.groups[group_name] = pg
-        return web.json_response({"success": True, "rank": rank, "group_name": group_name})
-
-    async def update_weights_from_distributed(self, request):
-        from aiohttp import web
-
-        from areal.api.io_struct import ParamSpec
-        from areal.engine.local_server.weights import receive_bucket
-
-        body = await self._json(request)
-        group_name = body.get("group_name", "areal_weight_update")
-        if not isinstance(group_name, str):
-            return _error(400, "'group_name' must be a string")
-        pg = self.groups.get(group_name)
-        if pg is None:
-            return _error(
-                400, f"no weight update group {group_name!r}; call /init_weights_update_group first"
-            )
-        try:
-            if "param_specs" in body:
-                specs = [ParamSpec.from_dict(d) for d in body["param_specs"]]
-            else:
-                specs = [
-                    ParamSpec(n, tuple(s), d)
-                    for n, s, d in zip(body["names"], body["shapes"], body["dtypes"], strict=True)
-                ]
-            for s in specs:
-                if not isinstance(s.name, str):
-                    raise TypeError(f"{s.name!r} is not a name")
-                import torch
-
-                if not isinstance(getattr(torch, s.dtype, None), torch.dtype):
-                    raise ValueError(f"unknown dtype {s.dtype!r}")
-        except (KeyError, TypeError, ValueError) as e:
-            return _error(400, f"bad update_weights_from_distributed request: {e!r}")
-        version = body.get("version")
-        t0 = time.monotonic()
-
-        def _do():
-            n = receive_bucket(self.core.model, pg, specs)
-            if isinstance(version, int):
-                self.core.version = version
-            return n
-
-        try:
-            n = await self._call_core(self.core.run_command(_do))
-        except ValueError as e:
-            return _error(400, str(e))
-        return web.json_response(
-            {
-                "success": True,
-                "num_tensors": n,
-                "version": self.core.version,
-                "time_s": time.monotonic() - t0,
-            }
-        )

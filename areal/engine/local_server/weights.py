@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+from typing import Any
 
 import torch
 
@@ -21,13 +22,13 @@ from areal.utils.dist import init_custom_process_group  # noqa: F401 - re-export
 logger = logging.getLogger("LocalServerWeights")
 
 
-def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     named = dict(model.named_parameters(remove_duplicate=False))
     named.update(dict(model.named_buffers(remove_duplicate=False)))
     return named
 
 
-def _tied_names(model: torch.nn.Module) -> set[str]:
+def tied_names(model: torch.nn.Module) -> set[str]:
     """Names that alias another tensor (e.g. ``lm_head.weight`` with tied embeddings)."""
     seen: dict[int, str] = {}
     tied: set[str] = set()
@@ -37,6 +38,57 @@ def _tied_names(model: torch.nn.Module) -> set[str]:
         else:
             seen[id(p)] = name
     return tied
+
+
+class PendingWeights:
+    """The weights served before a versioned update, kept until it is committed or rolled
+    back (``weight_routes``): a copy of every tensor on the CPU, in buffers reused from
+    one update to the next (one model copy of host memory, no allocation per update)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._lora_base: Any = None
+        self.active = False
+        self.version: int | None = None
+
+    @torch.no_grad()
+    def begin(self, model: torch.nn.Module, version: int, lora_base: Any = None) -> None:
+        """Copy the live weights aside (once per update: later buckets of the same update
+        only move ``version``)."""
+        if not self.active:
+            tied = tied_names(model)
+            for name, t in named_tensors(model).items():
+                if name in tied:
+                    continue
+                buf = self._buffers.get(name)
+                if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+                    buf = self._buffers[name] = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+                buf.copy_(t.detach())
+            self._lora_base = dict(lora_base) if lora_base is not None else None
+            self.active = True
+        self.version = int(version)
+
+    def commit(self) -> None:
+        """The pending weights are current: forget the copy (its buffers are kept)."""
+        self.active = False
+        self.version = None
+        self._lora_base = None
+
+    @torch.no_grad()
+    def rollback(self, model: torch.nn.Module) -> tuple[int, Any] | None:
+        """Copy the kept weights back into ``model``; returns (tensors restored, the LoRA
+        base weights held before the update), ``None`` when nothing was pending."""
+        if not self.active:
+            return None
+        n = 0
+        for name, t in named_tensors(model).items():
+            buf = self._buffers.get(name)
+            if buf is not None and buf.shape == t.shape:
+                t.copy_(buf)
+                n += 1
+        lora_base = self._lora_base
+        self.commit()
+        return n, lora_base
 
 
 @torch.no_grad()
@@ -49,7 +101,7 @@ def load_weights_from_disk(model: torch.nn.Module, path: str) -> int:
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {path!r}")
-    named = _named_tensors(model)
+    named = named_tensors(model)
     loaded: set[str] = set()
     unknown: list[str] = []
     for f in files:
@@ -65,7 +117,7 @@ def load_weights_from_disk(model: torch.nn.Module, path: str) -> int:
             dst.copy_(t.to(dst.dtype))
             loaded.add(name)
     missing = (
-        {n for n, _ in model.named_parameters(remove_duplicate=False)} - loaded - _tied_names(model)
+        {n for n, _ in model.named_parameters(remove_duplicate=False)} - loaded - tied_names(model)
     )
     if unknown:
         logger.warning(
@@ -97,7 +149,7 @@ def receive_bucket(model: torch.nn.Module, group, specs: list[ParamSpec]) -> int
     Every announced tensor is received even if its name is unknown (so the group stays in
     step with the trainer); unknown names raise afterwards.
     """
-    named = _named_tensors(model)
+    named = named_tensors(model)
     unknown: list[str] = []
     # NCCL broadcasts CUDA tensors; gloo CPU tensors.
     device = _group_device(group, model)

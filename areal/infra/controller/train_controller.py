@@ -536,23 +536,23 @@ class TrainController:
 
     def _announce_buckets(self, meta: WeightUpdateMeta, buckets: list[list[ParamSpec]]) -> None:
         """Announce each bucket to the servers and wait until they received it (they post
-        the receives of a bucket only after its announcement), with generation paused
-        around all buckets so no token is produced from half-updated weights."""
-        engine = self.rollout
-        is_paused = getattr(engine, "is_paused", None)
-        own_pause = not (callable(is_paused) and is_paused())
-        if own_pause:
-            engine.pause_generation()
-        try:
-            for i, bucket in enumerate(buckets):
-                _resolve_or_raise(
-                    engine.update_weights_from_distributed(meta, bucket),
-                    f"inference servers receiving bucket {i + 1}/{len(buckets)} "
-                    f"({len(bucket)} tensors) of weight version {meta.version}",
-                )
-        finally:
-            if own_pause:
-                engine.continue_generation()
+        the receives of a bucket only after its announcement). Pausing generation around
+        the buckets is the caller's (``WeightSynchronizer``)."""
+        for i, bucket in enumerate(buckets):
+            _resolve_or_raise(
+                self.rollout.update_weights_from_distributed(meta, bucket),
+                f"inference servers receiving bucket {i + 1}/{len(buckets)} "
+                f"({len(bucket)} tensors) of weight version {meta.version}",
+            )
+
+    def save_lora_adapter(self, path: str) -> int:
+        """Every rank writes the LoRA adapter only (rank 0 writes; its byte count)."""
+        return self._call_all("save_lora_adapter", [((path,), {})] * len(self.workers))[0]
+
+    def export_weight_shards(self, path: str) -> int:
+        """Every rank writes its share of the exported tensors into ``path``
+        (``areal.api.weights_api``); the bytes written by all ranks."""
+        return sum(self._call_all("export_weight_shards", [((path,), {})] * len(self.workers)))
 
     def update_weights(self, meta: WeightUpdateMeta) -> None:
         """Push the current weights to the connected inference engine.

@@ -25,11 +25,11 @@ What the engine does on top of the adapters:
   rotation are cancelled and resubmitted elsewhere as prompt + tokens of the chunks
   already completed, so no sample is lost and none is generated twice (the hung
   server's unfinished chunk is discarded).
-- weight updates (``update_weights_from_disk``, ``init_weights_update_group``,
-  ``update_weights_from_distributed``) return ``concurrent.futures.Future``; when the
-  engine is not already paused they pause every server, update, set the version and
-  continue. For a multi-bucket distributed update call ``pause_generation()`` first and
-  ``continue_generation()`` after the last bucket (the engine then leaves pausing alone).
+- weight updates (``remote_weights``: ``update_weights_from_disk``,
+  ``init_weights_update_group``, ``update_weights_from_distributed`` return
+  ``concurrent.futures.Future``; the servers load under a pending version, which
+  ``commit_weights`` makes current and ``rollback_weights`` undoes). None of them pauses
+  or sets a version: ``areal.infra.weights.weight_sync.WeightSynchronizer`` does both.
 - rollout methods (``submit``/``wait``/``rollout_batch``/``prepare_batch``/``pause``/
   ``resume``) delegate to ``self.workflow_executor`` (``areal.infra.workflow_executor``).
 

@@ -1,11 +1,14 @@
-"""Weight-update RPCs of ``RemoteInfEngine``: reload from disk, join the ``xccl`` group,
-announce one bucket of a distributed update.
+"""Weight-update RPCs of ``RemoteInfEngine``: load under a pending version (from disk, or
+one announced bucket of an ``xccl`` broadcast), join the ``xccl`` group, commit the
+pending version, roll the servers back.
 
-Each returns a ``concurrent.futures.Future`` (run on the engine's thread pool). When the
-engine is not already paused, an update pauses every server, updates, sets the version
-and continues (``_paused_update``). For a multi-bucket distributed update call
-``pause_generation()`` first and ``continue_generation()`` after the last bucket (the
-engine then leaves pausing alone).
+None of them pauses generation or moves a version on its own: pausing and versions
+belong to ``areal.infra.weights.weight_sync.WeightSynchronizer``, which calls, in order,
+``pause_generation``, ``update_weights_from_disk`` / ``update_weights_from_distributed``
+(servers hold the new weights as *pending*), its checks, then ``commit_weights(version)``
+or ``rollback_weights(previous_path)``, then ``continue_generation``. The load calls
+return ``concurrent.futures.Future`` (run on the engine's thread pool); commit and
+rollback block.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ logger = logging.getLogger("RemoteInfEngine")
 class WeightUpdateRPCMixin:
     """Weight updates of ``RemoteInfEngine`` (module docstring).
 
-    Uses the engine's ``config``, ``backend``, ``_executor`` (thread pool), ``_paused``,
-    ``disk_update_responses``, ``pause_generation``/``continue_generation``/``set_version``,
-    ``healthy_addresses`` and ``_post``/``_call_all`` (``areal.infra.rollout.remote_http``).
+    Uses the engine's ``config``, ``backend``, ``_executor`` (thread pool), ``_version``,
+    ``disk_update_responses``, ``healthy_addresses``, ``_mark_unhealthy`` and
+    ``_post``/``_post_idempotent``/``_call_all`` (``areal.infra.rollout.remote_http``).
     """
 
     def _submit(self, fn: Callable[[], Any]) -> Future:
@@ -35,20 +38,8 @@ class WeightUpdateRPCMixin:
             raise RuntimeError("RemoteInfEngine.initialize() was not called")
         return self._executor.submit(fn)
 
-    def _paused_update(self, update: Callable[[], Any], version: int | None) -> Any:
-        own_pause = not self._paused.is_set()
-        if own_pause:
-            self.pause_generation()
-        try:
-            result = update()
-            if version is not None:
-                self.set_version(version)
-            return result
-        finally:
-            if own_pause:
-                self.continue_generation()
-
     def update_weights_from_disk(self, meta: WeightUpdateMeta) -> Future:
+        """Every server in rotation loads ``meta.path`` as pending ``meta.version``."""
         if meta.type != "disk" or not meta.path:
             raise ValueError(
                 "update_weights_from_disk needs a WeightUpdateMeta of type 'disk' with a path"
@@ -56,18 +47,15 @@ class WeightUpdateRPCMixin:
 
         def _run():
             t0 = time.monotonic()
-            # each server's answer, e.g. its weight fingerprint (areal.infra.weight_verify)
+            # each server's answer, e.g. its weight fingerprint (areal.infra.weights)
             self.disk_update_responses = responses = {}
-            self._paused_update(
-                lambda: self._call_all(
-                    lambda i, a: self.backend.update_disk_call(meta.path, meta.version),
-                    idempotent=True,
-                    responses=responses,
-                ),
-                meta.version,
+            self._call_all(
+                lambda i, a: self.backend.update_disk_call(meta.path, meta.version),
+                idempotent=True,
+                responses=responses,
             )
             logger.info(
-                "weights reloaded from %s (version %s) in %.2fs",
+                "weights loaded from %s (pending version %s) in %.2fs",
                 meta.path,
                 meta.version,
                 time.monotonic() - t0,
@@ -114,17 +102,69 @@ class WeightUpdateRPCMixin:
     def update_weights_from_distributed(
         self, meta: WeightUpdateMeta, param_specs: list[ParamSpec]
     ) -> Future:
-        """Announce one bucket; the Future completes when every server has received it."""
+        """Announce one bucket; the Future completes when every server has received it
+        (as pending ``meta.version``)."""
         specs = list(param_specs)
         timeout = self._weight_update_http_timeout(meta)
 
         def _run():
-            return self._paused_update(
-                lambda: self._call_all(
-                    lambda i, a: self.backend.update_distributed_call(meta, specs, meta.version),
-                    timeout,
-                ),
-                meta.version,
+            return self._call_all(
+                lambda i, a: self.backend.update_distributed_call(meta, specs, meta.version),
+                timeout,
             )
 
         return self._submit(_run)
+
+    def _each_server(self, make_call: Callable[[str], Any], what: str) -> list[str]:
+        """Send ``make_call(addr)`` (an ``HttpCall``) to every server in rotation at once;
+        a server that fails is taken out of rotation (the ``ServerWatchdog`` readmits it
+        with the current weights). Returns the servers that failed."""
+        addrs = self.healthy_addresses
+        failed: list[str] = []
+        if not addrs:
+            return failed
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(addrs)) as pool:
+            futs = {pool.submit(self._post_idempotent, a, make_call(a)): a for a in addrs}
+            for f in concurrent.futures.as_completed(futs):
+                a = futs[f]
+                try:
+                    f.result()
+                except Exception as e:  # noqa: BLE001 - that server leaves the rotation
+                    failed.append(a)
+                    self._mark_unhealthy(a, f"{what} failed: {type(e).__name__}: {e}")
+        return failed
+
+    def commit_weights(self, version: int) -> list[str]:
+        """The pending weights become current as ``version`` on every server in rotation
+        (built-in: ``/commit_weights``; vLLM/SGLang: the version call, if any), then on
+        this client. Returns the servers that failed (out of rotation)."""
+        version = int(version)
+        failed: list[str] = []
+        if self.backend.commit_call(version) is not None:
+            failed = self._each_server(
+                lambda a: self.backend.commit_call(version), f"commit of version {version}"
+            )
+        self._version = version
+        return failed
+
+    def rollback_weights(self, previous_path: str | None) -> list[str]:
+        """Every server in rotation serves the weights it had before the pending update
+        again (built-in: ``/rollback_weights`` restores its copy; vLLM/SGLang reload
+        ``previous_path``); the version stays. A server that cannot be rolled back (no
+        path for a backend without a copy, or an error) is taken out of rotation. Returns
+        those servers."""
+        call = self.backend.rollback_call(previous_path)
+        if call is None:
+            addrs = self.healthy_addresses
+            for a in addrs:
+                self._mark_unhealthy(a, "no previous weights to roll back to")
+            return addrs
+        t0 = time.monotonic()
+        failed = self._each_server(lambda a: call, "weight rollback")
+        logger.warning(
+            "servers rolled back to version %d in %.2fs%s",
+            self._version,
+            time.monotonic() - t0,
+            f" ({failed} out of rotation)" if failed else "",
+        )
+        return failed

@@ -56,7 +56,7 @@ from collections.abc import Callable
 from typing import Any
 
 from areal.api.io_struct import WeightUpdateMeta
-from areal.infra.weight_sync import WeightSynchronizer
+from areal.infra.weights.weight_sync import WeightSynchronizer
 from areal.utils import logging
 
 logger = logging.getLogger("ServerWatchdog")

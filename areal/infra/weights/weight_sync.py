@@ -1,29 +1,52 @@
 """``WeightSynchronizer``: the one place where trained weights reach the inference servers.
 
-One ``sync(version)`` runs, in this order::
+It alone pauses generation, drives the transport, verifies, and commits versions (on the
+actor, the critic, the rollout client and every server); transports
+(``areal.infra.weights.transports``: disk, adapter-only, sharded, xccl) only move weights
+and never pause or set a version. One ``sync(version)`` runs, in this order::
 
     pause        rollout.pause()               no new episodes start (WorkflowExecutor)
                  rollout.pause_generation()    in-flight requests are interrupted (they
-                                               resume later, on the new weights)
+                                               resume later, on the weights then current)
+    regroup      xccl: re-form the weight-update group when the servers changed
     hooks        hook.before_push(ctx)
                  ctx.meta = hook.transform(ctx, ctx.meta)   what to send (e.g. LoRA adapter)
-    push         actor.update_weights(meta)    disk: save HF dir + servers reload it;
-                                               xccl: broadcast in buckets
-    verify       hook.verify(ctx)              raise to refuse the new weights
-    set version  actor / critic / rollout (and its servers) all get ``version``;
-                 disk: older versions' directories are deleted
+    export       transport.export(ctx)         the trainer writes / stages the weights
+    push         transport.push(ctx)           every server loads them as the *pending*
+                                               version; /get_version still answers the old
+    verify       hook.verify(ctx)              raise to refuse the new weights; the commit
+                                               waits for every check (none runs after it)
+    commit       transport.commit(ctx)         every server: pending -> current ``version``
+                 actor / critic / rollout get ``version``; disk: older versions'
+                 directories are deleted
     hooks        hook.after_push(ctx)
     resume       rollout.continue_generation() interrupted requests continue
                  rollout.resume()              only when ``resume=True``; the trainer keeps
                                                it paused until its recover checkpoint is
                                                written and calls ``resume()`` itself
-    hooks        hook.after_sync(ctx)          e.g. start a background weight check
+    hooks        hook.after_sync(ctx)
 
-If any step before "set version" fails, generation is resumed on every server (they keep
-serving: the old weights, or for a push that failed half-way whatever each server
-holds), the versions stay where they were, every hook's ``on_error`` runs, and
-``WeightSyncError`` names the version and the step. The executor is resumed if this call
-paused it.
+A refusal (``export``, ``push`` or ``verify`` failed: a fingerprint mismatch, one server of
+several answering an error, a failed save) never leaves a refused version live: every
+server is rolled back (``transport.rollback``: the built-in server restores the copy it
+kept of its previous weights; vLLM/SGLang reload the previous version's directory), a
+server that cannot be rolled back is taken out of rotation (the ``ServerWatchdog``
+readmits it with the current weights), generation resumes on the previous weights at the
+previous version, every hook's ``on_error`` runs, and then, as configured
+(``max_consecutive_refusals``, the trainer's
+``rollout.max_consecutive_weight_sync_refusals``): the sync returns with
+``weight_sync/refused = 1`` and the run continues on the old version (the next step
+retries), or, after that many refusals in a row, ``WeightSyncStopped`` names the version,
+the server and the tensor. ``0`` stops at the first refusal, ``None`` never stops.
+Counted in ``weight_sync/refusals`` / ``weight_sync/consecutive_refusals`` (the stats
+of the sync, and ``stats_tracker``). A failure at another step (pause, the hooks) raises
+``WeightSyncError`` after generation was resumed; versions do not move.
+
+Verification's timing (choice (b) of the design): the commit waits for the check. With
+``WeightFingerprintHook(background=True)`` the trainer still digests its export on a
+thread while the servers load (``areal.infra.weights.weight_verify``), so waiting costs
+little; no check ever finishes after the sync returned, so no refused weights serve a
+single token and no sample has to be dropped.
 
 ``readmit(address)`` brings a restarted server back with the current weights
 (``ServerWatchdog``): the weights of the current version from the weight-update
@@ -56,7 +79,8 @@ from typing import Any
 
 from areal.api.io_struct import SaveLoadMeta, WeightUpdateMeta
 from areal.infra.wait_log import waiting
-from areal.utils import logging
+from areal.infra.weights.transports import WeightTransport, transport_for
+from areal.utils import logging, stats_tracker
 
 logger = logging.getLogger("WeightSynchronizer")
 
@@ -71,18 +95,48 @@ def _answers_health(rollout: Any, addr: str, timeout: float = 5.0) -> bool:
         return False
 
 
+#: Steps whose failure is a refusal: the servers are rolled back (module docstring).
+REFUSAL_STEPS = ("export", "push", "verify")
+
+
 class WeightSyncError(RuntimeError):
     """A weight sync failed; ``step`` is where ("pause", "before_push", "push", ...)."""
 
-    def __init__(self, version: int, step: str, cause: BaseException):
+    def __init__(self, version: int, step: str, cause: BaseException, note: str = ""):
         moved = step in ("after_push", "resume")
         super().__init__(
             f"weight sync to version {version} failed at {step!r}: {type(cause).__name__}: "
             f"{cause}. Generation was resumed; "
             + ("the new weights and versions are in place." if moved else "versions unchanged.")
+            + (f" {note}" if note else "")
         )
         self.version = version
         self.step = step
+
+
+def _where(cause: BaseException) -> tuple[str, str]:
+    """(server, tensor) a refusal names: a fingerprint mismatch says both, an HTTP error
+    its server; "unknown" otherwise."""
+    server = getattr(cause, "server", None) or getattr(cause, "address", None) or "unknown"
+    tensors = getattr(cause, "tensors", None) or []
+    return str(server), (str(tensors[0]) if tensors else "unknown")
+
+
+class WeightSyncStopped(WeightSyncError):
+    """``max_consecutive_refusals`` refusals in a row: the run stops. Names the version,
+    the server and the tensor of the last refusal (``server`` / ``tensor``)."""
+
+    def __init__(self, version: int, step: str, cause: BaseException, refusals: int):
+        self.server, self.tensor = _where(cause)
+        super().__init__(
+            version,
+            step,
+            cause,
+            f"Stopping after {refusals} consecutive refused weight sync(s): version {version}, "
+            f"server {self.server}, tensor {self.tensor}; every server serves the previous "
+            f"weights.",
+        )
+        self.refusals = refusals
 
 
 @dataclasses.dataclass
@@ -138,14 +192,19 @@ class WeightSyncHook:
 
 
 class WeightSynchronizer:
-    """Pause -> push -> set version everywhere -> resume (module docstring).
+    """Pause -> export -> push -> verify -> commit everywhere -> resume (module docstring).
 
     ``actor``: the train controller (``update_weights(meta)``, ``set_version``, ``save``),
     already ``connect_engine``-ed to ``rollout``. ``rollout``: the inference engine
     (``RemoteInfEngine``: ``pause``/``resume`` of its executor,
     ``pause_generation``/``continue_generation``, ``set_version``/``get_version``,
-    ``readmit_server``). ``critic``: gets the version too. ``scratch_dir``: where
-    ``readmit`` writes the current weights when no weight-update directory has them.
+    ``readmit_server``, ``commit_weights``, ``rollback_weights``). ``critic``: gets the
+    version too. ``scratch_dir``: where ``readmit`` writes the current weights when no
+    weight-update directory has them. ``max_consecutive_refusals``: refusals in a row
+    after which ``sync`` raises ``WeightSyncStopped`` (0: the first; None: never); below
+    it a refused sync returns with ``weight_sync/refused = 1`` (module docstring).
+    ``initial_weights_path``: the model the servers started from, reloaded by servers that
+    cannot restore their own copy (vLLM, SGLang) when a sync from version 0 is refused.
     """
 
     def __init__(
@@ -156,7 +215,21 @@ class WeightSynchronizer:
         critic: Any = None,
         hooks: Iterable[WeightSyncHook] = (),
         scratch_dir: str | None = None,
+        max_consecutive_refusals: int | None = 0,
+        initial_weights_path: str | None = None,
     ):
+        if max_consecutive_refusals is not None and (
+            not isinstance(max_consecutive_refusals, int) or max_consecutive_refusals < 0
+        ):
+            raise ValueError(
+                f"max_consecutive_refusals={max_consecutive_refusals!r}; must be None or an "
+                "integer >= 0"
+            )
+        self.max_consecutive_refusals = max_consecutive_refusals
+        self.initial_weights_path = initial_weights_path
+        self.consecutive_refusals = 0
+        self.total_refusals = 0
+        self.last_refusal: WeightSyncError | None = None
         self.actor = actor
         self.rollout = rollout
         self.meta = meta
@@ -197,6 +270,7 @@ class WeightSynchronizer:
         t0 = time.monotonic()
         step = "pause"
         paused_executor = gen_paused = False
+        transport: WeightTransport | None = None
         try:
             self.rollout.pause()
             paused_executor = True
@@ -213,22 +287,27 @@ class WeightSynchronizer:
             step = "transform"
             for h in self.hooks:
                 ctx.meta = h.transform(ctx, ctx.meta)
-            step = "push"
+            transport = transport_for(ctx.meta)
+            step = "export"
             t_push = time.monotonic()
+            transport.export(ctx)
+            ctx.stats["weight_sync/export_seconds"] = time.monotonic() - t_push
+            step = "push"
             with waiting(
                 logger,
                 lambda: (
-                    f"the {ctx.meta.type} push of weights version {version} to the servers "
-                    f"{self._healthy()} (actor.update_weights)"
+                    f"the {transport.name} push of weights version {version} to the servers "
+                    f"{self._healthy()}"
                 ),
             ):
-                self.actor.update_weights(ctx.meta)
+                transport.push(ctx)
             ctx.stats["weight_sync/push_seconds"] = time.monotonic() - t_push
             step = "verify"
             for h in self.hooks:
                 self._verify(h, ctx)
-            step = "set_version"
-            self._set_versions(version)
+            step = "commit"
+            transport.commit(ctx)
+            self._set_trainer_versions(version)
             self._prune_disk_versions(version)
             step = "after_push"
             for h in self.hooks:
@@ -239,15 +318,19 @@ class WeightSynchronizer:
             if resume:
                 self.rollout.resume()
         except BaseException as e:
+            if step in REFUSAL_STEPS and isinstance(e, Exception):
+                return self._refused(ctx, transport, step, e, t0, paused_executor, resume)
             self._recover_from_failure(ctx, gen_paused, paused_executor, e)
             raise WeightSyncError(version, step, e) from e
+        self.consecutive_refusals = 0
         ctx.stats["weight_sync/seconds"] = time.monotonic() - t0
+        ctx.stats["weight_sync/consecutive_refusals"] = 0.0
         self.last_stats = dict(ctx.stats)
         logger.info(
             "weights of version %d synced (%s, %s) in %.2fs",
             version,
             reason,
-            ctx.meta.type,
+            transport.name,
             ctx.stats["weight_sync/seconds"],
         )
         for h in self.hooks:
@@ -256,6 +339,90 @@ class WeightSynchronizer:
             except Exception as e:  # noqa: BLE001 - the sync itself succeeded
                 logger.error("%s.after_sync raised %s", type(h).__name__, e)
         return dict(ctx.stats)
+
+    # ------------------------------------------------------------------ refusals
+    def _refused(
+        self,
+        ctx: WeightSyncContext,
+        transport: WeightTransport | None,
+        step: str,
+        error: Exception,
+        t0: float,
+        executor_paused: bool,
+        resume: bool,
+    ) -> dict[str, float]:
+        """A refusal (module docstring): roll every server back, resume generation on the
+        previous weights, count it; then continue (return) or stop (raise)."""
+        self.consecutive_refusals += 1
+        self.total_refusals += 1
+        server, tensor = _where(error)
+        logger.error(
+            "weights of version %d refused at %r (server %s, tensor %s: %s: %s); rolling "
+            "every server back to version %d (%d refusal(s) in a row)",
+            ctx.version,
+            step,
+            server,
+            tensor,
+            type(error).__name__,
+            error,
+            ctx.previous_version,
+            self.consecutive_refusals,
+        )
+        if step != "export" and transport is not None:  # the servers were touched
+            self._rollback(ctx, transport)
+        if step == "push" and ctx.meta.type == "xccl" and self._group_members is not None:
+            self._group_members = ()  # a broadcast may have failed half-way: re-form it
+        limit = self.max_consecutive_refusals
+        stop = limit is not None and self.consecutive_refusals >= max(limit, 1)
+        self._recover_from_failure(ctx, True, executor_paused and (stop or resume), error)
+        stats = {
+            "weight_sync/refused": 1.0,
+            "weight_sync/refusals": 1.0,
+            "weight_sync/consecutive_refusals": float(self.consecutive_refusals),
+            "weight_sync/seconds": time.monotonic() - t0,
+        }
+        stats_tracker.scalar(**{"weight_sync/refusals_total": float(self.total_refusals)})
+        stats_tracker.scalar(
+            **{"weight_sync/consecutive_refusals": stats["weight_sync/consecutive_refusals"]}
+        )
+        if stop:
+            err = WeightSyncStopped(ctx.version, step, error, self.consecutive_refusals)
+            self.last_refusal = err
+            raise err from error
+        self.last_refusal = WeightSyncError(ctx.version, step, error)
+        ctx.stats.update(stats)
+        self.last_stats = dict(ctx.stats)
+        return dict(ctx.stats)
+
+    def _previous_weights_path(self, previous_version: int) -> str | None:
+        """A directory with the weights of ``previous_version`` for servers that reload
+        instead of restoring their own copy (disk: that version's directory; version 0:
+        ``initial_weights_path``; None: none on disk)."""
+        meta = self.meta
+        if previous_version == 0:
+            return self.initial_weights_path
+        if meta is None or meta.type != "disk" or not meta.path:
+            return None
+        path = meta.with_version(previous_version).path
+        return path if os.path.isdir(path) else None
+
+    def _rollback(self, ctx: WeightSyncContext, transport: WeightTransport) -> None:
+        try:
+            excluded = transport.rollback(ctx, self._previous_weights_path(ctx.previous_version))
+        except Exception as e:  # noqa: BLE001 - every server failed: out of rotation
+            logger.error("rolling the servers back failed: %s", e)
+            excluded = list(self._healthy())
+            exclude = getattr(self.rollout, "exclude_server", None)
+            for addr in excluded:
+                if callable(exclude):
+                    exclude(addr, f"could not roll back weights version {ctx.version}")
+        if excluded:
+            logger.warning(
+                "servers %s could not be rolled back to version %d: out of rotation until "
+                "readmitted with the current weights",
+                excluded,
+                ctx.previous_version,
+            )
 
     def _prune_disk_versions(self, version: int) -> None:
         """Disk mode: delete the weight-update directories of versions older than
@@ -298,13 +465,14 @@ class WeightSynchronizer:
 
     def set_version(self, version: int) -> None:
         """Set ``version`` on every side without pushing (e.g. a resume at version 0)."""
-        self._set_versions(int(version))
+        with self._lock:
+            self._set_trainer_versions(int(version))
+            self.rollout.set_version(int(version))
 
-    def _set_versions(self, version: int) -> None:
+    def _set_trainer_versions(self, version: int) -> None:
         self.actor.set_version(version)
         if self.critic is not None:
             self.critic.set_version(version)
-        self.rollout.set_version(version)
 
     def _recover_from_failure(
         self, ctx: WeightSyncContext, gen_paused: bool, executor_paused: bool, error: BaseException

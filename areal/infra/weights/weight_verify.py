@@ -24,26 +24,22 @@ the row sums (every element) of a rotating ``1/full_every`` share of the tensors
 element of every tensor is checked once every ``full_every`` syncs (``full_every=1``: all
 of them at every sync).
 
-When: the first check runs inside the sync (before any version moves:
-``WeightSyncError`` at step ``verify``); it also tells the trainer the dtypes the servers
-hold, so that later digests are taken in those. ``background=False``: every check runs
-inside its sync. With ``background=True`` every later check runs after the sync: a check
-from the update answers (a comparison of a few dozen microseconds, less than a thread's
-start) at the next step boundary, on the caller's thread; a check that needs requests on
-a thread of the hook while rollout and training go on. For exports of 32 MiB or more
-(``FSDPEngine._DEFER_DIGEST_MIN_BYTES``) the trainer's file first names only the seed and
-the names to digest in full (``weight_fingerprint.write_request``: what the servers need);
-the trainer keeps its exported tensors and digests them on a thread of its own while the
-servers load, then completes the file (``FSDPEngine._finish_reference``; the check waits
-for it, and the next optimizer step comes after the next ``flush()``, so they are the
-weights that were saved). A mismatch found after the sync is logged when found and raised
-at the next step boundary: ``flush()`` (``WeightSynchronizer.flush``, called by the
-trainer before each step and after the last one) or the next sync's ``before_push``,
-whichever comes first (``WeightSyncError`` at step ``before_push``). The weights of one
-version may thus serve one step before the run stops.
+When: every check runs inside the sync, after the push and before the commit
+(``WeightSynchronizer``: design choice (b), the commit waits for the check), so a
+mismatch is a refusal: every server is rolled back to the previous weights and version
+(``WeightSyncError`` or, after ``max_consecutive_refusals``, ``WeightSyncStopped`` at step
+``verify``); no refused weights ever serve a token, no sample has to be dropped. The first
+check also tells the trainer the dtypes the servers hold, so that later digests are taken
+in those. ``background=True`` keeps the check cheap: for exports of 32 MiB or more
+(``areal.engine.fsdp.fingerprints.DEFER_DIGEST_MIN_BYTES``) the trainer's file first names
+only the seed and the names to digest in full (``weight_fingerprint.write_request``: what
+the servers need); the trainer keeps its exported tensors and digests them on a thread of
+its own while the servers load, then completes the file (``_finish_reference``); the
+check waits for it (usually done by the time the servers answered). ``flush()`` has
+nothing left to do (kept for callers of the earlier step-boundary mode).
 
 Servers whose backend has no such endpoint (HTTP 404: vLLM, SGLang) are skipped with one
-warning. Stats (of the sync that ran the check; a background check's in the next sync):
+warning. Stats (of the sync that ran the check):
 ``weight_sync/fingerprint_seconds`` (of which ``..._trainer_seconds``: reading the
 reference or asking the trainer; the servers' digests: ``..._server_digest_seconds``),
 ``weight_sync/fingerprint_tensors``, ``weight_sync/fingerprint_full_tensors``,
@@ -58,9 +54,8 @@ import os
 import time
 from typing import Any
 
-from areal.infra.rpc.client import spawn_daemon
-from areal.infra.wait_log import WaitLog, waiting
-from areal.infra.weight_sync import WeightSyncContext, WeightSyncHook
+from areal.infra.wait_log import WaitLog
+from areal.infra.weights.weight_sync import WeightSyncContext, WeightSyncHook
 from areal.utils import logging
 from areal.utils.auth import auth_headers, get_run_secret
 from areal.utils.weight_fingerprint import (
@@ -108,8 +103,9 @@ class WeightFingerprintHook(WeightSyncHook):
     """Compare every server's weight fingerprint with the trainer's after each push.
 
     ``full_every``: the row sums of every tensor are checked once every this many syncs
-    (a balanced share at each); ``background``: requested checks after the first one run
-    on a thread and a mismatch fails the next step boundary; ``in_response``: disk updates
+    (a balanced share at each); ``background``: the trainer digests its disk exports on a
+    thread while the servers load (the check, before the commit, waits for them);
+    ``in_response``: disk updates
     carry the fingerprints (the trainer's written next to the weights, the servers' in
     their answers) instead of separate requests (module docstring)."""
 
@@ -128,12 +124,9 @@ class WeightFingerprintHook(WeightSyncHook):
         self.full_every = full_every
         self.background = bool(background)
         self._unsupported: set[str] = set()
-        self._inline_passed = False  # later checks may run in the background
+        self._inline_passed = False  # the first check passed (dtypes resolved)
         self._configured = False  # the trainer digests its exports
-        self._pending: tuple[int, concurrent.futures.Future] | None = None
-        self._due: tuple | None = None  # a background check to start after the sync
-        self._lazy: tuple | None = None  # update answers to compare at the next flush
-        self._stats: dict[str, float] = {}  # of a background check, not yet reported
+        self._stats: dict[str, float] = {}
         self.in_response = bool(in_response)
         self._root: str | None = None  # where the trainer writes its references
 
@@ -273,36 +266,31 @@ class WeightFingerprintHook(WeightSyncHook):
         enable(self.full_every, **kwargs)
 
     def before_push(self, ctx: WeightSyncContext) -> None:
-        self.flush(ctx.stats)  # a mismatch found in the background fails this sync
         if not self._configured:  # the export digests what the checks compare
             self._root = self._reference_root(ctx)
             self._enable(ctx.actor)
             self._configured = True
 
     def verify(self, ctx: WeightSyncContext) -> None:
+        """Check every server in rotation now: the synchronizer commits the version only
+        after this returns (module docstring), so a mismatch leaves no refused weights
+        live."""
         rollout = ctx.rollout
         addresses = list(
             getattr(rollout, "healthy_addresses", None) or getattr(rollout, "addresses", [])
         )
         version = int(ctx.version)
-        inline = not (self.background and self._inline_passed)
         path = getattr(ctx.meta, "path", None) if self._root else None
         if path and os.path.exists(os.path.join(path, REFERENCE_FILE)):
             # the trainer wrote its reference next to the weights and the servers'
             # fingerprints came with the update (no request): only a comparison is left
             answers = getattr(rollout, "disk_update_responses", None) or {}
             got = {a: (answers.get(a) or {}).get("fingerprint") for a in addresses}
-            if not inline:  # compared at the next step boundary (after_sync, flush)
-                self._due = ("answers", ctx.actor, rollout, path, got, version)
-                return
             ctx.stats.update(self._answers_check(ctx.actor, rollout, path, got, version, True))
             self._inline_passed = True
             return
-        check = (ctx.actor, rollout, addresses, version, (version * 1_000_003 + 17) % 2**61)
-        if not inline:
-            self._due = (check, None)  # started by after_sync: off the sync's requests
-            return
-        ctx.stats.update(self._check(*check, inline=True))
+        seed = (version * 1_000_003 + 17) % 2**61
+        ctx.stats.update(self._check(ctx.actor, rollout, addresses, version, seed, inline=True))
         self._inline_passed = True
 
     def _trainer_reference(self, path: str, request: dict[str, Any], version: int) -> dict:
@@ -365,7 +353,7 @@ class WeightFingerprintHook(WeightSyncHook):
                 servers[a] = fp
             else:
                 rest.append(a)
-        how = " (from the update answers)" + ("" if inline else " (at the step boundary)")
+        how = " (from the update answers)"
         stats = self._compare(
             actor, reference, servers, version, inline and not self._inline_passed, t0, dt_read, how
         )
@@ -377,42 +365,9 @@ class WeightFingerprintHook(WeightSyncHook):
             )
         return stats
 
-    def after_sync(self, ctx: WeightSyncContext) -> None:
-        if self._due is None:
-            return
-        due, self._due = self._due, None
-        if due[0] == "answers":
-            # the fingerprints came with the update: comparing them is a few dozen
-            # microseconds, less than a thread's start and hand-offs, so it runs at the next
-            # step boundary (flush) on the caller's thread
-            self._lazy = due[1:]
-            return
-        check, reference = due
-        version = check[3]
-        # a daemon thread: a check waiting on a hung server never blocks the exit
-        self._pending = (
-            version,
-            spawn_daemon(self._check, *check, name="weight-fingerprint", reference=reference),
-        )
-
-    def on_error(self, ctx: WeightSyncContext, error: BaseException) -> None:
-        self._due = None  # the sync failed before its versions moved: nothing to check
-
     def flush(self, stats: dict[str, float] | None = None) -> None:
-        """Run the comparison of the last update's answers still due, if any, or wait for
-        the background check still running, and raise what it found
-        (``WeightFingerprintMismatch``). Its stats go into ``stats`` (else into those of
-        the next sync)."""
-        if self._lazy is not None:
-            due, self._lazy = self._lazy, None
-            self._stats.update(self._answers_check(*due))  # raises the mismatch
-        if self._pending is not None:
-            version, fut = self._pending
-            self._pending = None
-            if not fut.done():
-                with waiting(logger, f"the fingerprint check of weights version {version}"):
-                    concurrent.futures.wait([fut])
-            self._stats.update(fut.result())  # raises the mismatch
+        """A step boundary: nothing is left to check (every check ran before its commit);
+        kept for callers of the earlier background mode."""
         if stats is not None:
             stats.update(self._stats)
             self._stats = {}
@@ -504,6 +459,6 @@ class WeightFingerprintHook(WeightSyncHook):
             len(ref),
             len(full),
             dt,
-            how if how is not None else ("" if inline else " (background)"),
+            how if how is not None else "",
         )
         return stats
