@@ -51,6 +51,8 @@ FIELDS = {
         "version",
     ],
     "/weights_fingerprint": ["seed", "full"],
+    "/commit_weights": ["version"],
+    "/rollback_weights": [],
     "/v1/completions": [
         "prompt",
         "max_tokens",

@@ -621,7 +621,7 @@ class InferenceEngineConfig:
         "extra request (both sides' digests on the sync's path, the trainer's on a thread "
         "for exports of 32 MiB or more with verify_weights_background: ~3% of a sync on the "
         "demo model, docs/fault_tolerance.md). False: the trainer and the servers are asked "
-        "after the push (the check off the sync's path with verify_weights_background).",
+        "after the push, with requests.",
     )
     max_consecutive_weight_sync_refusals: int | None = _field(
         3,

@@ -119,7 +119,8 @@ def _where(cause: BaseException) -> tuple[str, str]:
     its server; "unknown" otherwise."""
     server = getattr(cause, "server", None) or getattr(cause, "address", None) or "unknown"
     tensors = getattr(cause, "tensors", None) or []
-    return str(server), (str(tensors[0]) if tensors else "unknown")
+    # a mismatch lists "name (what differs)": the name alone
+    return str(server), (str(tensors[0]).split(" (")[0] if tensors else "unknown")
 
 
 class WeightSyncStopped(WeightSyncError):
@@ -390,6 +391,7 @@ class WeightSynchronizer:
             self.last_refusal = err
             raise err from error
         self.last_refusal = WeightSyncError(ctx.version, step, error)
+        self.last_refusal.__cause__ = error
         ctx.stats.update(stats)
         self.last_stats = dict(ctx.stats)
         return dict(ctx.stats)
