@@ -1,5 +1,15 @@
-"""Reward-model training: Bradley-Terry loss, engine and controller (see ``rw_engine``)."""
+"""Reward-model training: Bradley-Terry loss, engine and controller (see ``rw_engine``).
 
-from areal.trainer.rw.rw_engine import RWController, RWEngine, compute_rw_loss
+Hosted like every algorithm of ``areal/trainer`` (see :mod:`areal.trainer.ppo`): the
+engine-agnostic ``RWEngine``, the ``RWEngineHost`` mixin, ``FSDPRWEngine`` for FSDP.
+"""
 
-__all__ = ["RWController", "RWEngine", "compute_rw_loss"]
+from areal.trainer.rw.rw_engine import (
+    FSDPRWEngine,
+    RWController,
+    RWEngine,
+    RWEngineHost,
+    compute_rw_loss,
+)
+
+__all__ = ["FSDPRWEngine", "RWController", "RWEngine", "RWEngineHost", "compute_rw_loss"]
