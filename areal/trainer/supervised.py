@@ -25,12 +25,8 @@ from typing import Any
 from areal.api.alloc_mode import AllocationMode
 from areal.api.io_struct import SaveLoadMeta
 from areal.infra.controller.train_controller import TrainController
-from areal.trainer.common import make_scheduler, setup_run, teardown_run
+from areal.trainer.common import attach_services, make_scheduler, setup_run, teardown_run
 from areal.utils.dataloader import create_dataloader
-from areal.utils.evaluator import Evaluator
-from areal.utils.recover import RecoverHandler
-from areal.utils.saver import Saver
-from areal.utils.stats_logger import StatsLogger
 
 __all__ = ["SupervisedTrainer"]
 
@@ -81,10 +77,7 @@ class SupervisedTrainer:
         except BaseException:
             self.close()
             raise
-        self.saver = Saver(config.saver, self.ft_spec)
-        self.evaluator = Evaluator(config.evaluator, self.ft_spec)
-        self.stats_logger = StatsLogger(config.stats_logger, self.ft_spec)
-        self.recover_handler = RecoverHandler(config.recover, self.ft_spec)
+        attach_services(self, config, self.ft_spec)
 
     # ------------------------------------------------------------------ hooks
     def _engine_config(self) -> Any:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["gae", "compute_returns", "reward_overlong_penalty"]
-
 
 @torch.no_grad()
 def gae(

@@ -12,8 +12,6 @@ import torch
 
 from areal.utils.rl_statistics import episode_first_rows
 
-__all__ = ["uniform_reward_group_mask", "dynamic_sampling_accept"]
-
 
 def uniform_reward_group_mask(
     rewards: torch.Tensor,

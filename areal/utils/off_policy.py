@@ -24,17 +24,6 @@ from areal.utils.rl_statistics import (
     sequence_reduce,
 )
 
-__all__ = [
-    "REJECTION_LEVELS",
-    "REJECTION_ACTIONS",
-    "REJECTION_METRICS",
-    "REJECTION_AGGS",
-    "RejectionSamplingResult",
-    "apply_rejection_sampling",
-    "loglinear_prox_logp",
-    "m2po_loss_mask",
-]
-
 REJECTION_LEVELS = ("token", "sequence")
 REJECTION_ACTIONS = ("mask", "clamp")
 REJECTION_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3")

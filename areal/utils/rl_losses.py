@@ -16,14 +16,6 @@ import torch
 from areal.utils.off_policy import apply_rejection_sampling
 from areal.utils.rl_statistics import broadcast_to_tokens, sequence_mean, sequence_sum
 
-__all__ = [
-    "LOSS_AGG_MODES",
-    "aggregate_token_loss",
-    "ppo_actor_loss_fn",
-    "sapo_loss_fn",
-    "ppo_critic_loss_fn",
-]
-
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 

@@ -11,21 +11,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = [
-    "KL_ESTIMATORS",
-    "NORM_LEVELS",
-    "kl_estimator",
-    "sequence_index",
-    "sequence_sum",
-    "sequence_mean",
-    "sequence_reduce",
-    "broadcast_to_tokens",
-    "episode_first_rows",
-    "regular_group_size",
-    "group_normalization",
-    "masked_normalization",
-]
-
 KL_ESTIMATORS = ("k1", "k2", "k3")
 NORM_LEVELS = ("batch", "group", None)
 

@@ -1,15 +1,7 @@
-"""Reward-model training: Bradley-Terry loss, engine and controller (see ``rw_engine``).
+"""Reward-model training: Bradley-Terry loss, engine and controller (see ``rw_engine``;
+hosted as :mod:`areal.trainer.ppo` describes: ``RWEngine``, ``RWEngineHost``,
+``FSDPRWEngine``)."""
 
-Hosted like every algorithm of ``areal/trainer`` (see :mod:`areal.trainer.ppo`): the
-engine-agnostic ``RWEngine``, the ``RWEngineHost`` mixin, ``FSDPRWEngine`` for FSDP.
-"""
+from areal.trainer.rw.rw_engine import RWController, RWEngine, compute_rw_loss
 
-from areal.trainer.rw.rw_engine import (
-    FSDPRWEngine,
-    RWController,
-    RWEngine,
-    RWEngineHost,
-    compute_rw_loss,
-)
-
-__all__ = ["FSDPRWEngine", "RWController", "RWEngine", "RWEngineHost", "compute_rw_loss"]
+__all__ = ["RWController", "RWEngine", "compute_rw_loss"]
