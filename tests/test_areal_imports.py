@@ -178,11 +178,10 @@ def test_model_allocation_from_str_name_keyword():
 
 
 def test_create_dataloader_accepts_areal_positional_order():
-    from types import SimpleNamespace
-
+    from areal.api.cli_args import DatasetConfig
     from areal.utils.dataloader import create_dataloader
 
-    cfg = SimpleNamespace(batch_size=2, shuffle=False, drop_last=True, num_workers=0)
+    cfg = DatasetConfig(path="x", type="rl", batch_size=2, shuffle=False)
     rows = [{"i": i} for i in range(6)]
     ours = [b for b in create_dataloader(rows, cfg, 1, 2, seed=0)]
     areal_order = [b for b in create_dataloader(rows, 1, 2, cfg)]
