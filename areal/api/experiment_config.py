@@ -356,11 +356,10 @@ def apply_cpu_fallbacks(config: Any) -> list[str]:
 
     Every ``SchedulingSpec.gpu`` > 0 becomes 0, and every train-engine ``dtype`` /
     ``grad_reduce_dtype`` other than float32 becomes float32; each kind is logged once,
-    naming the changed keys. Returns the changed dotted keys. No-op for configs without
-    a ``cluster`` section or with GPUs.
+    naming the changed keys. Returns the changed dotted keys. No-op for configs that are
+    no ``BaseExperimentConfig`` (no ``cluster`` section) or that have GPUs.
     """
-    cluster = getattr(config, "cluster", None)
-    if cluster is None or getattr(cluster, "n_gpus_per_node", None) != 0:
+    if not isinstance(config, BaseExperimentConfig) or config.cluster.n_gpus_per_node != 0:
         return []
     gpu_keys: list[str] = []
     dtype_keys: list[str] = []
