@@ -59,6 +59,14 @@ SHARED_LEAF = "areal.utils.logging"
 KNOWN_VIOLATIONS: set[tuple[str, str]] = set()
 
 
+def _from_module(node: ast.ImportFrom, package: list[str]) -> str:
+    """The absolute module of ``from <module> import ...`` written in ``package``."""
+    if not node.level:
+        return node.module or ""
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[tuple[int, str]]:
     """(line, absolute module) of every import in ``path``."""
     rel = path.relative_to(root).with_suffix("")
@@ -69,11 +77,7 @@ def _imports(path: pathlib.Path, root: pathlib.Path = ROOT) -> list[tuple[int, s
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[: len(package) - (node.level - 1)]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
+            mod = _from_module(node, package)
             # "from areal.utils import logging" is areal.utils.logging (a name may be a
             # submodule); "from m import *" is m itself.
             names = [a.name for a in node.names if a.name != "*"]
@@ -339,7 +343,12 @@ def _deepest_module(name: str, mods: dict) -> str | None:
     return None
 
 
-def _import_targets(module: str, root: pathlib.Path = ROOT):
+@functools.cache
+def _import_targets(module: str, root: pathlib.Path = ROOT) -> tuple:
+    return tuple(_scan_import_targets(module, root))
+
+
+def _scan_import_targets(module: str, root: pathlib.Path):
     """(line, target module, imported name or None, node) of each areal import in ``module``.
 
     Every ``Import``/``ImportFrom`` at any depth counts (module level, inside functions,
@@ -361,11 +370,7 @@ def _import_targets(module: str, root: pathlib.Path = ROOT):
                 if target:
                     yield node.lineno, target, None, node
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[: len(package) - (node.level - 1)]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
+            mod = _from_module(node, package)
             if mod.split(".")[0] != "areal":
                 continue
             for a in node.names:
@@ -680,6 +685,7 @@ def _fake_tree(tmp_path: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
                 init.write_text("")
         path.write_text(text)
     _modules.cache_clear()
+    _import_targets.cache_clear()
     return tmp_path
 
 
