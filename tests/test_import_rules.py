@@ -178,7 +178,6 @@ KNOWN_VIOLATIONS_TO_FIX: dict[str, set] = {
         "areal/infra/remote_inf_engine.py",  # helper "inference"
         "areal/infra/workflow_executor.py",  # helper "inference"
         "areal/trainer/rl_trainer.py",  # helper "batch"
-        "areal/utils/functional.py",  # helper "algos"
     },
     # (file, imported areal module) inside a try whose handler catches ImportError
     "except_importerror": {
@@ -264,8 +263,6 @@ KNOWN_VIOLATIONS_TO_FIX: dict[str, set] = {
         ("areal/trainer/rl_trainer.py", "getattr(config.actor, 'use_lora', False)"),
         ("areal/trainer/rl_trainer.py", "getattr(config.rollout, 'backend', '')"),
         # helper "algos"
-        ("areal/trainer/rw/rw_engine.py", "getattr(config, 'is_critic', False)"),
-        ("areal/trainer/rw/rw_engine.py", "getattr(config, 'mb_spec', None)"),
     },
 }
 
