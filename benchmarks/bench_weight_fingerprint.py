@@ -17,11 +17,11 @@ plain sync:
 
 - ``added_wall_on_sync``: what verification adds to the sync's wall time (the mean of the
   paired differences verified - plain, with its standard error, and their median, which
-  an occasional slow sync of either stack does not move; in background mode the check
-  itself is not on this path);
-- ``check_wall``: the check's own wall time (background: a comparison of the update
-  answers runs at the next step boundary, a check that needs requests overlaps rollout
-  and training; inline: it is part of the sync); ``added_wall_sync_plus_check``: both;
+  an occasional slow sync of either stack does not move; the check is on this path: the
+  commit waits for it, ``areal.infra.weights.weight_sync``);
+- ``check_wall``: the check's own wall time (part of the sync; the step-boundary
+  ``flush`` timed on its own has nothing left to do); ``added_wall_sync_plus_check``: both
+  (the check counted once);
 - ``added_cpu``: all CPU time verification adds (digests in the export, the check in the
   trainer, the server and this process): (verified sync + check - plain sync) CPU;
 - ``trainer_digest`` / ``server_digest``: the digests alone, timed where they run (less
@@ -273,11 +273,9 @@ def main() -> None:
                     # robust to the occasional slow sync (page-cache writeback) of either stack
                     "added_wall_on_sync_median_paired": frac(statistics.median(res["diff"])),
                     "check_wall": frac(mean["check"]),
-                    # what the run waits for in all: the sync's added wall time plus the
-                    # check (background: at the next step boundary; inline: in the sync)
-                    "added_wall_sync_plus_check": frac(
-                        diff + (0.0 if args.inline else mean["check"])
-                    ),
+                    # what the run waits for in all: the check is inside the sync (the
+                    # commit waits for it), so the sync's added wall time
+                    "added_wall_sync_plus_check": frac(diff),
                     "check_seconds_mean": round(mean["check"], 4),
                     "plain_sync_cpu_seconds_mean": round(mean["plain_cpu"], 4),
                     "added_cpu": round(cpu_add / mean["plain_cpu"], 4),

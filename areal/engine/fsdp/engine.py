@@ -60,7 +60,7 @@ from areal.engine.fsdp.parallelize import apply_fsdp2, lr_lambda
 from areal.engine.fsdp.weight_export import DTYPES as _DTYPES
 from areal.engine.fsdp.weight_export import FSDPWeightExportMixin
 from areal.engine.fsdp.weight_push import FSDPWeightPushMixin
-from areal.utils import logging
+from areal.utils import logging, stats_tracker
 from areal.utils.data import (
     MicroBatchList,
     get_seqlens,
@@ -602,10 +602,6 @@ class FSDPEngine(
         return self._version
 
     def export_stats(self) -> dict[str, float]:
-        try:
-            from areal.utils import stats_tracker
-        except ImportError:
-            return {}
         return stats_tracker.export_all(reduce_group=self.data_parallel_group)
 
     def offload(self) -> None:
