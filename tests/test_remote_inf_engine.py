@@ -179,9 +179,15 @@ def test_pause_disk_reload_continue_spans_both_versions(weight_setup):
         ):
             assert time.time() < deadline
             time.sleep(0.01)
+        # as WeightSynchronizer does: pause, load as pending, commit, continue
+        eng.pause_generation()
         eng.update_weights_from_disk(WeightUpdateMeta(type="disk", path=v1, version=1)).result(
             timeout=60
         )
+        assert eng.get_version() == 0  # pending until the commit
+        assert requests.get(f"http://{addr}/get_version", timeout=10).json()["version"] == 0
+        assert eng.commit_weights(1) == []
+        eng.continue_generation()
         assert eng.get_version() == 1
         t.join(120)
         models = {0: hf_model(v0), 1: hf_model(v1)}
@@ -192,6 +198,7 @@ def test_pause_disk_reload_continue_spans_both_versions(weight_setup):
         eng.update_weights_from_disk(WeightUpdateMeta(type="disk", path=v0, version=0)).result(
             timeout=60
         )
+        eng.commit_weights(0)
         eng.destroy()
 
 
@@ -221,6 +228,8 @@ def test_distributed_gloo_update_reproduces_weights(weight_setup):
             for _, t in bucket:
                 pg.broadcast(t.contiguous(), 0).wait()
             f.result(timeout=60)
+        assert eng.get_version() == 0  # pending until the commit
+        eng.commit_weights(5)
         eng.continue_generation()
         assert eng.get_version() == 5
         prompt = [9, 10, 11]
@@ -238,6 +247,7 @@ def test_distributed_gloo_update_reproduces_weights(weight_setup):
         eng.update_weights_from_disk(WeightUpdateMeta(type="disk", path=v0, version=0)).result(
             timeout=60
         )
+        eng.commit_weights(0)
         eng.destroy()
 
 
