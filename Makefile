@@ -36,7 +36,7 @@ export UV_COMPILE_BYTECODE := 1
 export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: setup demo test test-all lint docs docs-build docs-serve cli-docs lock lock-check build clean \
-	gpu-wheels gpu-check
+	gpu-wheels gpu-check claims
 
 setup: $(STAMP)
 
@@ -66,6 +66,15 @@ test: setup
 
 test-all: setup
 	$(PY) -m pytest -q
+
+# Every learning figure of README.md and docs/, re-measured briefly: short seeded runs of
+# the real examples, each with a threshold and (RL) controls that must stay below it
+# (benchmarks/claims/table.py); table printed, JSON in outputs/claims/claims.json; exit 1
+# when a claim misses. ~15 min on 2 quiet cores. `make claims CLAIMS_ARGS=--write-docs`
+# also updates docs/claims.json and README.md's table.
+CLAIMS_ARGS ?=
+claims: setup
+	$(PY) benchmarks/claims/run.py $(CLAIMS_ARGS)
 
 # Markdown pages checked by mdformat (the same set as the pre-commit hook).
 MD_PAGES := docs/index.md docs/benchmarks.md docs/tutorial docs/customization \
