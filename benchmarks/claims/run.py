@@ -54,7 +54,7 @@ RUN_TIMEOUT_S = 900
 
 def run_one(claim: Claim, label: str, control: Control | None, broken: bool) -> dict:
     """One subprocess run: its parsed figures, wall and CPU seconds, exit status."""
-    slug = label.replace(" ", "-").replace("=", "")
+    slug = "".join(ch if ch.isalnum() else "-" for ch in label).strip("-")
     run_dir = OUT / claim.name / slug
     shutil.rmtree(run_dir, ignore_errors=True)
     argv = claim.argv(str(run_dir), trial=slug)
@@ -105,12 +105,12 @@ def run_one(claim: Claim, label: str, control: Control | None, broken: bool) -> 
 
 
 def check(claim: Claim, broken: bool) -> dict:
-    main = run_one(
-        claim, "true rewards" if not broken else "constant reward (broken)", None, broken
-    )
+    """The claim's run, then its controls (none when ``broken``: that run must fail alone)."""
+    label = "constant reward, broken on purpose" if broken else "true rewards"
+    main = run_one(claim, label, None, broken)
     print(_progress(claim, main), flush=True)
     controls = []
-    for control in claim.controls:
+    for control in () if broken else claim.controls:
         res = run_one(claim, control.name, control, broken=False)
         print(_progress(claim, res), flush=True)
         controls.append(res)
