@@ -10,10 +10,11 @@ What happens, in order:
 
 1. For every claim of ``benchmarks/claims/table.py`` (or ``--only``), its run and then each
    of its controls run as subprocesses: the example script itself with its YAML, a step
-   count and its own output folder (``outputs/claims/<claim>/<run>/``, deleted first so
+   count and its own output folder (``OUT/<claim>/<run>/``, ``--out``, default
+   ``outputs/claims``; deleted first so
    nothing resumes), the controls through the script's own control flag or
    ``benchmarks/claims/reward_control.py``. Each run's output goes to
-   ``outputs/claims/logs/<claim>-<run>.log``; its wall and CPU time (the whole process
+   ``OUT/logs/<claim>-<run>.log``; its wall and CPU time (the whole process
    tree, from ``os.wait4``) are recorded.
 2. The printed before/after figures are parsed; a claim passes when its run reaches the
    threshold and every control stays below it.
@@ -56,10 +57,10 @@ OUT = ROOT / "outputs" / "claims"
 RUN_TIMEOUT_S = 900
 
 
-def run_one(claim: Claim, label: str, control: Control | None, broken: bool) -> dict:
+def run_one(claim: Claim, label: str, control: Control | None, broken: bool, out: Path) -> dict:
     """One subprocess run: its parsed figures, wall and CPU seconds, exit status."""
     slug = "".join(ch if ch.isalnum() else "-" for ch in label).strip("-")
-    run_dir = OUT / claim.name / slug
+    run_dir = out / claim.name / slug
     shutil.rmtree(run_dir, ignore_errors=True)
     argv = claim.argv(str(run_dir), trial=slug)
     if control is not None and control.kind == "args":
@@ -69,7 +70,7 @@ def run_one(claim: Claim, label: str, control: Control | None, broken: bool) -> 
     if broken:
         argv = [CONTROL_SCRIPT, "--rewards", "constant", *argv]
     cmd = [sys.executable, *argv]
-    log_path = OUT / "logs" / f"{claim.name}-{slug}.log"
+    log_path = out / "logs" / f"{claim.name}-{slug}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     t0 = time.monotonic()
@@ -104,18 +105,18 @@ def run_one(claim: Claim, label: str, control: Control | None, broken: bool) -> 
         "exit_code": proc.returncode,
         "wall_s": round(wall, 1),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 1) if usage else None,
-        "log": str(log_path.relative_to(ROOT)),
+        "log": os.path.relpath(log_path, ROOT),
     }
 
 
-def check(claim: Claim, broken: bool) -> dict:
+def check(claim: Claim, broken: bool, out: Path) -> dict:
     """The claim's run, then its controls (none when ``broken``: that run must fail alone)."""
     label = "constant reward, broken on purpose" if broken else "true rewards"
-    main = run_one(claim, label, None, broken)
+    main = run_one(claim, label, None, broken, out)
     print(_progress(claim, main), flush=True)
     controls = []
     for control in () if broken else claim.controls:
-        res = run_one(claim, control.name, control, broken=False)
+        res = run_one(claim, control.name, control, False, out)
         print(_progress(claim, res), flush=True)
         controls.append(res)
     ok = main["measured"] is not None and main["measured"] >= claim.threshold
@@ -172,7 +173,10 @@ def main(argv: list[str]) -> int:
         default="",
         help="comma-separated claim names trained on a constant reward (must then fail)",
     )
-    parser.add_argument("--json", default=str(OUT / "claims.json"))
+    parser.add_argument(
+        "--out", default=str(OUT), help="run folders and logs (one invocation at a time each)"
+    )
+    parser.add_argument("--json", default=None, help="default: OUT/claims.json")
     parser.add_argument(
         "--jobs", type=int, default=2, help="claims run side by side (their runs one by one)"
     )
@@ -180,6 +184,8 @@ def main(argv: list[str]) -> int:
         "--write-docs", action="store_true", help="also write docs/claims.json and README.md"
     )
     ns = parser.parse_args(argv)
+    out = Path(ns.out).resolve()
+    ns.json = ns.json or str(out / "claims.json")
     names = [n for n in ns.only.split(",") if n] or [c.name for c in CLAIMS]
     broken = {n for n in ns.broken.split(",") if n}
     if ns.write_docs and (ns.only or broken):
@@ -191,7 +197,7 @@ def main(argv: list[str]) -> int:
     # the claims with the most runs start first, so that none of them is left to run alone
     order = sorted(names, key=lambda n: -len(BY_NAME[n].controls))
     with ThreadPoolExecutor(max_workers=ns.jobs) as pool:
-        done = dict(zip(order, pool.map(lambda n: check(BY_NAME[n], n in broken), order)))
+        done = dict(zip(order, pool.map(lambda n: check(BY_NAME[n], n in broken, out), order)))
     rows = [done[n] for n in names]
     c1 = os.times()
     report = {
