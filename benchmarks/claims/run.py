@@ -10,16 +10,15 @@ What happens, in order:
 
 1. For every claim of ``benchmarks/claims/table.py`` (or ``--only``), its run and then each
    of its controls run as subprocesses: the example script itself with its YAML, a step
-   count and its own output folder (``OUT/<claim>/<run>/``, ``--out``, default
-   ``outputs/claims``; deleted first so
-   nothing resumes), the controls through the script's own control flag or
-   ``benchmarks/claims/reward_control.py``. Each run's output goes to
-   ``OUT/logs/<claim>-<run>.log``; its wall and CPU time (the whole process
-   tree, from ``os.wait4``) are recorded.
+   count and its own output folder (``OUT/<claim>/<run>/``; ``OUT`` is ``--out``, default
+   ``outputs/claims``; deleted first so that nothing resumes), the controls through the
+   script's own control flag or ``benchmarks/claims/reward_control.py``. Each run's output
+   goes to ``OUT/logs/<claim>-<run>.log``; its wall and CPU time (the whole process tree,
+   from ``os.wait4``) are recorded.
 2. The printed before/after figures are parsed; a claim passes when its run reaches the
    threshold and every control stays below it.
 3. The table (claim, steps, before, measured, threshold, controls, pass, times) is printed
-   and written to ``outputs/claims/claims.json`` (``--json``); with ``--write-docs`` also to
+   and written to ``OUT/claims.json`` (``--json``); with ``--write-docs`` also to
    ``docs/claims.json`` and into README.md's claims section (``tools/render_claims.py``).
 4. Exit status 1 when any claim misses its threshold, any control reaches it, or a run
    fails to print its figure.
@@ -119,9 +118,7 @@ def check(claim: Claim, broken: bool, out: Path) -> dict:
         res = run_one(claim, control.name, control, False, out)
         print(_progress(claim, res), flush=True)
         controls.append(res)
-    ok = main["measured"] is not None and main["measured"] >= claim.threshold
-    ok = ok and all(c["measured"] is not None and c["measured"] < claim.threshold for c in controls)
-    return {
+    row = {
         "claim": claim.name,
         "stated": claim.stated,
         "reproduce": claim.reproduce,
@@ -131,11 +128,29 @@ def check(claim: Claim, broken: bool, out: Path) -> dict:
         "measured": main["measured"],
         "threshold": claim.threshold,
         "controls": [{"name": c["run"], "measured": c["measured"]} for c in controls],
-        "pass": ok,
+        "pass": None,
         "wall_s": round(main["wall_s"] + sum(c["wall_s"] for c in controls), 1),
         "cpu_s": round(sum(r["cpu_s"] or 0.0 for r in [main, *controls]), 1),
         "runs": [main, *controls],
     }
+    return judge(row, claim)
+
+
+def judge(row: dict, claim: Claim) -> dict:
+    """``row`` with the claim's threshold and ``pass``: reached by the run, not by a control."""
+    ok = row["measured"] is not None and row["measured"] >= claim.threshold
+    ok = ok and all(
+        c["measured"] is not None and c["measured"] < claim.threshold for c in row["controls"]
+    )
+    return {**row, "threshold": claim.threshold, "pass": ok}
+
+
+def rejudge(path: str) -> dict:
+    """A recorded report with the table's current thresholds applied (no run)."""
+    report = json.loads(Path(path).read_text())
+    report["claims"] = [judge(r, BY_NAME[r["claim"]]) for r in report["claims"]]
+    report["passed"] = all(r["pass"] for r in report["claims"])
+    return report
 
 
 def _pct(x: float | None) -> str:
@@ -183,6 +198,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--write-docs", action="store_true", help="also write docs/claims.json and README.md"
     )
+    parser.add_argument(
+        "--rejudge",
+        metavar="JSON",
+        help="no runs: apply the current thresholds to a recorded report (e.g. after "
+        "changing one), then print / write it as a run would",
+    )
     ns = parser.parse_args(argv)
     out = Path(ns.out).resolve()
     ns.json = ns.json or str(out / "claims.json")
@@ -193,6 +214,8 @@ def main(argv: list[str]) -> int:
     unknown = [n for n in [*names, *broken] if n not in BY_NAME]
     if unknown:
         parser.error(f"unknown claims {unknown}; known: {sorted(BY_NAME)}")
+    if ns.rejudge:
+        return finish(rejudge(ns.rejudge), ns.rejudge, ns.write_docs)
     t0, c0 = time.monotonic(), os.times()
     # the claims with the most runs start first, so that none of them is left to run alone
     order = sorted(names, key=lambda n: -len(BY_NAME[n].controls))
@@ -213,16 +236,22 @@ def main(argv: list[str]) -> int:
         "broken": sorted(broken),
         "claims": rows,
     }
+    return finish(report, ns.json, ns.write_docs)
+
+
+def finish(report: dict, json_path: str, write_docs: bool) -> int:
+    """Print the table, write the JSON (and docs), return the exit status."""
+    rows = report["claims"]
     print()
     print_table(rows)
     print(
         f"\nall claims: wall {report['wall_s']:.0f} s, CPU {report['cpu_s']:.0f} s "
         f"(load average at the end {report['load_average_end']})"
     )
-    Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(ns.json).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"JSON: {ns.json}")
-    if ns.write_docs:
+    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"JSON: {json_path}")
+    if write_docs:
         (ROOT / "docs" / "claims.json").write_text(json.dumps(report, indent=2) + "\n")
         render_claims.write_readme(ROOT / "README.md", report)
         print("wrote docs/claims.json and README.md's claims section")
