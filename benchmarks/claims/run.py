@@ -108,13 +108,13 @@ def run_one(claim: Claim, label: str, control: Control | None, broken: bool, out
     }
 
 
-def check(claim: Claim, broken: bool, out: Path) -> dict:
+def check(claim: Claim, broken: bool, out: Path, with_controls: bool = True) -> dict:
     """The claim's run, then its controls (none when ``broken``: that run must fail alone)."""
     label = "constant reward, broken on purpose" if broken else "true rewards"
     main = run_one(claim, label, None, broken, out)
     print(_progress(claim, main), flush=True)
     controls = []
-    for control in () if broken else claim.controls:
+    for control in claim.controls if with_controls and not broken else ():
         res = run_one(claim, control.name, control, False, out)
         print(_progress(claim, res), flush=True)
         controls.append(res)
@@ -199,6 +199,9 @@ def main(argv: list[str]) -> int:
         "--write-docs", action="store_true", help="also write docs/claims.json and README.md"
     )
     parser.add_argument(
+        "--no-controls", action="store_true", help="the claims' own runs only (calibration)"
+    )
+    parser.add_argument(
         "--rejudge",
         metavar="JSON",
         help="no runs: apply the current thresholds to a recorded report (e.g. after "
@@ -209,8 +212,8 @@ def main(argv: list[str]) -> int:
     ns.json = ns.json or str(out / "claims.json")
     names = [n for n in ns.only.split(",") if n] or [c.name for c in CLAIMS]
     broken = {n for n in ns.broken.split(",") if n}
-    if ns.write_docs and (ns.only or broken):
-        parser.error("--write-docs records a full run: not with --only or --break")
+    if ns.write_docs and (ns.only or broken or ns.no_controls):
+        parser.error("--write-docs records a full run: not with --only, --break, --no-controls")
     unknown = [n for n in [*names, *broken] if n not in BY_NAME]
     if unknown:
         parser.error(f"unknown claims {unknown}; known: {sorted(BY_NAME)}")
@@ -220,7 +223,12 @@ def main(argv: list[str]) -> int:
     # the claims with the most runs start first, so that none of them is left to run alone
     order = sorted(names, key=lambda n: -len(BY_NAME[n].controls))
     with ThreadPoolExecutor(max_workers=ns.jobs) as pool:
-        done = dict(zip(order, pool.map(lambda n: check(BY_NAME[n], n in broken, out), order)))
+        done = dict(
+            zip(
+                order,
+                pool.map(lambda n: check(BY_NAME[n], n in broken, out, not ns.no_controls), order),
+            )
+        )
     rows = [done[n] for n in names]
     c1 = os.times()
     report = {
