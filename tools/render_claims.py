@@ -29,22 +29,23 @@ def render(report: dict) -> str:
     lines = [
         BEGIN,
         "",
-        "| claim | steps | before | measured | threshold | controls (must stay below) "
+        "| claim | metric | steps | before | measured | threshold | controls (must stay below) "
         "| pass | README / docs figure (longer run) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["claims"]:
         controls = "; ".join(f"{c['name']}: {_pct(c['measured'])}" for c in r["controls"]) or "-"
         lines.append(
-            f"| `{r['claim']}` | {r['steps']} | {_pct(r['before'])} | **{_pct(r['measured'])}** "
+            f"| `{r['claim']}` | {r['metric']} | {r['steps']} | {_pct(r['before'])} | **{_pct(r['measured'])}** "
             f"| >= {_pct(r['threshold'])} | {controls} | {'yes' if r['pass'] else 'NO'} "
             f"| {r['stated']} |"
         )
+    note = f" {report['note']}" if report.get("note") else ""
     lines += [
         "",
         f"Last full run: {report['wall_s'] / 60:.1f} min wall, {report['cpu_s'] / 60:.1f} min "
         f"CPU (all processes), {report['machine']}, load average at the end "
-        f"{report['load_average_end'][0]}; metrics, commands and logs per run in "
+        f"{report['load_average_end'][0]}.{note} Metrics, commands, times and logs per run: "
         "[docs/claims.json](docs/claims.json).",
         "",
         END,

@@ -120,7 +120,7 @@ CLAIMS: tuple[Claim, ...] = (
         overrides=(),
         metric="held-out greedy accuracy (512)",
         parse=ACCURACY,
-        threshold=0.60,
+        threshold=0.70,
         controls=(SHUFFLED,),
     ),
     Claim(
@@ -174,7 +174,7 @@ CLAIMS: tuple[Claim, ...] = (
         overrides=(),
         metric="held-out greedy accuracy (512)",
         parse=ACCURACY,
-        threshold=0.60,
+        threshold=0.70,
         # the control distils from the base itself: nothing to learn from the teacher
         controls=(
             Control("teacher = base", "args", ("teacher.path=areal/models/assets/tiny-base",)),
