@@ -130,7 +130,7 @@ CLAIMS: tuple[Claim, ...] = (
         "--config examples/agent_workflow/agent_grpo_cpu.yaml",
         script="examples/agent_workflow/math_agent.py",
         config="examples/agent_workflow/agent_grpo_cpu.yaml",
-        steps=15,
+        steps=10,
         overrides=(),
         metric="held-out greedy accuracy (512)",
         parse=AGENT_ACCURACY,
