@@ -21,7 +21,7 @@ END = "<!-- claims:end -->"
 
 
 def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
+    return "not measured" if x is None else f"{100 * x:.1f}%"
 
 
 def render(report: dict) -> str:
