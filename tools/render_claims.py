@@ -43,7 +43,7 @@ def render(report: dict) -> str:
     note = f" {report['note']}" if report.get("note") else ""
     lines += [
         "",
-        f"Last full run: {report['wall_s'] / 60:.1f} min wall, {report['cpu_s'] / 60:.1f} min "
+        f"Recorded run: {report['wall_s'] / 60:.1f} min wall, {report['cpu_s'] / 60:.1f} min "
         f"CPU (all processes), {report['machine']}, load average at the end "
         f"{report['load_average_end'][0]}.{note} Metrics, commands, times and logs per run: "
         "[docs/claims.json](docs/claims.json).",
