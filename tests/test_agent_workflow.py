@@ -17,9 +17,6 @@ from _local_engine import local_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("fastapi")
-
 from areal.experimental.openai import ArealOpenAI  # noqa: E402
 from areal.experimental.openai.proxy import OpenAIProxyWorkflow, ProxyServer  # noqa: E402
 
@@ -139,7 +136,7 @@ def test_subproc_agent_runs_in_another_process_with_env_credentials(proxy):
 
 
 def test_openai_agents_sdk_agent_with_function_tool_runs_through_proxy(proxy):
-    agents = pytest.importorskip("agents")
+    import agents
     from openai import AsyncOpenAI
 
     agents.set_tracing_disabled(True)
@@ -348,10 +345,7 @@ def tool_proxy():
     from areal.models import tiny_tool
     from areal.utils.hf_utils import load_hf_tokenizer
 
-    try:
-        path = tiny_tool.get_tiny_tool_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    path = tiny_tool.get_tiny_tool_path()
     with local_engine(path) as eng:
         client = ArealOpenAI(eng, load_hf_tokenizer(path), engine_max_tokens=512)
         with ProxyServer(client, admin_api_key=ADMIN) as srv:
@@ -420,7 +414,8 @@ def test_tool_call_round_trip_with_the_tiny_tool_models_own_output(tool_proxy):
 
 
 def test_anthropic_sdk_tool_use_block_from_the_tiny_tool_model(tool_proxy):
-    anthropic = pytest.importorskip("anthropic")
+    import anthropic
+
     from areal.models.tiny_tool import CALCULATOR_TOOL
 
     r = asyncio.run(_start_session(tool_proxy))
@@ -453,7 +448,7 @@ async def _start_session(proxy):
 
 
 def test_openai_agents_sdk_calls_the_function_tool_through_proxy(tool_proxy):
-    agents = pytest.importorskip("agents")
+    import agents
     from openai import AsyncOpenAI
 
     from areal.models.tiny_tool import calculator as calc

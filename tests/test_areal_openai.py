@@ -17,7 +17,7 @@ from areal.experimental.openai import ArealOpenAI, InteractionWithTokenLogpRewar
 
 pytestmark = [pytest.mark.slow, pytest.mark.ci_slow, pytest.mark.timeout(300)]
 
-openai = pytest.importorskip("openai")
+import openai  # noqa: E402
 from openai.types.chat import ChatCompletion, ChatCompletionChunk  # noqa: E402
 from openai.types.responses import Response  # noqa: E402
 

@@ -16,10 +16,8 @@ from _local_engine import local_engine
 
 pytestmark = [pytest.mark.timeout(300)]
 
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx2")
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
+import httpx2 as httpx  # noqa: E402
+import openai  # noqa: E402
 
 from areal.experimental.openai import ArealOpenAI  # noqa: E402
 from areal.experimental.openai.proxy import OpenAIProxyClient, ProxyServer  # noqa: E402
@@ -186,7 +184,8 @@ def test_responses_api_round_trip_recorded(proxy):
 # ----------------------------------------------------------------------------- Anthropic SDK
 @pytest.mark.slow
 def test_anthropic_messages_sdk_plain_and_stream(proxy, engine):
-    anthropic = pytest.importorskip("anthropic")
+    import anthropic
+
     s = _session(proxy)
     client = anthropic.Anthropic(base_url=proxy.base_url, api_key=s["api_key"])
     n0 = len(engine.calls)
