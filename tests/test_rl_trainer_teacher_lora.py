@@ -117,10 +117,10 @@ def test_ppo_trainer_with_teacher_feeds_teacher_logprobs_into_the_loss(tmp_path)
     assert torch.all(batch["distill_loss_weight"] == cfg.teacher.distill_loss_weight)
     # the loss used them: one minibatch, on-policy (logp == prox_logp), so the reverse-KL
     # term per token is logp - teacher_logp
-    (key,) = [k for k in rows[0] if k.endswith("rkl_loss")]
+    (key,) = [k for k in rows[0] if k.endswith("rkl_loss/avg")]
     want = float((batch["prox_logp"][mask] - teacher[mask]).mean())
-    assert rows[0][key] == pytest.approx(want, abs=2e-3), (rows[0][key], want)
-    assert abs(want) > 1e-2
+    assert rows[0][key] == pytest.approx(want, abs=5e-4), (rows[0][key], want)
+    assert abs(want) > 2e-3  # far from the 0 a teacher equal to the student would give
 
 
 def test_ppo_trainer_with_lora_pushes_only_adapters_and_servers_sample_with_them(tmp_path):
