@@ -347,7 +347,7 @@ def test_cycle_dataloader_restored_at_epoch_end_continues_with_next_epoch():
     epoch, not fail with 'the dataloader yielded no batch' on every relaunch."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from areal.infra.workflow_executor import _cycle
+    from areal.infra.rollout.workflow_executor import _cycle
 
     rows = [{"i": i} for i in range(8)]
     first = StatefulDataLoader(rows, batch_size=4, collate_fn=lambda b: b)
