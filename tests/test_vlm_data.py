@@ -216,18 +216,19 @@ def test_qwen_vl_processor_expands_image_tokens_and_checks_counts():
 
 # ----------------------------------------------------------------------------- requests
 def _call():
-    from areal.infra.remote_inf_engine import HttpCall
+    from areal.api.inference_protocol import HttpCall
 
     return HttpCall("/generate", {"input_ids": [1, 2, 3], "sampling_params": {}})
 
 
 def test_local_and_sglang_image_requests_carry_base64_image_data():
-    from areal.infra.vision_requests import add_images
+    from areal.engine.local_remote import LocalBackend
+    from areal.engine.sglang_remote import SGLangBackend
     from areal.utils.vlm import load_image
 
     png = _png()
-    for backend in ("local", "sglang"):
-        call = add_images(backend, _call(), [png, "data:image/png;base64,QUJD"], None)
+    for backend in (LocalBackend(), SGLangBackend()):
+        call = backend.with_images(_call(), [png, "data:image/png;base64,QUJD"], None)
         assert call.path == "/generate" and call.payload["input_ids"] == [1, 2, 3]
         data = call.payload["image_data"]
         assert data[1] == "QUJD"
@@ -235,9 +236,8 @@ def test_local_and_sglang_image_requests_carry_base64_image_data():
 
 
 def test_vllm_image_request_is_chat_completion_with_data_urls():
-    from areal.engine.vllm_remote import VLLMBackend
-    from areal.infra.remote_inf_engine import GenParams
-    from areal.infra.vision_requests import add_images, parse_chat_completion
+    from areal.api.inference_protocol import GenParams
+    from areal.engine.vllm_remote import VLLMBackend, parse_chat_completion
 
     be = VLLMBackend()
     call = be.generate_call(
@@ -274,9 +274,9 @@ def test_vllm_image_request_is_chat_completion_with_data_urls():
     )
     assert msgs[0]["content"][0]["image_url"]["url"] == ""  # caller's messages untouched
     with pytest.raises(ValueError, match="vision_msg_vllm"):
-        add_images("vllm", call, [_png()], None)
+        be.with_images(call, [_png()], None)
     with pytest.raises(ValueError, match="2 images"):
-        add_images("vllm", call, [_png(), _png()], msgs)
+        be.with_images(call, [_png(), _png()], msgs)
     resp = {
         "object": "chat.completion",
         "choices": [

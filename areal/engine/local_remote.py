@@ -3,7 +3,8 @@
 ``LocalBackend`` is its protocol adapter: native ``/generate`` with per-token weight
 versions, ``/pause`` / ``/continue``, ``/update_weights_from_disk`` (with the version),
 the gloo/nccl broadcast group (``/init_weights_update_group``,
-``/update_weights_from_distributed``) and ``/set_version``.
+``/update_weights_from_distributed``) and ``/set_version``. Prompts with images carry
+``image_data`` (base64 strings) beside ``input_ids`` holding the image pad tokens.
 """
 
 from __future__ import annotations
@@ -12,13 +13,11 @@ import dataclasses
 from typing import Any
 
 from areal.api.cli_args import InferenceEngineConfig
-from areal.infra.remote_inf_engine import (
-    BackendAdapter,
-    GenChunk,
-    HttpCall,
-    RemoteInfEngine,
-    _stop_reason,
-)
+from areal.api.inference_protocol import BackendAdapter, GenChunk, HttpCall, stop_reason
+from areal.engine.image_payloads import as_base64
+from areal.engine.inference_backends import server_command_line
+from areal.engine.local_server.launch import launch_local_server
+from areal.infra.rollout.remote_inf_engine import RemoteInfEngine
 
 SERVER_MODULE = "areal.engine.local_server"
 
@@ -40,8 +39,15 @@ class LocalBackend(BackendAdapter):
             list(data["output_ids"]),
             list(data["output_logprobs"]),
             list(data["output_versions"]),
-            _stop_reason(data["finish_reason"]),
+            stop_reason(data["finish_reason"]),
         )
+
+    def with_images(self, call, image_data, messages):
+        """``input_ids`` already hold the expanded image pad tokens (as the HF processor
+        writes them); ``image_data`` is the list of images as base64 strings."""
+        payload = dict(call.payload or {})
+        payload["image_data"] = [as_base64(im) for im in image_data]
+        return HttpCall(call.path, payload, call.method)
 
     def pause_call(self):
         return HttpCall("/pause")
@@ -106,8 +112,6 @@ class RemoteLocalEngine(RemoteInfEngine):
 
     @classmethod
     def build_server_command(cls, server_args: dict[str, Any]) -> tuple[str, dict[str, str]]:
-        from areal.engine.inference_backends import server_command_line
-
         if not server_args.get("model_path"):
             raise ValueError("server_args['model_path'] is required for a built-in server")
         return server_command_line(SERVER_MODULE, server_args), {"OMP_NUM_THREADS": "1"}
@@ -116,8 +120,6 @@ class RemoteLocalEngine(RemoteInfEngine):
         """Start built-in servers: ``server_args`` = ``model_path``, optional ``num_servers``,
         ``host``, ``ports``, ``log_dir`` and server flags (e.g. ``max_batch_size``).
         Returns the list of addresses."""
-        from areal.engine.local_server.launch import launch_local_server
-
         args = dict(server_args)
         group = launch_local_server(
             args.pop("model_path"),

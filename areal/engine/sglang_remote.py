@@ -5,15 +5,20 @@ logprobs from ``meta_info.output_token_logprobs`` = ``[logprob, token_id, text]`
 stop reason from ``meta_info.finish_reason.type``), ``/pause_generation``,
 ``/continue_generation``, ``/update_weights_from_disk``, ``/init_weights_update_group``,
 ``/update_weights_from_distributed``, ``/health``. SGLang does not track weight versions;
-the client stamps each chunk with its own version.
+the client stamps each chunk with its own version. Prompts with images add
+``image_data`` (base64 strings) to ``/generate``; these formats were unit-tested on the
+request/response JSON only, not run against a real SGLang server here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from areal.api.cli_args import InferenceEngineConfig
-from areal.infra.remote_inf_engine import BackendAdapter, HttpCall, RemoteInfEngine, _stop_reason
+from areal.api.cli_args import SGLANG_SERVER_MODULE, InferenceEngineConfig, SGLangConfig
+from areal.api.inference_protocol import BackendAdapter, GenChunk, HttpCall, stop_reason
+from areal.engine.image_payloads import as_base64
+from areal.engine.inference_backends import server_command_line
+from areal.infra.rollout.remote_inf_engine import RemoteInfEngine
 
 
 class SGLangBackend(BackendAdapter):
@@ -44,14 +49,20 @@ class SGLangBackend(BackendAdapter):
         )
 
     def parse_generate(self, data):
-        from areal.infra.remote_inf_engine import GenChunk
-
         meta = data["meta_info"]
         lps = meta.get("output_token_logprobs") or []
         tokens = [int(x[1]) for x in lps] if lps else list(data.get("output_ids", []))
         return GenChunk(
-            tokens, [float(x[0]) for x in lps], None, _stop_reason(meta.get("finish_reason"))
+            tokens, [float(x[0]) for x in lps], None, stop_reason(meta.get("finish_reason"))
         )
+
+    def with_images(self, call, image_data, messages):
+        """SGLang's native ``/generate``: ``input_ids`` already hold the expanded image pad
+        tokens and ``image_data`` is the list of images (base64 strings; SGLang also
+        accepts URLs or file names, one per image)."""
+        payload = dict(call.payload or {})
+        payload["image_data"] = [as_base64(im) for im in image_data]
+        return HttpCall(call.path, payload, call.method)
 
     def pause_call(self):
         return HttpCall("/pause_generation", {})
@@ -103,8 +114,6 @@ class RemoteSGLangEngine(RemoteInfEngine):
         """Flags of an SGLang server from an experiment config: every ``config.sglang``
         field (``SGLangConfig.build_args``) and the model (``sglang.model_path`` or the
         actor's path)."""
-        from areal.api.cli_args import SGLangConfig
-
         if pp_size != 1:
             raise ValueError(f"SGLang servers take no pipeline parallelism: pp_size={pp_size}")
         scfg = getattr(config, "sglang", None) or SGLangConfig()
@@ -122,7 +131,4 @@ class RemoteSGLangEngine(RemoteInfEngine):
     @classmethod
     def build_server_command(cls, server_args: dict[str, Any]) -> tuple[str, dict[str, str]]:
         """``python -m sglang.launch_server --host {host} --port {port} --flags...``."""
-        from areal.api.cli_args import SGLANG_SERVER_MODULE
-        from areal.engine.inference_backends import server_command_line
-
         return server_command_line(SGLANG_SERVER_MODULE, server_args), {}

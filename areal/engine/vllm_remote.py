@@ -12,21 +12,31 @@ convention of the rest of areal). Reloads go through areal's worker extension
 (``areal.engine.vllm_ext``), which also refreshes pre-packed output layers on CPU.
 Distributed (xccl) weight updates are not supported by this adapter. vLLM does not track weight versions;
 the client stamps each chunk with its own version.
+
+Prompts with images go through the OpenAI-compatible ``/v1/chat/completions`` with
+``image_url`` content parts holding ``data:image/png;base64,...`` URLs (the format vLLM
+documents for multimodal chat); the server renders the chat template itself, so the
+request needs the chat messages (``ModelRequest.vision_msg_vllm``). Sampling parameters
+are carried over from the completions payload; token ids come back as ``token_id:N``
+strings and are parsed by :func:`parse_chat_completion`. A request interrupted
+mid-generation (pause for a weight update) cannot be resumed from token ids on this
+path: it is sent again from the messages. This image format was unit-tested on the
+request/response JSON only, not run against a real vLLM server here.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 from typing import Any
 
-from areal.api.cli_args import InferenceEngineConfig
-from areal.infra.remote_inf_engine import (
-    BackendAdapter,
-    GenChunk,
-    HttpCall,
-    RemoteInfEngine,
-    _stop_reason,
-)
+from areal.api.cli_args import VLLM_SERVER_MODULE, InferenceEngineConfig, vLLMConfig
+from areal.api.inference_protocol import BackendAdapter, GenChunk, HttpCall, stop_reason
+from areal.engine import vllm_ext
+from areal.engine.image_payloads import as_data_url
+from areal.engine.inference_backends import server_command_line
+from areal.infra.rollout.remote_inf_engine import RemoteInfEngine
 from areal.utils import logging
 
 logger = logging.getLogger("RemotevLLMEngine")
@@ -35,6 +45,8 @@ ENV_VLLM_PYTHON = "AREAL_VLLM_PYTHON"  # interpreter that starts the vLLM server
 # vLLMConfig fields (AReaL's schema) that vLLM's V1 server refuses as flags.
 _REMOVED_VLLM_FLAGS = ("swap_space",)
 _CPU_BLOCK_MULTIPLE = 32  # KV block size granularity of vLLM's CPU attention
+# completions fields that chat completions does not take (or takes under another shape)
+_NOT_IN_CHAT = ("prompt", "logprobs", "echo", "suffix", "best_of")
 
 
 def _token_id(tok: str) -> int:
@@ -75,10 +87,24 @@ class VLLMBackend(BackendAdapter):
             },
         )
 
+    def with_images(self, call, image_data, messages):
+        """Images go through the OpenAI-compatible ``/v1/chat/completions`` (module
+        docstring): the completions payload's sampling parameters, the chat ``messages``
+        with every image part filled (:func:`vllm_chat_messages`)."""
+        if not messages:
+            raise ValueError(
+                "vLLM takes images through chat completions: the request needs the chat "
+                "messages (ModelRequest.vision_msg_vllm)"
+            )
+        chat = {k: v for k, v in (call.payload or {}).items() if k not in _NOT_IN_CHAT}
+        chat["messages"] = vllm_chat_messages(messages, image_data)
+        chat["logprobs"] = True
+        chat["top_logprobs"] = 0
+        chat["add_generation_prompt"] = True
+        return HttpCall("/v1/chat/completions", chat, call.method)
+
     def parse_generate(self, data):
         if data.get("object") == "chat.completion":  # a request with images
-            from areal.infra.vision_requests import parse_chat_completion
-
             return parse_chat_completion(data)
         c = data["choices"][0]
         lp = c.get("logprobs") or {}
@@ -87,7 +113,7 @@ class VLLMBackend(BackendAdapter):
         else:
             tokens = [_token_id(t) for t in lp.get("tokens", [])]
         logprobs = [float(x) if x is not None else 0.0 for x in lp.get("token_logprobs", [])]
-        return GenChunk(tokens, logprobs, None, _stop_reason(c.get("finish_reason")))
+        return GenChunk(tokens, logprobs, None, stop_reason(c.get("finish_reason")))
 
     def pause_call(self):
         return HttpCall("/pause?mode=abort", None)
@@ -126,8 +152,6 @@ class RemotevLLMEngine(RemoteInfEngine):
         With ``cluster.n_gpus_per_node=0`` (vLLM CPU) the KV ``block_size`` is rounded up
         to a multiple of 32 and chunked prefill is turned off (seeded requests in a chunked
         prefill crash vLLM CPU 0.32)."""
-        from areal.api.cli_args import vLLMConfig
-
         vcfg = getattr(config, "vllm", None) or vLLMConfig()
         args = vLLMConfig.build_args(vllm_config=vcfg, tp_size=tp_size, pp_size=pp_size)
         model = (
@@ -168,10 +192,6 @@ class RemotevLLMEngine(RemoteInfEngine):
         ``--logprobs-mode processed_logprobs`` (logprobs after temperature, the convention
         of the rest of areal); ``max_model_len`` is clamped to the model's
         ``max_position_embeddings`` (vLLM refuses a longer one)."""
-        from areal.api.cli_args import VLLM_SERVER_MODULE
-        from areal.engine import vllm_ext
-        from areal.engine.inference_backends import server_command_line
-
         args = dict(server_args)
         python = args.pop("python", None) or os.environ.get(ENV_VLLM_PYTHON) or "python"
         if "model_path" in args:  # the name the other backends use
@@ -208,11 +228,45 @@ def _max_position_embeddings(model: str) -> int | None:
     path = os.path.join(model, "config.json")
     if not os.path.isfile(path):
         return None
-    import json
-
     try:
         with open(path) as f:
             v = json.load(f).get("max_position_embeddings")
     except (OSError, ValueError):
         return None
     return int(v) if isinstance(v, int) else None
+
+
+def vllm_chat_messages(messages: list[dict], image_data: list[Any]) -> list[dict]:
+    """``messages`` with every image part (``image`` / ``image_url``) filled with the images,
+    in order, as ``{"type": "image_url", "image_url": {"url": data URL}}``."""
+    out = copy.deepcopy(messages)
+    k = 0
+    for msg in out:
+        content = msg.get("content")
+        if not isinstance(content, list):
+            continue
+        for i, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") in ("image", "image_url"):
+                if k >= len(image_data):
+                    raise ValueError(
+                        f"the messages have more image parts than the {len(image_data)} images"
+                    )
+                content[i] = {"type": "image_url", "image_url": {"url": as_data_url(image_data[k])}}
+                k += 1
+            elif isinstance(part, dict) and part.get("type") == "text":
+                content[i] = {"type": "text", "text": part.get("text") or ""}
+    if k != len(image_data):
+        raise ValueError(f"{len(image_data)} images but {k} image parts in the messages")
+    return out
+
+
+def parse_chat_completion(data: dict[str, Any]) -> GenChunk:
+    """A vLLM chat completion (``return_tokens_as_token_ids``) -> ``GenChunk``."""
+    c = data["choices"][0]
+    content = (c.get("logprobs") or {}).get("content") or []
+    if c.get("token_ids") is not None:
+        tokens = [int(t) for t in c["token_ids"]]
+    else:
+        tokens = [int(str(e["token"]).rpartition(":")[2]) for e in content]
+    logprobs = [float(e["logprob"]) if e.get("logprob") is not None else 0.0 for e in content]
+    return GenChunk(tokens, logprobs, None, stop_reason(c.get("finish_reason")))
