@@ -34,6 +34,9 @@ from areal.trainer.ppo.stats import (
     consistency_stats,
     flatten_stats,
 )
+from areal.utils import logging
+
+logger = logging.getLogger("PPOStep")
 
 
 @dataclass
@@ -108,12 +111,24 @@ def _held_step(roles, batch, config, version, timed) -> dict[str, float]:
                 train_stats.update(
                     {f"critic/{k}": v for k, v in flatten_stats(critic_stats).items()}
                 )
-    finally:
-        for ref in (actor_ref, critic_ref):
-            if ref is not None:
-                ref.free()
+    except BaseException:
+        _free_quietly(actor_ref, critic_ref)  # the step's own error is the one to see
+        raise
+    for ref in (actor_ref, critic_ref):
+        if ref is not None:
+            ref.free()
     stats.update(train_stats)
     return stats
+
+
+def _free_quietly(*refs: Any) -> None:
+    for ref in refs:
+        if ref is None:
+            continue
+        try:
+            ref.free()
+        except Exception as e:  # noqa: BLE001 - e.g. the worker that failed the step is dead
+            logger.warning(f"freeing {ref!r} after a failed step: {e}")
 
 
 def _shipped_step(roles, batch, config, version, timed) -> dict[str, float]:
