@@ -127,7 +127,9 @@ def measure(roles: PPORoles, config, batch: dict, held: bool, steps: int) -> dic
     per_role = {r: t.as_dict() for r, t in RPC_TRAFFIC.by_role().items()}
     size = nbytes(batch)
     total = {k: sum(t[k] for t in per_role.values()) / steps for k in ("bytes", "transfer_s")}
-    calls = {f"{w}:{m}": t.calls // steps for (w, m), t in sorted(RPC_TRAFFIC.snapshot().items())}
+    snap = sorted(RPC_TRAFFIC.snapshot().items())
+    calls = {f"{w}:{m}": t.calls // steps for (w, m), t in snap}
+    call_s = {f"{w}:{m}": t.transfer_s / steps for (w, m), t in snap}
     return {
         "step_s": step_s,
         "bytes_per_step": int(total["bytes"]),
@@ -143,6 +145,7 @@ def measure(roles: PPORoles, config, batch: dict, held: bool, steps: int) -> dic
             for r, t in per_role.items()
         },
         "calls_per_step": calls,
+        "transfer_s_per_call": call_s,
         "timings_s": {k: v / steps for k, v in timings.items()},
     }
 
