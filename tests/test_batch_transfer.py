@@ -119,6 +119,13 @@ def test_ref_results_equal_plain_dict_results_and_ref_is_freed(dist_ctrl):
         assert torch.equal(dist_ctrl.forward_batch(ref), plain_logp)  # original order
         assert dist_ctrl.compute_advantages(ref) is ref  # stayed on the workers
         torch.testing.assert_close(ref.fetch(["advantages"])["advantages"], plain_adv)
+        # reads like a dict (each read fetches from the workers), rows in the original order
+        assert "advantages" in ref and set(ref.keys()) >= set(b) | {"advantages"}
+        assert torch.equal(ref["input_ids"], b["input_ids"]) and ref.get("nope") is None
+        with pytest.raises(KeyError, match="nope"):
+            ref["nope"]
+        as_dict = dict(ref.items())
+        assert torch.equal(as_dict["rewards"], b["rewards"]) and as_dict["adv_rank"] == 0
         assert dist_ctrl.train_batch(ref, None, None) == plain_stats
         held = dist_ctrl.stored_batches()
         assert [h["n_batches"] for h in held] == [1, 1] and all(h["bytes"] > 0 for h in held)

@@ -11,7 +11,9 @@ shard once (``areal.infra.rpc.batch_store``). Pass the ref wherever a batch goes
     ref.free()                                        # every step (or ``with ref:``)
 
 Per-row values given to ``update`` are split like the batch; ``fetch`` and results of
-calls on the ref come back merged in the original row order.
+calls on the ref come back merged in the original row order. For code written against
+plain dicts, a ref also reads like one (``keys()``, ``ref["key"]``, ``get``, ``items()``,
+``to_dict()``): each read fetches what it names from the workers, so it costs a transfer.
 """
 
 from __future__ import annotations
@@ -35,18 +37,16 @@ class BatchRef:
         ref_id: str,
         indices: list[torch.Tensor],
         batch_size: int,
-        keys: list[str],
     ):
         self.controller = controller
         self.ref_id = ref_id
         self.indices = indices
         self.batch_size = batch_size
-        self.keys = list(keys)
         self.freed = False
 
     def __repr__(self) -> str:
         role = self.controller.role
-        return f"BatchRef({self.ref_id!r}, role={role!r}, rows={self.batch_size}, keys={self.keys})"
+        return f"BatchRef({self.ref_id!r}, role={role!r}, rows={self.batch_size})"
 
     def handle(self, store_as: str | None = None) -> StoredBatch:
         if self.freed:
@@ -71,16 +71,41 @@ class BatchRef:
         """Add entries on the workers (per-row tensors split like the batch)."""
         self.handle()
         self.controller._call_all("update", self._rank_slices(entries), engine_name=STORE_ENGINE)
-        self.keys += [k for k in entries if k not in self.keys]
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.update({key: value})
 
+    # ---------------------------------------------------------- dict-like reads
+    def keys(self) -> list[str]:
+        """The entries the workers hold now (asked of the first worker)."""
+        self.handle()
+        c = self.controller
+        return c.scheduler.call_engine(
+            c.workers[0].id, "keys", self.ref_id, engine_name=STORE_ENGINE, timeout=c.call_timeout
+        )
+
     def __contains__(self, key: str) -> bool:
-        return key in self.keys
+        return key in self.keys()
+
+    def __getitem__(self, key: str) -> Any:
+        out = self.fetch([key])
+        if key not in out:
+            raise KeyError(f"{key!r} not in {self!r}")
+        return out[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fetch([key]).get(key, default)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole batch, fetched back (per-row entries in the original order)."""
+        return self.fetch(self.keys())
+
+    def items(self):
+        return self.to_dict().items()
 
     def fetch(self, keys: list[str]) -> dict[str, Any]:
         """The named entries, per-row tensors merged in the original row order."""
+        self.handle()
         results = self.controller._call_all(
             "fetch",
             [((self.ref_id, list(keys)), {})] * len(self.controller.workers),

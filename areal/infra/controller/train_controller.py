@@ -484,7 +484,7 @@ class TrainController:
         ref_id = f"{self.role}-{uuid.uuid4().hex[:12]}"
         per_rank = [((ref_id, slice_batch(batch, indices[dp])), {}) for dp in self.dp_ranks]
         self._call_all("put", per_rank, engine_name=STORE_ENGINE)
-        return BatchRef(self, ref_id, indices, int(batch["attention_mask"].shape[0]), list(batch))
+        return BatchRef(self, ref_id, indices, int(batch["attention_mask"].shape[0]))
 
     def stored_batches(self) -> list[dict[str, Any]]:
         """What each worker holds now: ``{"n_batches", "bytes", "ref_ids"}`` per worker."""
@@ -503,8 +503,6 @@ class TrainController:
         args = tuple(handle if a is ref else a for a in args)
         kwargs = {k: handle if v is ref else v for k, v in kwargs.items()}
         results = self._call_all(method, [(args, kwargs)] * len(self.workers), timeout=timeout)
-        if store_as is not None and store_as not in ref.keys:
-            ref.keys.append(store_as)
         if not merge:
             return results
         merged = self.merge_results(results, ref.indices)

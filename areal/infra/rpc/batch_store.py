@@ -14,7 +14,7 @@ resolves handles before calling the engine:
   small tensors) is returned as it is.
 
 Host methods (called with ``engine_name=STORE_ENGINE``): ``put``, ``update``, ``fetch``,
-``apply``, ``free``, ``info``. A handle that names a freed or unknown batch raises
+``keys``, ``apply``, ``free``, ``info``. A handle that names a freed or unknown batch raises
 ``KeyError`` naming it. The controller frees every batch at the end of its step
 (``areal.infra.controller.batch_ref.BatchRef.free``).
 """
@@ -77,6 +77,9 @@ class BatchStore:
         """The named entries (missing keys are left out)."""
         batch = self.get(ref_id)
         return {k: batch[k] for k in keys if k in batch}
+
+    def keys(self, ref_id: str) -> list[str]:
+        return list(self.get(ref_id))
 
     def apply(self, ref_id: str, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """``fn(batch, *args, **kwargs)`` on the stored batch; ``fn`` must be an importable
