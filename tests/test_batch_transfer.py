@@ -223,3 +223,21 @@ def test_ppo_step_failure_still_frees_held_batches(roles, sched):
         roles.actor.configure({"needs": ["prox_logp", "ref_logp", "values"]})
     for c in (roles.actor, roles.critic):
         assert all(h["n_batches"] == 0 for h in c.stored_batches()), c.role
+
+
+def test_ppo_step_teacher_receives_batch_once_actor_gets_its_logp(roles):
+    b = _batch([9, 14, 6, 11])
+    teacher_roles = PPORoles(roles.actor, teacher=roles.ref)  # the stub scores like a teacher
+    config = _config()
+    config.teacher = SimpleNamespace(rl_loss_weight=1.0, distill_loss_weight=0.5)
+    roles.actor.configure({"needs": ["prox_logp", "teacher_logp", "distill_loss_weight"]})
+    try:
+        shipped = train_on_batch(teacher_roles, b, config, 0, _timed, held=False)
+        RPC_TRAFFIC.reset()
+        held = train_on_batch(teacher_roles, b, config, 0, _timed)
+    finally:
+        roles.actor.configure({"needs": ["prox_logp", "ref_logp", "values"]})
+    assert held == pytest.approx(shipped)
+    calls = {m: t.calls for (w, m), t in RPC_TRAFFIC.snapshot().items() if w == "ref/0"}
+    assert calls == {"compute_logp": 1}  # the teacher's workers: the batch, once
+    assert all(h["n_batches"] == 0 for h in roles.actor.stored_batches())
