@@ -178,11 +178,10 @@ def test_model_allocation_from_str_name_keyword():
 
 
 def test_create_dataloader_accepts_areal_positional_order():
-    from types import SimpleNamespace
-
+    from areal.api.cli_args import DatasetConfig
     from areal.utils.dataloader import create_dataloader
 
-    cfg = SimpleNamespace(batch_size=2, shuffle=False, drop_last=True, num_workers=0)
+    cfg = DatasetConfig(path="x", type="rl", batch_size=2, shuffle=False)
     rows = [{"i": i} for i in range(6)]
     ours = [b for b in create_dataloader(rows, cfg, 1, 2, seed=0)]
     areal_order = [b for b in create_dataloader(rows, 1, 2, cfg)]
@@ -253,8 +252,8 @@ def test_kill_process_tree_kills_children():
 
 def test_perf_tracer_decorators_run_and_save_when_configured(tmp_path):
     import json
-    from types import SimpleNamespace
 
+    from areal.api.cli_args import PerfTracerConfig
     from areal.utils import perf_tracer
     from areal.utils.perf_tracer import Category, atrace_scope, session_context, trace_perf
 
@@ -270,7 +269,7 @@ def test_perf_tracer_decorators_run_and_save_when_configured(tmp_path):
 
     assert double(2) == 4 and asyncio.run(episode()) == 3  # no-ops when not configured
     assert perf_tracer.save() is None
-    perf_tracer.configure(SimpleNamespace(enabled=True), rank=0, save_dir=str(tmp_path))
+    perf_tracer.configure(PerfTracerConfig(enabled=True), rank=0, save_dir=str(tmp_path))
     try:
         double(1)
         asyncio.run(episode())

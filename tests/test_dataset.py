@@ -6,10 +6,10 @@ import json
 import logging
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
+from areal.api.cli_args import DatasetConfig
 from areal.dataset import get_custom_dataset
 from areal.dataset.synthetic import ArithSpec, generate_arith_problems, parse_synthetic_path
 from areal.reward.gsm8k import gsm8k_reward_fn
@@ -20,7 +20,7 @@ GSM8K_DIR = Path(__file__).resolve().parent / "data" / "gsm8k"
 
 
 def cfg(path, type="rl", max_length=None, batch_size=4, shuffle=True, drop_last=True):
-    return SimpleNamespace(
+    return DatasetConfig(
         path=str(path),
         type=type,
         max_length=max_length,

@@ -8,9 +8,10 @@ refs/main`` (a commit hash) and ``snapshots/<hash>/...``; datasets under
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
+
+from areal.api.cli_args import DatasetConfig
 
 TINY_BASE = os.path.join(os.path.dirname(__file__), "..", "areal", "models", "assets", "tiny-base")
 REV = "0123456789abcdef0123456789abcdef01234567"
@@ -90,7 +91,7 @@ def test_load_hf_tokenizer_with_hub_id_offline_uses_cache(offline):
 def test_get_custom_dataset_hub_id_reads_cached_snapshot_split_and_subset(offline):
     from areal.dataset import get_custom_dataset
 
-    cfg = SimpleNamespace(
+    cfg = DatasetConfig(
         path=DATASET_ID, type="rl", max_length=None, split="test", dataset_kwargs={"name": "main"}
     )
     test = get_custom_dataset(dataset_config=cfg)  # split from the config
@@ -117,7 +118,7 @@ def test_offline_uncached_hub_id_raises_one_error_naming_id_cache_and_flag(offli
 def test_offline_uncached_dataset_id_raises_naming_it(offline):
     from areal.dataset import get_custom_dataset
 
-    cfg = SimpleNamespace(path="someone/nowhere", type="rl", max_length=None)
+    cfg = DatasetConfig(path="someone/nowhere", type="rl", max_length=None)
     with pytest.raises(FileNotFoundError, match="dataset 'someone/nowhere'.*HF_HUB_OFFLINE"):
         get_custom_dataset("train", cfg)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
-from types import SimpleNamespace
 
 import pytest
 
+from areal.api.cli_args import DatasetConfig
 from areal.dataset import get_custom_dataset
 from areal.dataset.synthetic import ArithSpec, generate_arith_preference_pairs
 
@@ -32,7 +32,7 @@ def tok():
 
 
 def _cfg(path, type, max_length=None):
-    return SimpleNamespace(path=path, type=type, max_length=max_length, dataset_kwargs={})
+    return DatasetConfig(path=path, type=type, max_length=max_length, dataset_kwargs={})
 
 
 def _write(path, rows, gz=False):

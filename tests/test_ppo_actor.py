@@ -697,6 +697,52 @@ def test_critic_update_matches_direct_clipped_value_loss():
     assert "ppo_critic/value_loss/avg" in out
 
 
+# ------------------------------------------------------------- hosting on another engine
+def test_host_mixins_put_the_same_algorithm_on_any_engine():
+    """The hosting pattern with a second engine (TinyEngine, not FSDP): the mixin-built
+    classes give the same advantages and update as the algorithm composed by hand."""
+    from areal.trainer.ppo.actor import PPOActorHost
+    from areal.trainer.ppo.critic import PPOCriticHost
+
+    class ConfiguredTinyEngine(TinyEngine):
+        def __init__(self, config):
+            super().__init__(critic=isinstance(config, PPOCriticConfig), mb_seqs=2)
+            self.config = config
+
+    class TinyPPOActor(PPOActorHost, ConfiguredTinyEngine):
+        pass
+
+    class TinyPPOCritic(PPOCriticHost, ConfiguredTinyEngine):
+        pass
+
+    c = cfg(ppo_n_minibatches=2, discount=1.0, gae_lambda=0.9)
+    hosted, by_hand = TinyPPOActor(c), PPOActor(c, TinyEngine(mb_seqs=2))
+    assert hosted.actor.engine is hosted and isinstance(hosted.actor, PPOActor)
+    critic_cfg = PPOCriticConfig(ppo_n_minibatches=1, eps_clip=0.05)
+    hosted_critic = TinyPPOCritic(critic_cfg)
+    by_hand_critic = PPOCritic(critic_cfg, TinyEngine(critic=True, mb_seqs=2))
+    a, b = make_batch(bs=8), make_batch(bs=8)
+    a["values"] = hosted_critic.compute_values(a)
+    b["values"] = by_hand_critic.compute_values(b)
+    torch.testing.assert_close(a["values"], b["values"])
+    a["prox_logp"], b["prox_logp"] = hosted.compute_logp(a), by_hand.compute_logp(b)
+    hosted.compute_advantages(a)
+    by_hand.compute_advantages(b)
+    torch.testing.assert_close(a["advantages"], b["advantages"])
+    torch.manual_seed(3)
+    stats_a = hosted.ppo_update(a) + hosted_critic.ppo_update(a)
+    torch.manual_seed(3)
+    stats_b = by_hand.ppo_update(b) + by_hand_critic.ppo_update(b)
+    stats_tracker.export()
+    assert [s["loss"] for s in stats_a] == pytest.approx([s["loss"] for s in stats_b])
+    for p, q in zip(hosted.model.parameters(), by_hand.engine.model.parameters()):
+        torch.testing.assert_close(p, q)
+    moved = [
+        not torch.equal(p, q) for p, q in zip(hosted.model.parameters(), TinyModel().parameters())
+    ]
+    assert any(moved)  # the update did change the hosted weights
+
+
 # ------------------------------------------------------------------ FSDP, 2 gloo ranks
 def _fsdp_ppo_session(rank, world_size, path):
     from areal.api.cli_args import OptimizerConfig

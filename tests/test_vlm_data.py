@@ -7,9 +7,10 @@ import base64
 import io
 import json
 from collections import Counter
-from types import SimpleNamespace
 
 import pytest
+
+from areal.api.cli_args import DatasetConfig
 
 
 def _png(color=(255, 0, 0), size=28) -> bytes:
@@ -67,7 +68,7 @@ def test_get_custom_dataset_synthetic_clevr_rl_rows():
     from areal.utils.vlm import load_image
 
     ds = get_custom_dataset(
-        "train", SimpleNamespace(path="synthetic://clevr?n=6", type="rl", max_length=None)
+        "train", DatasetConfig(path="synthetic://clevr?n=6", type="rl", max_length=None)
     )
     row = ds[0]
     assert set(row) >= {"messages", "images", "answer"}
@@ -82,7 +83,7 @@ def test_get_custom_dataset_synthetic_clevr_sft_with_processor_and_max_length():
     from areal.models.tiny_vlm import build_tiny_vlm_processor
 
     proc = build_tiny_vlm_processor()
-    cfg = SimpleNamespace(path="synthetic://clevr?n=4", type="sft", max_length=200)
+    cfg = DatasetConfig(path="synthetic://clevr?n=4", type="sft", max_length=200)
     ds = get_custom_dataset("train", cfg, processor=proc)
     row = ds[0]
     n_img = sum(t == proc.image_token_id for t in row["input_ids"])
@@ -121,12 +122,12 @@ def test_geometry3k_parquet_rows_bad_rows_counted_and_limited(tmp_path):
         {"images": [{"bytes": _png(), "path": None}], "problem": "<image>?", "answer": ""},
     ]
     pq.write_table(pa.Table.from_pylist(good + bad), d / "train-00000-of-00001.parquet")
-    ds = get_custom_dataset("train", SimpleNamespace(path=str(d), type="rl", max_length=None))
+    ds = get_custom_dataset("train", DatasetConfig(path=str(d), type="rl", max_length=None))
     assert len(ds) == 18
     assert "\\boxed{}" in ds[0]["messages"][-1]["content"][-1]["text"]
     pq.write_table(pa.Table.from_pylist(good[:2] + bad), d / "test.parquet")
     with pytest.raises(ValueError, match="rows are bad"):
-        get_custom_dataset("test", SimpleNamespace(path=str(d), type="rl", max_length=None))
+        get_custom_dataset("test", DatasetConfig(path=str(d), type="rl", max_length=None))
 
 
 def test_clevr_count_jsonl_relative_image_paths_and_base64(tmp_path):
@@ -145,7 +146,7 @@ def test_clevr_count_jsonl_relative_image_paths_and_base64(tmp_path):
         },
     ]
     (d / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    ds = get_custom_dataset("test", SimpleNamespace(path=str(d), type="rl", max_length=None))
+    ds = get_custom_dataset("test", DatasetConfig(path=str(d), type="rl", max_length=None))
     assert [r["answer"] for r in ds] == ["4", "2"]
     assert ds[0]["messages"][0]["role"] == "system"  # the bracket instruction
     assert load_image(ds[0]["images"][0]).getpixel((3, 3)) == (0, 0, 255)

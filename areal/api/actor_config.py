@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from areal.api.config_common import _check_choice, _check_range, _field, _warn_once
+from areal.api.config_common import cfield, check_choice, check_range, warn_once
 from areal.api.engine_config import NormConfig, TrainEngineConfig
 
 _PROX_LOGP_METHODS = ["recompute", "loglinear", "metrics"]
@@ -48,36 +48,36 @@ class RejectionSamplingConfig:
     Replaces the legacy ``behave_imp_weight_cap`` / ``behave_imp_weight_mode``.
     """
 
-    level: str = _field(
+    level: str = cfield(
         "token",
         "'token': each token judged on its own; 'sequence': one decision per sequence "
         "(with metric 'ratio' the correction weight is the sequence's aggregated ratio too).",
         choices=_RS_LEVELS,
     )
-    action: str = _field(
+    action: str = cfield(
         "mask",
         "'mask': drop tokens/sequences outside the bounds from the loss; 'clamp': clamp "
         "the importance weight into [lower, upper] (metric 'ratio' only).",
         choices=_RS_ACTIONS,
     )
-    metric: str = _field(
+    metric: str = cfield(
         "ratio",
         "'ratio' (pi_prox / pi_behave), 'kl_k1' (log r, may be negative), 'kl_k2' "
         "((log r)^2 / 2), 'kl_k3' (r - log r - 1).",
         choices=_RS_METRICS,
     )
-    agg: str = _field(
+    agg: str = cfield(
         "mean",
         "Sequence-level aggregation: 'sum', 'mean' (in log space for 'ratio': product / "
         "geometric mean) or 'max'. Ignored at level 'token'.",
         choices=_RS_AGGS,
     )
-    upper: float = _field(
+    upper: float = cfield(
         5.0,
         "Upper bound: values above it are filtered (or clamped). > 1 for 'ratio', > 0 for "
         "'kl_k2' / 'kl_k3'.",
     )
-    lower: float | None = _field(
+    lower: float | None = cfield(
         None,
         "Lower bound; None: none ('clamp' sets it to 0.0). > 0 for 'ratio' (0.0 allowed "
         "with 'clamp'); <= upper.",
@@ -85,10 +85,10 @@ class RejectionSamplingConfig:
 
     def __post_init__(self):
         owner = "RejectionSamplingConfig"
-        _check_choice(owner, "level", self.level, _RS_LEVELS)
-        _check_choice(owner, "action", self.action, _RS_ACTIONS)
-        _check_choice(owner, "metric", self.metric, _RS_METRICS)
-        _check_choice(owner, "agg", self.agg, _RS_AGGS)
+        check_choice(owner, "level", self.level, _RS_LEVELS)
+        check_choice(owner, "action", self.action, _RS_ACTIONS)
+        check_choice(owner, "metric", self.metric, _RS_METRICS)
+        check_choice(owner, "agg", self.agg, _RS_AGGS)
         if self.lower is not None and self.lower > self.upper:
             raise ValueError(
                 f"{owner}.lower={self.lower!r} is not allowed; must be <= upper={self.upper!r}"
@@ -119,7 +119,7 @@ class RejectionSamplingConfig:
         if self.action == "clamp" and self.lower is None:
             self.lower = 0.0
         if self.level == "token" and self.agg != "mean":
-            _warn_once(
+            warn_once(
                 f"rs-agg-{self.agg}",
                 f"{owner}.agg={self.agg!r} is ignored with level='token' (aggregation "
                 "applies to level='sequence' only)",
@@ -136,7 +136,7 @@ def legacy_rejection_sampling(
     or no cap -> None (no filtering). ``mode=None`` means 'token_mask'.
     """
     mode = mode or "token_mask"
-    _check_choice("PPOActorConfig", "behave_imp_weight_mode", mode, _BEHAVE_IMP_WEIGHT_MODES)
+    check_choice("PPOActorConfig", "behave_imp_weight_mode", mode, _BEHAVE_IMP_WEIGHT_MODES)
     if mode == "disabled" or cap is None:
         return None
     level, how = mode.split("_", 1)
@@ -150,97 +150,97 @@ class PPOActorConfig(TrainEngineConfig):
     """The policy model of PPO/GRPO and its loss: clipping, rewards, advantages, KL, async corrections."""
 
     # ---- core PPO / GRPO
-    group_size: int = _field(
+    group_size: int = cfield(
         1,
         "Samples per prompt in a batch (usually gconfig.n_samples); used by group statistics; >= 1.",
     )
-    ppo_n_minibatches: int = _field(
+    ppo_n_minibatches: int = cfield(
         4,
         "Each training batch is split into this many mini-batches, one optimizer step each; >= 1.",
     )
-    eps_clip: float = _field(
+    eps_clip: float = cfield(
         0.2,
         "PPO clip range of the probability ratio (lower side when eps_clip_higher is set); >= 0.",
     )
-    eps_clip_higher: float | None = _field(
+    eps_clip_higher: float | None = cfield(
         None, "Upper clip range (DAPO clip-higher); None uses eps_clip on both sides; >= 0."
     )
-    c_clip: float | None = _field(
+    c_clip: float | None = cfield(
         None, "Dual-clip bound for negative advantages; > 1. None disables dual clipping."
     )
     # ---- rewards
-    reward_scaling: float = _field(
+    reward_scaling: float = cfield(
         1.0, "Rewards are multiplied by this factor (after adding reward_bias)."
     )
-    reward_bias: float = _field(0.0, "Added to every reward before scaling.")
-    reward_clip: float = _field(20.0, "Rewards are clipped to [-reward_clip, reward_clip]; > 0.")
-    reward_norm: NormConfig | None = _field(
+    reward_bias: float = cfield(0.0, "Added to every reward before scaling.")
+    reward_clip: float = cfield(20.0, "Rewards are clipped to [-reward_clip, reward_clip]; > 0.")
+    reward_norm: NormConfig | None = cfield(
         None, "Reward normalisation (e.g. per group for GRPO); None: off."
     )
-    overlong_reward_penalty: bool = _field(
+    overlong_reward_penalty: bool = cfield(
         False, "DAPO soft overlong penalty on responses close to max_new_tokens."
     )
-    overlong_tokens: int | None = _field(
+    overlong_tokens: int | None = cfield(
         None,
         "Length of the penalised tail before max_new_tokens; required with overlong_reward_penalty.",
     )
-    overlong_penalty_factor: float | None = _field(
+    overlong_penalty_factor: float | None = cfield(
         None, "Maximum penalty of the overlong tail; required with overlong_reward_penalty."
     )
-    mask_no_eos_with_zero: bool = _field(
+    mask_no_eos_with_zero: bool = cfield(
         False, "Exclude truncated responses (no EOS) from the loss."
     )
     # ---- advantages
-    discount: float = _field(1.0, "Discount factor gamma of future rewards, in [0, 1].")
-    gae_lambda: float = _field(1.0, "GAE lambda, in [0, 1].")
-    adv_norm: NormConfig | None = _field(None, "Advantage normalisation; None: off.")
+    discount: float = cfield(1.0, "Discount factor gamma of future rewards, in [0, 1].")
+    gae_lambda: float = cfield(1.0, "GAE lambda, in [0, 1].")
+    adv_norm: NormConfig | None = cfield(None, "Advantage normalisation; None: off.")
     # ---- KL
-    kl_ctl: float = _field(
+    kl_ctl: float = cfield(
         0.1, "Coefficient of the KL penalty against the reference model; >= 0 (0 = no KL)."
     )
-    kl_estimator: str = _field(
+    kl_estimator: str = cfield(
         "k1",
         "KL estimator: 'k1' (log-ratio), 'k2' (squared log-ratio / 2), 'k3' (Schulman's unbiased).",
         choices=["k1", "k2", "k3"],
     )
     # ---- asynchronous RL
-    recompute_logprob: bool = _field(
+    recompute_logprob: bool = cfield(
         False, "Recompute token logprobs with the training engine before the update."
     )
-    use_decoupled_loss: bool = _field(
+    use_decoupled_loss: bool = cfield(
         False,
         "Decoupled PPO objective (AReaL): clip against the proximal policy and weight by "
         "the behaviour importance ratio. Implies recompute_logprob=True.",
     )
-    rejection_sampling: RejectionSamplingConfig | None = _field(
+    rejection_sampling: RejectionSamplingConfig | None = cfield(
         None,
         "Filtering of stale samples by the proximal/behaviour divergence (decoupled loss "
         "only); None: no filtering.",
     )
-    behav_imp_weight_cap: float | None = _field(
+    behav_imp_weight_cap: float | None = cfield(
         None,
         "DEPRECATED (use rejection_sampling): cap of the behaviour importance weight; > 1. "
         "Migrated into rejection_sampling with a warning.",
     )
-    behave_imp_weight_cap: float | None = _field(
+    behave_imp_weight_cap: float | None = cfield(
         None,
         "DEPRECATED (use rejection_sampling): later spelling of behav_imp_weight_cap; takes "
         "precedence over it.",
     )
-    behave_imp_weight_mode: str = _field(
+    behave_imp_weight_mode: str = cfield(
         "token_mask",
         "DEPRECATED (use rejection_sampling): 'token_mask', 'token_truncate', "
         "'sequence_mask', 'sequence_truncate' or 'disabled'; with a cap X migrated to "
         "rejection_sampling {level, action: mask|clamp, metric: ratio, upper: X}.",
         choices=_BEHAVE_IMP_WEIGHT_MODES,
     )
-    importance_sampling_level: str = _field(
+    importance_sampling_level: str = cfield(
         "token",
         "'token': per-token ratios (PPO); 'sequence': geometric mean of the ratios over a "
         "sequence (GSPO).",
         choices=["token", "sequence"],
     )
-    prox_logp_method: str = _field(
+    prox_logp_method: str = cfield(
         "recompute",
         "How the proximal logprobs of the decoupled loss are obtained: 'recompute' (forward "
         "pass), 'loglinear' (interpolated, no forward pass), 'metrics' (recompute and log "
@@ -248,32 +248,32 @@ class PPOActorConfig(TrainEngineConfig):
         choices=_PROX_LOGP_METHODS,
     )
     # ---- algorithm variants
-    m2_threshold: float | None = _field(
+    m2_threshold: float | None = cfield(
         None,
         "M2PO: tokens are masked, largest squared log-ratio first, until the batch's second "
         "moment of the log-ratio is at most this threshold; > 0. None: M2PO off.",
     )
-    use_sapo_loss: bool = _field(
+    use_sapo_loss: bool = cfield(
         False,
         "SAPO: replace hard ratio clipping by a smooth sigmoid gate of the ratio. "
         "Incompatible with use_decoupled_loss.",
     )
-    sapo_tau_pos: float = _field(1.0, "SAPO gate temperature for positive advantages; > 0.")
-    sapo_tau_neg: float = _field(1.05, "SAPO gate temperature for negative advantages; > 0.")
-    dynamic_sampling: bool = _field(
+    sapo_tau_pos: float = cfield(1.0, "SAPO gate temperature for positive advantages; > 0.")
+    sapo_tau_neg: float = cfield(1.05, "SAPO gate temperature for negative advantages; > 0.")
+    dynamic_sampling: bool = cfield(
         False,
         "DAPO dynamic sampling: drop groups whose rewards are all equal (variable batch size).",
     )
     # ---- logging and others
-    log_agent_stats: bool = _field(False, "Log extra per-trajectory statistics of agent workflows.")
-    log_agent_stats_keys: list[str] = _field(
+    log_agent_stats: bool = cfield(False, "Log extra per-trajectory statistics of agent workflows.")
+    log_agent_stats_keys: list[str] = cfield(
         help="Keys of the trajectory dict logged when log_agent_stats.", factory=list
     )
-    max_new_tokens: int = _field(
+    max_new_tokens: int = cfield(
         1024,
         "Generation length limit (usually ${gconfig.max_new_tokens}); used by overlong penalties.",
     )
-    loss_agg_mode: str = _field(
+    loss_agg_mode: str = cfield(
         "token-mean",
         "How token losses are reduced: 'token-mean' (mean over all loss tokens), "
         "'seq-mean-token-mean' (token mean per sequence, then mean over sequences), "
@@ -281,64 +281,64 @@ class PPOActorConfig(TrainEngineConfig):
         "sequences; Dr.GRPO).",
         choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"],
     )
-    loss_norm_constant: float | None = _field(
+    loss_norm_constant: float | None = cfield(
         None, "Constant divisor of 'seq-mean-token-sum-norm'; None: max_new_tokens; > 0."
     )
 
     def __post_init__(self):
         super().__post_init__()
         owner = type(self).__name__
-        _check_range(owner, "group_size", self.group_size, ge=1)
-        _check_range(owner, "ppo_n_minibatches", self.ppo_n_minibatches, ge=1)
-        _check_range(owner, "eps_clip", self.eps_clip, ge=0)
-        _check_range(owner, "eps_clip_higher", self.eps_clip_higher, ge=0, optional=True)
-        _check_range(owner, "c_clip", self.c_clip, gt=1, optional=True)
-        _check_range(owner, "reward_clip", self.reward_clip, gt=0)
-        _check_range(owner, "discount", self.discount, ge=0, le=1)
-        _check_range(owner, "gae_lambda", self.gae_lambda, ge=0, le=1)
-        _check_range(owner, "kl_ctl", self.kl_ctl, ge=0)
-        _check_choice(owner, "kl_estimator", self.kl_estimator, ["k1", "k2", "k3"])
-        _check_choice(
+        check_range(owner, "group_size", self.group_size, ge=1)
+        check_range(owner, "ppo_n_minibatches", self.ppo_n_minibatches, ge=1)
+        check_range(owner, "eps_clip", self.eps_clip, ge=0)
+        check_range(owner, "eps_clip_higher", self.eps_clip_higher, ge=0, optional=True)
+        check_range(owner, "c_clip", self.c_clip, gt=1, optional=True)
+        check_range(owner, "reward_clip", self.reward_clip, gt=0)
+        check_range(owner, "discount", self.discount, ge=0, le=1)
+        check_range(owner, "gae_lambda", self.gae_lambda, ge=0, le=1)
+        check_range(owner, "kl_ctl", self.kl_ctl, ge=0)
+        check_choice(owner, "kl_estimator", self.kl_estimator, ["k1", "k2", "k3"])
+        check_choice(
             owner,
             "importance_sampling_level",
             self.importance_sampling_level,
             ["token", "sequence"],
         )
-        _check_choice(owner, "prox_logp_method", self.prox_logp_method, _PROX_LOGP_METHODS)
-        _check_choice(
+        check_choice(owner, "prox_logp_method", self.prox_logp_method, _PROX_LOGP_METHODS)
+        check_choice(
             owner, "behave_imp_weight_mode", self.behave_imp_weight_mode, _BEHAVE_IMP_WEIGHT_MODES
         )
         if self.behave_imp_weight_cap is not None:
             self.behav_imp_weight_cap = self.behave_imp_weight_cap
-        _check_range(owner, "behav_imp_weight_cap", self.behav_imp_weight_cap, gt=1, optional=True)
+        check_range(owner, "behav_imp_weight_cap", self.behav_imp_weight_cap, gt=1, optional=True)
         self._migrate_legacy_rejection_sampling()
-        _check_range(owner, "m2_threshold", self.m2_threshold, gt=0, optional=True)
-        _check_range(owner, "max_new_tokens", self.max_new_tokens, ge=1)
-        _check_choice(
+        check_range(owner, "m2_threshold", self.m2_threshold, gt=0, optional=True)
+        check_range(owner, "max_new_tokens", self.max_new_tokens, ge=1)
+        check_choice(
             owner,
             "loss_agg_mode",
             self.loss_agg_mode,
             ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"],
         )
-        _check_range(owner, "loss_norm_constant", self.loss_norm_constant, gt=0, optional=True)
+        check_range(owner, "loss_norm_constant", self.loss_norm_constant, gt=0, optional=True)
         if self.use_decoupled_loss:
             # As AReaL: the decoupled loss implies recompute_logprob.
             self.recompute_logprob = True
             if self.rejection_sampling is None:
-                _warn_once(
+                warn_once(
                     "decoupled-no-rs",
                     f"{owner}.use_decoupled_loss=True with rejection_sampling=None: stale "
                     "samples are not filtered. The former default (cap 5.0, token_mask) is "
                     "rejection_sampling: {level: token, action: mask, metric: ratio, upper: 5.0}",
                 )
         elif self.rejection_sampling is not None:
-            _warn_once(
+            warn_once(
                 "rs-without-decoupled",
                 f"{owner}.rejection_sampling is set but use_decoupled_loss=False; it is ignored",
             )
         if self.use_sapo_loss:
-            _check_range(owner, "sapo_tau_pos", self.sapo_tau_pos, gt=0)
-            _check_range(owner, "sapo_tau_neg", self.sapo_tau_neg, gt=0)
+            check_range(owner, "sapo_tau_pos", self.sapo_tau_pos, gt=0)
+            check_range(owner, "sapo_tau_neg", self.sapo_tau_neg, gt=0)
             if self.use_decoupled_loss:
                 raise ValueError(
                     f"{owner}.use_sapo_loss=True is incompatible with {owner}.use_decoupled_loss=True; "
@@ -350,8 +350,8 @@ class PPOActorConfig(TrainEngineConfig):
                     f"{owner}.overlong_reward_penalty=True requires overlong_tokens and "
                     f"overlong_penalty_factor (got {self.overlong_tokens!r}, {self.overlong_penalty_factor!r})"
                 )
-            _check_range(owner, "overlong_tokens", self.overlong_tokens, ge=1)
-            _check_range(owner, "overlong_penalty_factor", self.overlong_penalty_factor, ge=0)
+            check_range(owner, "overlong_tokens", self.overlong_tokens, ge=1)
+            check_range(owner, "overlong_penalty_factor", self.overlong_penalty_factor, ge=0)
 
     def _migrate_legacy_rejection_sampling(self) -> None:
         legacy_set = (
@@ -376,7 +376,7 @@ class PPOActorConfig(TrainEngineConfig):
                 f"upper: {migrated.upper}}}"
             )
         )
-        _warn_once(
+        warn_once(
             f"legacy-rs-{self.behav_imp_weight_cap}-{self.behave_imp_weight_mode}",
             "behave_imp_weight_cap / behave_imp_weight_mode (and behav_imp_weight_cap) are "
             f"deprecated; migrated to rejection_sampling: {shown}. Write that instead.",
@@ -393,17 +393,17 @@ class PPOActorConfig(TrainEngineConfig):
 class PPOCriticConfig(TrainEngineConfig):
     """The value model of PPO (trained by clipped value regression)."""
 
-    ppo_n_minibatches: int = _field(4, "Mini-batches per PPO update; >= 1.")
-    eps_clip: float = _field(0.5, "Clip range of the value update around the old values; > 0.")
-    mask_no_eos_with_zero: bool = _field(
+    ppo_n_minibatches: int = cfield(4, "Mini-batches per PPO update; >= 1.")
+    eps_clip: float = cfield(0.5, "Clip range of the value update around the old values; > 0.")
+    mask_no_eos_with_zero: bool = cfield(
         False, "Exclude truncated responses (no EOS) from the value loss."
     )
 
     def __post_init__(self):
         super().__post_init__()
         owner = type(self).__name__
-        _check_range(owner, "ppo_n_minibatches", self.ppo_n_minibatches, ge=1)
-        _check_range(owner, "eps_clip", self.eps_clip, gt=0)
+        check_range(owner, "ppo_n_minibatches", self.ppo_n_minibatches, ge=1)
+        check_range(owner, "eps_clip", self.eps_clip, gt=0)
 
 
 @dataclass
@@ -411,10 +411,10 @@ class TeacherConfig(PPOActorConfig):
     """Teacher model for on-policy distillation (``PPOConfig.teacher``): a frozen model whose
     logprobs of every trajectory enter the actor loss as a reverse-KL term."""
 
-    rl_loss_weight: float = _field(
+    rl_loss_weight: float = cfield(
         1.0, "Weight of the RL loss; 0: pure distillation (reverse KL by importance sampling)."
     )
-    distill_loss_weight: float = _field(0.005, "Weight of the distillation (reverse-KL) loss.")
+    distill_loss_weight: float = cfield(0.005, "Weight of the distillation (reverse-KL) loss.")
 
 
 _DPO_LOSS_TYPES = ["sigmoid", "ipo"]
@@ -424,8 +424,8 @@ _DPO_LOSS_TYPES = ["sigmoid", "ipo"]
 class DPOEngineConfig(TrainEngineConfig):
     """A model of DPO training (policy or reference) and the DPO loss settings."""
 
-    beta: float = _field(0.1, "Strength of the implicit KL penalty of the DPO loss; > 0.")
-    loss_type: str = _field(
+    beta: float = cfield(0.1, "Strength of the implicit KL penalty of the DPO loss; > 0.")
+    loss_type: str = cfield(
         "sigmoid",
         "'sigmoid' (the original DPO loss) or 'ipo' (Identity Preference Optimization, "
         "length-normalised).",
@@ -435,5 +435,5 @@ class DPOEngineConfig(TrainEngineConfig):
     def __post_init__(self):
         super().__post_init__()
         owner = type(self).__name__
-        _check_choice(owner, "loss_type", self.loss_type, _DPO_LOSS_TYPES)
-        _check_range(owner, "beta", self.beta, gt=0)
+        check_choice(owner, "loss_type", self.loss_type, _DPO_LOSS_TYPES)
+        check_range(owner, "beta", self.beta, gt=0)

@@ -21,7 +21,10 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from areal.api.engine_config import SchedulingStrategy
 
 INFERENCE_BACKENDS = ("local", "sglang", "vllm")
 TRAIN_BACKENDS = ("fsdp", "megatron", "archon")
@@ -186,7 +189,7 @@ class ModelAllocation:
     backend: str | None
     name: str | None = None
     parallel: ParallelStrategy = field(default_factory=ParallelStrategy)
-    scheduling_strategy: Any = None
+    scheduling_strategy: SchedulingStrategy | None = None
 
     @property
     def is_inference(self) -> bool:
@@ -194,7 +197,8 @@ class ModelAllocation:
 
     @property
     def world_size(self) -> int:
-        if getattr(self.scheduling_strategy, "type", None) == "colocation":
+        strategy = self.scheduling_strategy
+        if strategy is not None and strategy.type == "colocation":
             return 0
         return self.parallel.world_size
 
@@ -203,7 +207,7 @@ class ModelAllocation:
         cls,
         spec: str,
         name: str | None = None,
-        scheduling_strategy: Any = None,
+        scheduling_strategy: SchedulingStrategy | None = None,
         *,
         context: str | None = None,
     ) -> ModelAllocation:

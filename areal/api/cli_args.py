@@ -126,16 +126,16 @@ from areal.api.utils_config import (
     WandBConfig,
 )
 
-# Helpers other modules and tests reach through cli_args.
-_WARNED = _config_common._WARNED
-_DatasetConfig = _dataset_config._DatasetConfig  # AReaL's name of the dataset base
-_warn_once = _config_common._warn_once
-_field = _config_common._field
-_check_choice = _config_common._check_choice
-_check_range = _config_common._check_range
-_NOT_ACTED = _config_common._NOT_ACTED
-_walk_dataclasses = _experiment_config._walk_dataclasses
-_field_default = _experiment_config._field_default
+# Helpers other modules and tests reach through cli_args (under their old private names).
+_WARNED = _config_common.WARNED
+_DatasetConfig = _dataset_config.DatasetConfig  # AReaL's name of the dataset base
+_warn_once = _config_common.warn_once
+_field = _config_common.cfield
+_check_choice = _config_common.check_choice
+_check_range = _config_common.check_range
+_NOT_ACTED = _config_common.NOT_ACTED
+_walk_dataclasses = _experiment_config.walk_dataclasses
+_field_default = _experiment_config.field_default
 
 __all__ = [
     "AgentConfig",

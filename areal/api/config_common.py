@@ -19,13 +19,14 @@ logger = logging.getLogger("CLIArgs")
 ConfigT = TypeVar("ConfigT")
 
 
-_NOT_ACTED = "This project accepts this section so AReaL YAMLs load, but does not act on it yet."
+NOT_ACTED = "This project accepts this section so AReaL YAMLs load, but does not act on it yet."
 
 
-def _field(
+def cfield(
     default: Any = _DC_MISSING, help: str = "", choices: list | None = None, factory: Any = None
 ) -> Any:
-    """``dataclasses.field`` with help text (and optional allowed values) in its metadata."""
+    """A config field: ``dataclasses.field`` with help text (and optional allowed values) in
+    its metadata."""
     metadata: dict[str, Any] = {"help": help}
     if choices is not None:
         metadata["choices"] = list(choices)
@@ -34,14 +35,14 @@ def _field(
     return field(default=default, metadata=metadata)
 
 
-_WARNED: set[str] = set()
+WARNED: set[str] = set()
 
 
-def _warn_once(key: str, message: str) -> None:
+def warn_once(key: str, message: str) -> None:
     """Log ``message`` as a warning the first time ``key`` is seen in this process."""
-    if key in _WARNED:
+    if key in WARNED:
         return
-    _WARNED.add(key)
+    WARNED.add(key)
     logger.warning(message)
 
 
@@ -49,12 +50,12 @@ def _is_missing(value: Any) -> bool:
     return isinstance(value, str) and value == MISSING
 
 
-def _check_choice(owner: str, name: str, value: Any, allowed: list | tuple) -> None:
+def check_choice(owner: str, name: str, value: Any, allowed: list | tuple) -> None:
     if value not in allowed:
         raise ValueError(f"{owner}.{name}={value!r} is not allowed; choose one of {list(allowed)}")
 
 
-def _check_range(
+def check_range(
     owner: str,
     name: str,
     value: Any,

@@ -18,7 +18,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
-from areal.api.config_common import ConfigT, _warn_once, conf_as_dict, logger
+from areal.api.config_common import ConfigT, conf_as_dict, logger, warn_once
 from areal.api.experiment_config import apply_cpu_fallbacks, warn_not_acted_on
 
 _SUBSECTION_DEFAULTS = {
@@ -343,7 +343,7 @@ def _migrate_legacy_sections(plain: dict, config_cls: type) -> dict:
         )
     plain["actor"] = legacy
     plain = _rewrite_interpolations(plain, "model", "actor")
-    _warn_once(
+    warn_once(
         f"model-section-{config_cls.__name__}",
         f"{config_cls.__name__}: the `model` section is deprecated; it was read as `actor` "
         "(as in AReaL). Rename it in the YAML.",

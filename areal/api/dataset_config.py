@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from areal.api.config_common import _NOT_ACTED, _check_range, _field
+from areal.api.config_common import NOT_ACTED, cfield, check_range
 from areal.api.engine_config import SchedulingSpec
 
 
@@ -18,36 +18,36 @@ from areal.api.engine_config import SchedulingSpec
 class DatasetConfig:
     """A dataset and its dataloader."""
 
-    path: str = _field(
+    path: str = cfield(
         MISSING, "Dataset location: a local file/directory (nothing is downloaded at run time)."
     )
-    type: str = _field(MISSING, "What the samples are used for: 'sft' or 'rl'.")
-    split: str = _field("train", "Dataset split to load, e.g. 'train' or 'test'.")
-    dataset_kwargs: dict[str, Any] = _field(
+    type: str = cfield(MISSING, "What the samples are used for: 'sft' or 'rl'.")
+    split: str = cfield("train", "Dataset split to load, e.g. 'train' or 'test'.")
+    dataset_kwargs: dict[str, Any] = cfield(
         help="Extra keyword arguments passed to the dataset loader.", factory=dict
     )
-    batch_size: int = _field(1, "Prompts per batch (per training step); >= 1.")
-    shuffle: bool = _field(True, "Shuffle every epoch.")
-    max_length: int | None = _field(
+    batch_size: int = cfield(1, "Prompts per batch (per training step); >= 1.")
+    shuffle: bool = cfield(True, "Shuffle every epoch.")
+    max_length: int | None = cfield(
         None, "Drop samples whose prompt is longer than this many tokens; None: keep all."
     )
-    drop_last: bool = _field(True, "Drop the last incomplete batch.")
-    pin_memory: bool = _field(False, "Pin host memory (GPU training only).")
-    num_workers: int = _field(0, "Dataloader worker processes; >= 0.")
-    num_dataset_workers: int = _field(1, "Workers of AReaL's remote data service. " + _NOT_ACTED)
-    scheduling_spec: SchedulingSpec | None = _field(
-        help="Resources of AReaL's remote data-service workers. " + _NOT_ACTED,
+    drop_last: bool = cfield(True, "Drop the last incomplete batch.")
+    pin_memory: bool = cfield(False, "Pin host memory (GPU training only).")
+    num_workers: int = cfield(0, "Dataloader worker processes; >= 0.")
+    num_dataset_workers: int = cfield(1, "Workers of AReaL's remote data service. " + NOT_ACTED)
+    scheduling_spec: SchedulingSpec | None = cfield(
+        help="Resources of AReaL's remote data-service workers. " + NOT_ACTED,
         factory=lambda: SchedulingSpec(cpu=1, gpu=0, mem=10),
     )
-    setup_timeout: float = _field(
-        120.0, "Seconds the remote data service may take to load a dataset. " + _NOT_ACTED
+    setup_timeout: float = cfield(
+        120.0, "Seconds the remote data service may take to load a dataset. " + NOT_ACTED
     )
 
     def __post_init__(self):
         owner = type(self).__name__
-        _check_range(owner, "batch_size", self.batch_size, ge=1)
-        _check_range(owner, "num_workers", self.num_workers, ge=0)
-        _check_range(owner, "max_length", self.max_length, ge=1, optional=True)
+        check_range(owner, "batch_size", self.batch_size, ge=1)
+        check_range(owner, "num_workers", self.num_workers, ge=0)
+        check_range(owner, "max_length", self.max_length, ge=1, optional=True)
 
 
 # AReaL's name of the shared base of the dataset sections.
@@ -63,6 +63,6 @@ class TrainDatasetConfig(DatasetConfig):
 class ValidDatasetConfig(DatasetConfig):
     """The validation dataset; split 'test', not shuffled, keeps its last batch by default."""
 
-    split: str = _field("test", "Dataset split to load, e.g. 'train' or 'test'.")
-    shuffle: bool = _field(False, "Shuffle every epoch.")
-    drop_last: bool = _field(False, "Drop the last incomplete batch.")
+    split: str = cfield("test", "Dataset split to load, e.g. 'train' or 'test'.")
+    shuffle: bool = cfield(False, "Shuffle every epoch.")
+    drop_last: bool = cfield(False, "Drop the last incomplete batch.")

@@ -10,7 +10,7 @@ from enum import StrEnum
 
 from omegaconf import MISSING
 
-from areal.api.config_common import _NOT_ACTED, _check_choice, _check_range, _field
+from areal.api.config_common import NOT_ACTED, cfield, check_choice, check_range
 
 _NORM_LEVELS = ["batch", "group", None]
 
@@ -22,24 +22,24 @@ PACKING_ALGORITHMS = ["ffd", "kk"]
 class NormConfig:
     """Reward or advantage normalisation: subtract a mean, divide by a standard deviation."""
 
-    mean_level: str | None = _field(
+    mean_level: str | None = cfield(
         "batch",
         "Over which samples the mean is taken: 'batch' (whole batch), 'group' (the samples "
         "of one prompt), or None / 'none' (no mean subtraction).",
         choices=_NORM_LEVELS,
     )
-    mean_leave1out: bool = _field(
+    mean_leave1out: bool = cfield(
         False, "Leave-one-out mean: each sample's baseline excludes the sample itself (RLOO)."
     )
-    std_level: str | None = _field(
+    std_level: str | None = cfield(
         "batch",
         "Over which samples the standard deviation is taken: 'batch', 'group', or "
         "None / 'none' (no division).",
         choices=_NORM_LEVELS,
     )
-    std_unbiased: bool = _field(True, "Use the unbiased (n-1) standard deviation estimator.")
-    eps: float = _field(1e-5, "Added to the standard deviation before dividing; > 0.")
-    group_size: int = _field(
+    std_unbiased: bool = cfield(True, "Use the unbiased (n-1) standard deviation estimator.")
+    eps: float = cfield(1e-5, "Added to the standard deviation before dividing; > 0.")
+    group_size: int = cfield(
         1,
         "Samples per group for group-level statistics (usually gconfig.n_samples); >= 1. "
         "Trainer rollouts tag rows with group and episode ids, which then define the groups "
@@ -52,10 +52,10 @@ class NormConfig:
             self.mean_level = None
         if isinstance(self.std_level, str) and self.std_level.lower() == "none":
             self.std_level = None
-        _check_choice(owner, "mean_level", self.mean_level, ["batch", "group", "none", None])
-        _check_choice(owner, "std_level", self.std_level, ["batch", "group", "none", None])
-        _check_range(owner, "eps", self.eps, gt=0)
-        _check_range(owner, "group_size", self.group_size, ge=1)
+        check_choice(owner, "mean_level", self.mean_level, ["batch", "group", "none", None])
+        check_choice(owner, "std_level", self.std_level, ["batch", "group", "none", None])
+        check_range(owner, "eps", self.eps, gt=0)
+        check_range(owner, "group_size", self.group_size, ge=1)
 
 
 @dataclass
@@ -67,25 +67,25 @@ class MicroBatchSpec:
     and ``n_mbs`` is the minimum number of micro-batches.
     """
 
-    n_mbs: int | None = _field(
+    n_mbs: int | None = cfield(
         1,
         "Number of micro-batches; the minimum number when max_tokens_per_mb is set; >= 1.",
     )
-    granularity: int = _field(
+    granularity: int = cfield(
         1,
         "Adjacent sequences are kept together in groups of this size when splitting "
         "(e.g. the samples of one prompt); >= 1.",
     )
-    max_tokens_per_mb: int | None = _field(
+    max_tokens_per_mb: int | None = cfield(
         None,
         "Token budget of one micro-batch. None: split by n_mbs only.",
     )
-    n_mbs_divisor: int = _field(
+    n_mbs_divisor: int = cfield(
         1,
         "The number of micro-batches is rounded up to a multiple of this value "
         "(e.g. the pipeline-parallel size); >= 1.",
     )
-    packing_algorithm: str = _field(
+    packing_algorithm: str = cfield(
         "ffd",
         "How sequences are assigned to micro-batches (and to data-parallel ranks): 'ffd' "
         "(first-fit decreasing) or 'kk' (Karmarkar-Karp balanced partitioning: more even "
@@ -95,11 +95,11 @@ class MicroBatchSpec:
 
     def __post_init__(self):
         owner = "MicroBatchSpec"
-        _check_choice(owner, "packing_algorithm", self.packing_algorithm, PACKING_ALGORITHMS)
-        _check_range(owner, "n_mbs", self.n_mbs, ge=1, optional=True)
-        _check_range(owner, "granularity", self.granularity, ge=1)
-        _check_range(owner, "max_tokens_per_mb", self.max_tokens_per_mb, ge=1, optional=True)
-        _check_range(owner, "n_mbs_divisor", self.n_mbs_divisor, ge=1)
+        check_choice(owner, "packing_algorithm", self.packing_algorithm, PACKING_ALGORITHMS)
+        check_range(owner, "n_mbs", self.n_mbs, ge=1, optional=True)
+        check_range(owner, "granularity", self.granularity, ge=1)
+        check_range(owner, "max_tokens_per_mb", self.max_tokens_per_mb, ge=1, optional=True)
+        check_range(owner, "n_mbs_divisor", self.n_mbs_divisor, ge=1)
 
     @classmethod
     def new(cls, mb_spec: MicroBatchSpec, **kwargs) -> MicroBatchSpec:
@@ -124,55 +124,55 @@ _ATTN_IMPLS = ["flash_attention_2", "flash_attention_3", "sdpa", "eager", "flex_
 class OptimizerConfig:
     """Optimizer and learning-rate schedule of a trained model."""
 
-    type: str = _field(
+    type: str = cfield(
         "adam",
         "Optimizer: 'adam' (AdamW), 'sgd', or 'adam_bf16' (AdamW with bf16 states; GPU only).",
         choices=["adam", "sgd", "adam_bf16"],
     )
-    lr: float = _field(1e-3, "Peak learning rate; >= 0.")
-    weight_decay: float = _field(0.01, "Decoupled weight decay; >= 0.")
-    beta1: float = _field(0.9, "Adam beta1 (first-moment decay), in [0, 1).")
-    beta2: float = _field(0.999, "Adam beta2 (second-moment decay), in [0, 1).")
-    eps: float = _field(1e-8, "Adam epsilon; > 0.")
-    min_lr_ratio: float = _field(
+    lr: float = cfield(1e-3, "Peak learning rate; >= 0.")
+    weight_decay: float = cfield(0.01, "Decoupled weight decay; >= 0.")
+    beta1: float = cfield(0.9, "Adam beta1 (first-moment decay), in [0, 1).")
+    beta2: float = cfield(0.999, "Adam beta2 (second-moment decay), in [0, 1).")
+    eps: float = cfield(1e-8, "Adam epsilon; > 0.")
+    min_lr_ratio: float = cfield(
         0.0, "Final learning rate as a fraction of lr for the linear/cosine schedules, in [0, 1]."
     )
-    lr_scheduler_type: str = _field(
+    lr_scheduler_type: str = cfield(
         "constant",
         "Learning-rate schedule after warm-up: 'constant', 'linear' or 'cosine' decay.",
         choices=["constant", "linear", "cosine"],
     )
-    warmup_steps_proportion: float = _field(
+    warmup_steps_proportion: float = cfield(
         0.001, "Fraction of all training steps spent in linear warm-up, in [0, 1]."
     )
-    gradient_clipping: float = _field(1.0, "Clip the global gradient norm to this value; > 0.")
-    offload: bool = _field(False, "Keep optimizer states in CPU memory (GPU runs only).")
-    initial_loss_scale: float = _field(2**32, "Initial fp16 loss scale. " + _NOT_ACTED)
-    min_loss_scale: float = _field(1.0, "Minimum fp16 loss scale. " + _NOT_ACTED)
-    loss_scale_window: float = _field(5, "Steps between fp16 loss-scale increases. " + _NOT_ACTED)
-    hysteresis: int = _field(2, "fp16 loss-scale hysteresis. " + _NOT_ACTED)
+    gradient_clipping: float = cfield(1.0, "Clip the global gradient norm to this value; > 0.")
+    offload: bool = cfield(False, "Keep optimizer states in CPU memory (GPU runs only).")
+    initial_loss_scale: float = cfield(2**32, "Initial fp16 loss scale. " + NOT_ACTED)
+    min_loss_scale: float = cfield(1.0, "Minimum fp16 loss scale. " + NOT_ACTED)
+    loss_scale_window: float = cfield(5, "Steps between fp16 loss-scale increases. " + NOT_ACTED)
+    hysteresis: int = cfield(2, "fp16 loss-scale hysteresis. " + NOT_ACTED)
 
     def __post_init__(self):
         owner = "OptimizerConfig"
-        _check_choice(owner, "type", self.type, ["adam", "sgd", "adam_bf16"])
-        _check_choice(
+        check_choice(owner, "type", self.type, ["adam", "sgd", "adam_bf16"])
+        check_choice(
             owner, "lr_scheduler_type", self.lr_scheduler_type, ["constant", "linear", "cosine"]
         )
-        _check_range(owner, "lr", self.lr, ge=0)
-        _check_range(owner, "weight_decay", self.weight_decay, ge=0)
-        _check_range(owner, "beta1", self.beta1, ge=0, lt=1)
-        _check_range(owner, "beta2", self.beta2, ge=0, lt=1)
-        _check_range(owner, "eps", self.eps, gt=0)
-        _check_range(owner, "min_lr_ratio", self.min_lr_ratio, ge=0, le=1)
-        _check_range(owner, "warmup_steps_proportion", self.warmup_steps_proportion, ge=0, le=1)
-        _check_range(owner, "gradient_clipping", self.gradient_clipping, gt=0)
+        check_range(owner, "lr", self.lr, ge=0)
+        check_range(owner, "weight_decay", self.weight_decay, ge=0)
+        check_range(owner, "beta1", self.beta1, ge=0, lt=1)
+        check_range(owner, "beta2", self.beta2, ge=0, lt=1)
+        check_range(owner, "eps", self.eps, gt=0)
+        check_range(owner, "min_lr_ratio", self.min_lr_ratio, ge=0, le=1)
+        check_range(owner, "warmup_steps_proportion", self.warmup_steps_proportion, ge=0, le=1)
+        check_range(owner, "gradient_clipping", self.gradient_clipping, gt=0)
 
 
 @dataclass
 class FSDPWrapPolicy:
     """Which modules FSDP shards as separate units."""
 
-    transformer_layer_cls_to_wrap: list[str] | None = _field(
+    transformer_layer_cls_to_wrap: list[str] | None = cfield(
         None,
         "Class names of the layers to shard separately. None: the model's decoder layers "
         "(transformers' _no_split_modules).",
@@ -183,21 +183,19 @@ class FSDPWrapPolicy:
 class FSDPEngineConfig:
     """Options of the FSDP2 training backend."""
 
-    wrap_policy: FSDPWrapPolicy | None = _field(
+    wrap_policy: FSDPWrapPolicy | None = cfield(
         None, "Sharding-unit policy; None uses the default."
     )
-    offload_params: bool = _field(False, "Keep sharded parameters in CPU memory (GPU runs only).")
-    memory_efficient_load: bool = _field(
-        False, "Load pretrained weights on rank 0 only and broadcast after sharding. " + _NOT_ACTED
+    offload_params: bool = cfield(False, "Keep sharded parameters in CPU memory (GPU runs only).")
+    memory_efficient_load: bool = cfield(
+        False, "Load pretrained weights on rank 0 only and broadcast after sharding. " + NOT_ACTED
     )
-    per_layer_optim_step: bool = _field(
-        False, "Layer-by-layer optimizer step on GPU. " + _NOT_ACTED
+    per_layer_optim_step: bool = cfield(False, "Layer-by-layer optimizer step on GPU. " + NOT_ACTED)
+    optim_step_prefetch_layers: int = cfield(
+        1, "Layers prefetched by per_layer_optim_step. " + NOT_ACTED
     )
-    optim_step_prefetch_layers: int = _field(
-        1, "Layers prefetched by per_layer_optim_step. " + _NOT_ACTED
-    )
-    shard_vision_across_sp: bool = _field(
-        False, "Shard a vision encoder across sequence-parallel ranks. " + _NOT_ACTED
+    shard_vision_across_sp: bool = cfield(
+        False, "Shard a vision encoder across sequence-parallel ranks. " + NOT_ACTED
     )
 
 
@@ -205,76 +203,76 @@ class FSDPEngineConfig:
 class FP8EngineConfig:
     """FP8 training options of the Megatron backend. This project accepts it so AReaL YAMLs load, but does not act on it (no Megatron / FP8 hardware)."""
 
-    mode: str = _field("e4m3", "'e4m3' or 'hybrid' (e5m2 for output-activation gradients).")
-    recipe: str = _field(
+    mode: str = cfield("e4m3", "'e4m3' or 'hybrid' (e5m2 for output-activation gradients).")
+    recipe: str = cfield(
         "delayed", "Scaling recipe: 'tensorwise', 'delayed', 'mxfp8', 'blockwise'."
     )
-    param: bool = _field(False, "Keep parameters in FP8.")
-    margin: int = _field(0, "Margin of the scaling-factor computation.")
-    amax_history_len: int = _field(1, "Length of the amax history window.")
-    amax_compute_algo: str = _field("most_recent", "'max' or 'most_recent'.")
-    wgrad: bool = _field(True, "FP8 weight gradients (False: higher precision).")
-    dot_product_attention: bool = _field(False, "FP8 dot-product attention.")
-    multi_head_attention: bool = _field(False, "FP8 multi-head attention.")
-    tp_only_amax_red: bool = _field(False, "Reduce amax only in the TP (or TP-CP) domain.")
-    first_last_layers_bf16: bool = _field(False, "Keep the first/last blocks in BF16.")
-    num_layers_at_start_in_bf16: int = _field(1, "Leading blocks kept in BF16.")
-    num_layers_at_end_in_bf16: int = _field(1, "Trailing blocks kept in BF16.")
-    direct_convert: bool = _field(True, "Convert FP8 parameters directly on weight update/save.")
+    param: bool = cfield(False, "Keep parameters in FP8.")
+    margin: int = cfield(0, "Margin of the scaling-factor computation.")
+    amax_history_len: int = cfield(1, "Length of the amax history window.")
+    amax_compute_algo: str = cfield("most_recent", "'max' or 'most_recent'.")
+    wgrad: bool = cfield(True, "FP8 weight gradients (False: higher precision).")
+    dot_product_attention: bool = cfield(False, "FP8 dot-product attention.")
+    multi_head_attention: bool = cfield(False, "FP8 multi-head attention.")
+    tp_only_amax_red: bool = cfield(False, "Reduce amax only in the TP (or TP-CP) domain.")
+    first_last_layers_bf16: bool = cfield(False, "Keep the first/last blocks in BF16.")
+    num_layers_at_start_in_bf16: int = cfield(1, "Leading blocks kept in BF16.")
+    num_layers_at_end_in_bf16: int = cfield(1, "Trailing blocks kept in BF16.")
+    direct_convert: bool = cfield(True, "Convert FP8 parameters directly on weight update/save.")
 
 
 @dataclass
 class ArchonFP8Config:
     """FP8 options of the Archon backend. This project accepts it so AReaL YAMLs load, but does not act on it (no Archon / FP8 hardware)."""
 
-    mode: str = _field(
+    mode: str = cfield(
         "disabled",
         "'disabled' or 'blockwise' (128x128 FP8 matmuls, Hopper GPUs).",
         choices=["disabled", "blockwise"],
     )
-    exclude_modules: list[str] = _field(
+    exclude_modules: list[str] = cfield(
         help="Name substrings of linear layers kept in BF16.",
         factory=lambda: ["output", "router", "score"],
     )
-    include_experts: bool = _field(False, "FP8 for MoE experts too.")
-    use_triton: bool = _field(True, "Triton GEMM kernels for blockwise FP8.")
+    include_experts: bool = cfield(False, "FP8 for MoE experts too.")
+    use_triton: bool = cfield(True, "Triton GEMM kernels for blockwise FP8.")
 
     def __post_init__(self):
-        _check_choice("ArchonFP8Config", "mode", self.mode, ["disabled", "blockwise"])
+        check_choice("ArchonFP8Config", "mode", self.mode, ["disabled", "blockwise"])
 
 
 @dataclass
 class ArchonEngineConfig:
     """Archon training backend options. This project accepts it so AReaL YAMLs load, but does not act on it (no Archon backend)."""
 
-    attn_type: str = _field(
+    attn_type: str = cfield(
         "varlen", "'varlen', 'sdpa' or 'tree'.", choices=["varlen", "sdpa", "tree"]
     )
-    offload_params: bool = _field(False, "Offload FSDP parameters to CPU.")
-    enable_compile: bool = _field(False, "torch.compile the transformer blocks.")
-    ac_mode: str = _field(
+    offload_params: bool = cfield(False, "Offload FSDP parameters to CPU.")
+    enable_compile: bool = cfield(False, "torch.compile the transformer blocks.")
+    ac_mode: str = cfield(
         "selective",
         "Activation checkpointing: 'none', 'full', 'selective', 'memory_budget'.",
         choices=["none", "full", "selective", "memory_budget"],
     )
-    selective_ac_option: str = _field("op", "'op' or every N-th layer ('2').")
-    ac_memory_budget: float = _field(0.5, "Memory budget of 'memory_budget' checkpointing.")
-    ac_preserve_rng_state: bool = _field(False, "Preserve the RNG state in checkpointing.")
-    ac_debug: bool = _field(False, "Capture checkpointing debug information.")
-    pp_schedule: str = _field(
+    selective_ac_option: str = cfield("op", "'op' or every N-th layer ('2').")
+    ac_memory_budget: float = cfield(0.5, "Memory budget of 'memory_budget' checkpointing.")
+    ac_preserve_rng_state: bool = cfield(False, "Preserve the RNG state in checkpointing.")
+    ac_debug: bool = cfield(False, "Capture checkpointing debug information.")
+    pp_schedule: str = cfield(
         "Interleaved1F1B",
         "Pipeline schedule.",
         choices=["1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"],
     )
-    pp_layers_per_stage: int | None = _field(None, "Layers per (virtual) pipeline stage.")
-    pp_first_stage_less_layers: int = _field(1, "Fewer layers in the first stage.")
-    pp_last_stage_less_layers: int = _field(1, "Fewer layers in the last stage.")
-    reshard_after_forward_policy: str = _field(
+    pp_layers_per_stage: int | None = cfield(None, "Layers per (virtual) pipeline stage.")
+    pp_first_stage_less_layers: int = cfield(1, "Fewer layers in the first stage.")
+    pp_last_stage_less_layers: int = cfield(1, "Fewer layers in the last stage.")
+    reshard_after_forward_policy: str = cfield(
         "default", "'default', 'always' or 'never'.", choices=["default", "always", "never"]
     )
-    fp8_config: ArchonFP8Config = _field(help="FP8 training.", factory=ArchonFP8Config)
-    use_deterministic_algorithms: bool = _field(False, "Deterministic kernels.")
-    moe_router_dtype: str | None = _field(
+    fp8_config: ArchonFP8Config = cfield(help="FP8 training.", factory=ArchonFP8Config)
+    use_deterministic_algorithms: bool = cfield(False, "Deterministic kernels.")
+    moe_router_dtype: str | None = cfield(
         "fp32", "Dtype of the MoE router GEMM ('fp32' or None).", choices=["fp32", None]
     )
 
@@ -283,60 +281,60 @@ class ArchonEngineConfig:
 class DistributedDataParallelConfig:
     """Megatron DistributedDataParallel options. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
 
-    grad_reduce_in_fp32: bool = _field(True, "Reduce gradients in fp32.")
-    overlap_grad_reduce: bool = _field(False, "Overlap gradient reduction with backward.")
-    overlap_param_gather: bool = _field(False, "Overlap parameter all-gather with forward.")
-    align_param_gather: bool = _field(False, "Align parameter all-gathers across pipeline stages.")
-    use_distributed_optimizer: bool = _field(
+    grad_reduce_in_fp32: bool = cfield(True, "Reduce gradients in fp32.")
+    overlap_grad_reduce: bool = cfield(False, "Overlap gradient reduction with backward.")
+    overlap_param_gather: bool = cfield(False, "Overlap parameter all-gather with forward.")
+    align_param_gather: bool = cfield(False, "Align parameter all-gathers across pipeline stages.")
+    use_distributed_optimizer: bool = cfield(
         True, "Shard optimizer states across data-parallel ranks."
     )
-    check_for_nan_in_grad: bool = _field(False, "Check gradients for NaN after reduction.")
-    bucket_size: int | None = _field(
+    check_for_nan_in_grad: bool = cfield(False, "Check gradients for NaN after reduction.")
+    bucket_size: int | None = cfield(
         None, "Gradient bucket size in elements; None for the default."
     )
-    average_in_collective: bool = _field(False, "Average (not sum) inside the collective.")
-    fp8_param_gather: bool = _field(False, "All-gather parameters in fp8.")
+    average_in_collective: bool = cfield(False, "Average (not sum) inside the collective.")
+    fp8_param_gather: bool = cfield(False, "All-gather parameters in fp8.")
 
 
 @dataclass
 class MegatronEngineConfig:
     """Megatron-LM training backend options. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
 
-    wrap_with_ddp: bool = _field(True, "Wrap the model with Megatron DDP.")
-    use_torch_fsdp2: bool = _field(False, "Use torch FSDP2 inside Megatron.")
-    use_custom_fsdp: bool = _field(False, "Use Megatron's custom FSDP.")
-    ddp: DistributedDataParallelConfig = _field(
+    wrap_with_ddp: bool = cfield(True, "Wrap the model with Megatron DDP.")
+    use_torch_fsdp2: bool = cfield(False, "Use torch FSDP2 inside Megatron.")
+    use_custom_fsdp: bool = cfield(False, "Use Megatron's custom FSDP.")
+    ddp: DistributedDataParallelConfig = cfield(
         help="Megatron DDP options.", factory=DistributedDataParallelConfig
     )
-    virtual_pipeline_parallel_size: int = _field(1, "Virtual pipeline stages per rank (1 = off).")
-    overlap_param_gather_with_optimizer_step: bool = _field(
+    virtual_pipeline_parallel_size: int = cfield(1, "Virtual pipeline stages per rank (1 = off).")
+    overlap_param_gather_with_optimizer_step: bool = cfield(
         False, "Overlap parameter gather with the optimizer step."
     )
-    use_precision_aware_optimizer: bool = _field(False, "Precision-aware optimizer.")
-    main_grads_dtype: str = _field("float32", "Dtype of main gradients.")
-    main_params_dtype: str = _field("float32", "Dtype of main parameters.")
-    exp_avg_dtype: str = _field("float32", "Dtype of Adam first moments.")
-    exp_avg_sq_dtype: str = _field("float32", "Dtype of Adam second moments.")
-    async_save: bool = _field(False, "Save checkpoints asynchronously.")
-    use_checkpoint_opt_param_scheduler: bool = _field(
+    use_precision_aware_optimizer: bool = cfield(False, "Precision-aware optimizer.")
+    main_grads_dtype: str = cfield("float32", "Dtype of main gradients.")
+    main_params_dtype: str = cfield("float32", "Dtype of main parameters.")
+    exp_avg_dtype: str = cfield("float32", "Dtype of Adam first moments.")
+    exp_avg_sq_dtype: str = cfield("float32", "Dtype of Adam second moments.")
+    async_save: bool = cfield(False, "Save checkpoints asynchronously.")
+    use_checkpoint_opt_param_scheduler: bool = cfield(
         True, "Restore the LR scheduler from the checkpoint."
     )
-    use_deterministic_algorithms: bool = _field(False, "Force deterministic kernels.")
-    recompute_granularity: str | None = _field("full", "Activation recomputation granularity.")
-    recompute_method: str | None = _field("uniform", "Activation recomputation method.")
-    recompute_num_layers: int | None = _field(1, "Layers per recomputation unit.")
-    distribute_saved_activations: bool | None = _field(
+    use_deterministic_algorithms: bool = cfield(False, "Force deterministic kernels.")
+    recompute_granularity: str | None = cfield("full", "Activation recomputation granularity.")
+    recompute_method: str | None = cfield("uniform", "Activation recomputation method.")
+    recompute_num_layers: int | None = cfield(1, "Layers per recomputation unit.")
+    distribute_saved_activations: bool | None = cfield(
         None, "Distribute saved activations over TP."
     )
-    recompute_modules: list[str] | None = _field(None, "Modules to recompute.")
-    moe_router_dtype: str | None = _field("fp32", "Dtype of the MoE router computation.")
-    moe_shared_expert_overlap: bool = _field(False, "Overlap shared experts with dispatch.")
-    moe_enable_deepep: bool = _field(False, "Use DeepEP for MoE dispatch.")
-    moe_token_dispatcher_type: str = _field("alltoall", "MoE token dispatcher type.")
-    moe_permute_fusion: bool = _field(False, "Fuse MoE token permutation.")
-    fp8_config: FP8EngineConfig | None = _field(None, "FP8 training options.")
-    bridge_type: str = _field("mbridge", "HF <-> Megatron bridge: 'mbridge' or 'megatron-bridge'.")
-    use_mbridge_save: bool = _field(False, "Save weights with mbridge (less GPU memory).")
+    recompute_modules: list[str] | None = cfield(None, "Modules to recompute.")
+    moe_router_dtype: str | None = cfield("fp32", "Dtype of the MoE router computation.")
+    moe_shared_expert_overlap: bool = cfield(False, "Overlap shared experts with dispatch.")
+    moe_enable_deepep: bool = cfield(False, "Use DeepEP for MoE dispatch.")
+    moe_token_dispatcher_type: str = cfield("alltoall", "MoE token dispatcher type.")
+    moe_permute_fusion: bool = cfield(False, "Fuse MoE token permutation.")
+    fp8_config: FP8EngineConfig | None = cfield(None, "FP8 training options.")
+    bridge_type: str = cfield("mbridge", "HF <-> Megatron bridge: 'mbridge' or 'megatron-bridge'.")
+    use_mbridge_save: bool = cfield(False, "Save weights with mbridge (less GPU memory).")
 
 
 class SchedulingStrategyType(StrEnum):
@@ -350,21 +348,21 @@ class SchedulingStrategyType(StrEnum):
 class SchedulingStrategy:
     """Whether a role gets its own workers or shares another role's workers."""
 
-    type: str = _field(
+    type: str = cfield(
         "separation",
         "'separation': own workers; 'colocation': share the workers of `target`.",
         choices=["separation", "colocation"],
     )
-    target: str | None = _field(
+    target: str | None = cfield(
         None, "Role to colocate with (e.g. 'actor'); required for colocation."
     )
-    fork: bool = _field(
+    fork: bool = cfield(
         True,
         "With colocation, start a separate process on the target's devices instead of sharing it.",
     )
 
     def __post_init__(self):
-        _check_choice("SchedulingStrategy", "type", self.type, ["separation", "colocation"])
+        check_choice("SchedulingStrategy", "type", self.type, ["separation", "colocation"])
         if self.type == "colocation" and not self.target:
             raise ValueError(
                 "SchedulingStrategy.target is empty; 'colocation' needs the role to colocate with, e.g. 'actor'"
@@ -375,38 +373,38 @@ class SchedulingStrategy:
 class SchedulingSpec:
     """Resources and launch command of one kind of worker process."""
 
-    cpu: int = _field(8, "CPU cores per worker; >= 0.")
-    gpu: int = _field(0, "GPUs per worker; >= 0 (0 on CPU machines).")
-    mem: int = _field(32, "Memory per worker in GB; >= 0.")
-    port_count: int = _field(2, "Network ports reserved per worker; >= 0.")
-    image: str = _field(
+    cpu: int = cfield(8, "CPU cores per worker; >= 0.")
+    gpu: int = cfield(0, "GPUs per worker; >= 0 (0 on CPU machines).")
+    mem: int = cfield(32, "Memory per worker in GB; >= 0.")
+    port_count: int = cfield(2, "Network ports reserved per worker; >= 0.")
+    image: str = cfield(
         "/storage/openpsi/images/areal-latest.sif",
         "Container image (Slurm with apptainer only).",
     )
-    task_type: str = _field(
+    task_type: str = cfield(
         "worker", "'worker' (RPC worker process) or 'engine'.", choices=["worker", "engine"]
     )
-    env_vars: dict[str, str] = _field(
+    env_vars: dict[str, str] = cfield(
         help="Extra environment variables of the worker.", factory=dict
     )
-    cmd: str | None = _field(
+    cmd: str | None = cfield(
         None, "Command that starts the worker; None for the project's RPC worker."
     )
-    srun_additional_args: str = _field(
+    srun_additional_args: str = cfield(
         "--unbuffered --mpi=pmi2 -K --chdir $PWD", "Extra `srun` arguments (Slurm only)."
     )
-    additional_bash_cmds: list[str] | None = _field(
+    additional_bash_cmds: list[str] | None = cfield(
         None, "Shell commands run before the worker starts (Slurm only)."
     )
-    container_type: str = _field(
+    container_type: str = cfield(
         "apptainer",
         "Container runtime on Slurm: 'apptainer' or 'none'.",
         choices=["apptainer", "none"],
     )
-    mount: str = _field("/storage:/storage", "Bind mount for the container (Slurm only).")
-    nodelist: str | None = _field(None, "`--nodelist` for sbatch/srun (Slurm only).")
-    exclude: str | None = _field(None, "`--exclude` for sbatch/srun (Slurm only).")
-    ray_placement_strategy: str = _field(
+    mount: str = cfield("/storage:/storage", "Bind mount for the container (Slurm only).")
+    nodelist: str | None = cfield(None, "`--nodelist` for sbatch/srun (Slurm only).")
+    exclude: str | None = cfield(None, "`--exclude` for sbatch/srun (Slurm only).")
+    ray_placement_strategy: str = cfield(
         "shared",
         "Ray placement groups: 'shared' (one for the role), 'separate' (one per worker), "
         "'deferred' (like separate, accelerators assigned later).",
@@ -416,10 +414,10 @@ class SchedulingSpec:
     def __post_init__(self):
         owner = "SchedulingSpec"
         for name in ("cpu", "gpu", "mem", "port_count"):
-            _check_range(owner, name, getattr(self, name), ge=0)
-        _check_choice(owner, "task_type", self.task_type, ["worker", "engine"])
-        _check_choice(owner, "container_type", self.container_type, ["apptainer", "none"])
-        _check_choice(
+            check_range(owner, name, getattr(self, name), ge=0)
+        check_choice(owner, "task_type", self.task_type, ["worker", "engine"])
+        check_choice(owner, "container_type", self.container_type, ["apptainer", "none"])
+        check_choice(
             owner,
             "ray_placement_strategy",
             self.ray_placement_strategy,
@@ -427,7 +425,7 @@ class SchedulingSpec:
         )
 
 
-def _default_scheduling_spec() -> list[SchedulingSpec]:
+def default_scheduling_spec() -> list[SchedulingSpec]:
     return [SchedulingSpec(cpu=1, mem=4)]
 
 
@@ -435,134 +433,132 @@ def _default_scheduling_spec() -> list[SchedulingSpec]:
 class TrainEngineConfig:
     """A trained (or forward-only) model: where it comes from, precision, optimizer, backend."""
 
-    experiment_name: str = _field(
+    experiment_name: str = cfield(
         MISSING, "Experiment name; defaults to the top-level experiment_name."
     )
-    trial_name: str = _field(MISSING, "Trial name; defaults to the top-level trial_name.")
-    path: str = _field(
+    trial_name: str = cfield(MISSING, "Trial name; defaults to the top-level trial_name.")
+    path: str = cfield(
         "",
         "HuggingFace checkpoint directory or hub name of the model (config + weights; only "
         "the config when init_from_scratch).",
     )
-    init_from_scratch: bool = _field(
+    init_from_scratch: bool = cfield(
         False, "Randomly initialise the weights instead of loading them."
     )
-    dtype: str = _field(
+    dtype: str = cfield(
         "bfloat16", "Parameter dtype: 'float32', 'bfloat16' or 'float16'.", choices=_DTYPES
     )
-    optimizer: OptimizerConfig | None = _field(
+    optimizer: OptimizerConfig | None = cfield(
         None, "Optimizer; None means the model is not trained (e.g. the reference model)."
     )
-    mb_spec: MicroBatchSpec = _field(
+    mb_spec: MicroBatchSpec = cfield(
         help="Micro-batch split of each forward/backward pass.", factory=MicroBatchSpec
     )
-    backend: str = _field(
+    backend: str = cfield(
         "",
         "Training backend and parallel sizes, e.g. 'fsdp:d2'. Empty: taken from the "
         "top-level allocation_mode.",
     )
-    attn_impl: str = _field(
+    attn_impl: str = cfield(
         "flash_attention_2",
         "transformers attention implementation. On CPU the engines use 'sdpa' instead of "
         "flash attention.",
         choices=_ATTN_IMPLS,
     )
-    gradient_checkpointing: bool = _field(
+    gradient_checkpointing: bool = cfield(
         False, "Recompute activations in backward to save memory."
     )
-    disable_dropout: bool = _field(False, "Set every dropout probability to 0.")
-    freeze_vision_tower: bool = _field(
+    disable_dropout: bool = cfield(False, "Set every dropout probability to 0.")
+    freeze_vision_tower: bool = cfield(
         False,
         "Vision-language models (Qwen2-VL family): keep the vision tower (patch embedding, "
         "vision blocks, merger) fixed: no gradients, not in the optimizer. The language "
         "model always trains.",
     )
-    temperature: float = _field(
+    temperature: float = cfield(
         1.0, "Sampling temperature the logits are divided by when computing logprobs; > 0."
     )
-    weight_update_mode: str = _field(
+    weight_update_mode: str = cfield(
         "xccl",
         "How new weights reach the inference servers: 'xccl' (collective broadcast: NCCL "
         "on GPU, gloo on CPU) or 'disk' (safetensors + reload).",
         choices=["disk", "xccl"],
     )
-    weight_update_timeout: float = _field(
+    weight_update_timeout: float = cfield(
         120.0,
         "xccl only (this project's addition): seconds that the weight-update group join and "
         "each broadcast may wait for the other side (trainer and inference servers) before "
         "failing with an error; > 0.",
     )
-    num_threads: int = _field(
+    num_threads: int = cfield(
         1,
         "CPU only (this project's addition): torch intra-op threads per training worker; >= 1. "
         "One thread per process is fastest when processes share few cores.",
     )
-    is_critic: bool = _field(False, "The model has a scalar value head (critic or reward model).")
-    pad_to_maximum: bool = _field(
+    is_critic: bool = cfield(False, "The model has a scalar value head (critic or reward model).")
+    pad_to_maximum: bool = cfield(
         False, "Pad every micro-batch to max_tokens_per_mb (steadier memory, slower)."
     )
-    grad_reduce_dtype: str = _field("float32", "Dtype of gradient reduction.", choices=_DTYPES)
-    scheduling_spec: list[SchedulingSpec] = _field(
+    grad_reduce_dtype: str = cfield("float32", "Dtype of gradient reduction.", choices=_DTYPES)
+    scheduling_spec: list[SchedulingSpec] = cfield(
         help="Worker resources: one spec (engine inside the worker) or two (worker, engine). "
         "Used by the single-controller schedulers.",
-        factory=_default_scheduling_spec,
+        factory=default_scheduling_spec,
     )
-    scheduling_strategy: SchedulingStrategy = _field(
+    scheduling_strategy: SchedulingStrategy = cfield(
         help="Own workers ('separation') or another role's ('colocation').",
         factory=SchedulingStrategy,
     )
-    fsdp: FSDPEngineConfig = _field(help="FSDP2 backend options.", factory=FSDPEngineConfig)
-    megatron: MegatronEngineConfig = _field(
-        help="Megatron backend options. " + _NOT_ACTED, factory=MegatronEngineConfig
+    fsdp: FSDPEngineConfig = cfield(help="FSDP2 backend options.", factory=FSDPEngineConfig)
+    megatron: MegatronEngineConfig = cfield(
+        help="Megatron backend options. " + NOT_ACTED, factory=MegatronEngineConfig
     )
-    archon: ArchonEngineConfig = _field(
-        help="Archon backend options. " + _NOT_ACTED, factory=ArchonEngineConfig
+    archon: ArchonEngineConfig = cfield(
+        help="Archon backend options. " + NOT_ACTED, factory=ArchonEngineConfig
     )
-    offload: bool = _field(
-        False, "Offload parameters and optimizer states to CPU between uses (GPU). " + _NOT_ACTED
+    offload: bool = cfield(
+        False, "Offload parameters and optimizer states to CPU between uses (GPU). " + NOT_ACTED
     )
-    use_kernels: bool = _field(False, "Apply HuggingFace `kernels` to the model. " + _NOT_ACTED)
-    use_lora: bool = _field(
+    use_kernels: bool = cfield(False, "Apply HuggingFace `kernels` to the model. " + NOT_ACTED)
+    use_lora: bool = cfield(
         False,
         "Train LoRA adapters (peft) instead of all weights; with weight_update_mode 'disk' "
         "the weight sync sends only the adapter.",
     )
-    lora_rank: int = _field(32, "LoRA rank r; >= 1.")
-    lora_alpha: int = _field(16, "LoRA alpha (the update is scaled by lora_alpha / lora_rank).")
-    target_modules: list[str] = _field(
+    lora_rank: int = cfield(32, "LoRA rank r; >= 1.")
+    lora_alpha: int = cfield(16, "LoRA alpha (the update is scaled by lora_alpha / lora_rank).")
+    target_modules: list[str] = cfield(
         help="Module names LoRA adapts (e.g. q_proj, v_proj); empty or ['all-linear']: every "
         "attention and MLP projection.",
         factory=list,
     )
-    peft_type: str = _field("lora", "PEFT method. " + _NOT_ACTED)
-    enable_tree_training: bool = _field(False, "Tree training with flex attention. " + _NOT_ACTED)
-    _version: str = _field(
+    peft_type: str = cfield("lora", "PEFT method. " + NOT_ACTED)
+    enable_tree_training: bool = cfield(False, "Tree training with flex attention. " + NOT_ACTED)
+    _version: str = cfield(
         "v1",
         "AReaL's train-controller version: 'v1' (this project's controller) or 'v2' (AReaL's "
-        "gateway controller). " + _NOT_ACTED,
+        "gateway controller). " + NOT_ACTED,
         choices=["v1", "v2"],
     )
-    admin_api_key: str = _field("areal-admin-key", "Gateway admin key (v2). " + _NOT_ACTED)
-    log_level: str = _field("warning", "Gateway log level (v2). " + _NOT_ACTED)
-    request_timeout: float = _field(
-        3600.0, "Gateway request timeout in seconds (v2). " + _NOT_ACTED
-    )
-    setup_timeout: float = _field(3600.0, "Gateway setup timeout in seconds (v2). " + _NOT_ACTED)
+    admin_api_key: str = cfield("areal-admin-key", "Gateway admin key (v2). " + NOT_ACTED)
+    log_level: str = cfield("warning", "Gateway log level (v2). " + NOT_ACTED)
+    request_timeout: float = cfield(3600.0, "Gateway request timeout in seconds (v2). " + NOT_ACTED)
+    setup_timeout: float = cfield(3600.0, "Gateway setup timeout in seconds (v2). " + NOT_ACTED)
 
     def __post_init__(self):
         owner = type(self).__name__
-        _check_choice(owner, "dtype", self.dtype, _DTYPES)
-        _check_choice(owner, "grad_reduce_dtype", self.grad_reduce_dtype, _DTYPES)
+        check_choice(owner, "dtype", self.dtype, _DTYPES)
+        check_choice(owner, "grad_reduce_dtype", self.grad_reduce_dtype, _DTYPES)
         if self.attn_impl not in _ATTN_IMPLS and "/" not in self.attn_impl:
             raise ValueError(
                 f"{owner}.attn_impl={self.attn_impl!r} is not allowed; choose one of {_ATTN_IMPLS} "
                 "or a kernels repo id 'org/repo'"
             )
-        _check_choice(owner, "weight_update_mode", self.weight_update_mode, ["disk", "xccl"])
-        _check_range(owner, "lora_rank", self.lora_rank, ge=1)
-        _check_range(owner, "weight_update_timeout", self.weight_update_timeout, gt=0)
-        _check_range(owner, "num_threads", self.num_threads, ge=1)
-        _check_range(owner, "temperature", self.temperature, gt=0)
+        check_choice(owner, "weight_update_mode", self.weight_update_mode, ["disk", "xccl"])
+        check_range(owner, "lora_rank", self.lora_rank, ge=1)
+        check_range(owner, "weight_update_timeout", self.weight_update_timeout, gt=0)
+        check_range(owner, "num_threads", self.num_threads, ge=1)
+        check_range(owner, "temperature", self.temperature, gt=0)
         if len(self.scheduling_spec) not in (1, 2):
             raise ValueError(
                 f"{owner}.scheduling_spec has {len(self.scheduling_spec)} entries; must have 1 or 2"

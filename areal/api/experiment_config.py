@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from areal.api.actor_config import DPOEngineConfig, PPOActorConfig, PPOCriticConfig, TeacherConfig
-from areal.api.config_common import _NOT_ACTED, _check_range, _field, _warn_once
+from areal.api.config_common import NOT_ACTED, cfield, check_range, warn_once
 from areal.api.dataset_config import TrainDatasetConfig, ValidDatasetConfig
 from areal.api.engine_config import SchedulingSpec, TrainEngineConfig
 from areal.api.inference_config import (
@@ -38,47 +38,47 @@ from areal.api.utils_config import (
 class BaseExperimentConfig:
     """Settings shared by every experiment type."""
 
-    experiment_name: str = _field(MISSING, "Name of the experiment (no '/'). Required.")
-    trial_name: str = _field(MISSING, "Name of the trial (no '/'). Required.")
-    cluster: ClusterSpecConfig = _field(
+    experiment_name: str = cfield(MISSING, "Name of the experiment (no '/'). Required.")
+    trial_name: str = cfield(MISSING, "Name of the trial (no '/'). Required.")
+    cluster: ClusterSpecConfig = cfield(
         help="Machines, file root and address discovery.", factory=ClusterSpecConfig
     )
-    allocation_mode: str = _field(
+    allocation_mode: str = cfield(
         "",
         "Devices per component, e.g. 'local:d1+fsdp:d2' or 'sglang:d4t2+fsdp:d8' "
         "(see areal.api.alloc_mode). Per-engine `backend` fields take precedence.",
     )
-    seed: int = _field(1, "Random seed.")
-    total_train_epochs: int = _field(1, "Epochs over the training set; >= 1.")
-    total_train_steps: int | None = _field(
+    seed: int = cfield(1, "Random seed.")
+    total_train_epochs: int = cfield(1, "Epochs over the training set; >= 1.")
+    total_train_steps: int | None = cfield(
         None, "Stop after this many steps; None: run all epochs."
     )
-    total_train_n_seqs: int | None = _field(
+    total_train_n_seqs: int | None = cfield(
         None, "Stop after this many training samples; None: no limit."
     )
-    tokenizer_path: str = _field("", "Tokenizer directory or hub name (often ${actor.path}).")
-    train_dataset: TrainDatasetConfig = _field(help="Training data.", factory=TrainDatasetConfig)
-    valid_dataset: ValidDatasetConfig | None = _field(
+    tokenizer_path: str = cfield("", "Tokenizer directory or hub name (often ${actor.path}).")
+    train_dataset: TrainDatasetConfig = cfield(help="Training data.", factory=TrainDatasetConfig)
+    valid_dataset: ValidDatasetConfig | None = cfield(
         None, "Validation data; None: no evaluation set."
     )
-    saver: SaverConfig = _field(help="HuggingFace checkpoint schedule.", factory=SaverConfig)
-    evaluator: EvaluatorConfig = _field(help="Evaluation schedule.", factory=EvaluatorConfig)
-    stats_logger: StatsLoggerConfig = _field(help="Statistics logging.", factory=StatsLoggerConfig)
-    recover: RecoverConfig = _field(
+    saver: SaverConfig = cfield(help="HuggingFace checkpoint schedule.", factory=SaverConfig)
+    evaluator: EvaluatorConfig = cfield(help="Evaluation schedule.", factory=EvaluatorConfig)
+    stats_logger: StatsLoggerConfig = cfield(help="Statistics logging.", factory=StatsLoggerConfig)
+    recover: RecoverConfig = cfield(
         help="Recovery checkpoints and resuming.", factory=RecoverConfig
     )
-    scheduler: SchedulerConfig = _field(help="Process scheduler.", factory=SchedulerConfig)
-    sglang: SGLangConfig = _field(help="SGLang server arguments.", factory=SGLangConfig)
-    vllm: vLLMConfig = _field(help="vLLM server arguments.", factory=vLLMConfig)
-    enable_offload: bool = _field(
-        False, "Offload training memory between steps (GPU). " + _NOT_ACTED
+    scheduler: SchedulerConfig = cfield(help="Process scheduler.", factory=SchedulerConfig)
+    sglang: SGLangConfig = cfield(help="SGLang server arguments.", factory=SGLangConfig)
+    vllm: vLLMConfig = cfield(help="vLLM server arguments.", factory=vLLMConfig)
+    enable_offload: bool = cfield(
+        False, "Offload training memory between steps (GPU). " + NOT_ACTED
     )
-    perf_tracer: PerfTracerConfig | None = _field(None, "Performance tracing. " + _NOT_ACTED)
-    memory_profiler: MemoryProfilerConfig | None = _field(
-        None, "CUDA memory snapshots. " + _NOT_ACTED
+    perf_tracer: PerfTracerConfig | None = cfield(None, "Performance tracing. " + NOT_ACTED)
+    memory_profiler: MemoryProfilerConfig | None = cfield(
+        None, "CUDA memory snapshots. " + NOT_ACTED
     )
-    launcher: LauncherConfig = _field(
-        help="Launcher resources. " + _NOT_ACTED, factory=LauncherConfig
+    launcher: LauncherConfig = cfield(
+        help="Launcher resources. " + NOT_ACTED, factory=LauncherConfig
     )
 
     def __post_init__(self):
@@ -89,9 +89,9 @@ class BaseExperimentConfig:
                 raise ValueError(
                     f"{owner}.{name}={value!r} is not allowed; it must not contain '/'"
                 )
-        _check_range(owner, "total_train_epochs", self.total_train_epochs, ge=1)
-        _check_range(owner, "total_train_steps", self.total_train_steps, ge=1, optional=True)
-        _check_range(owner, "total_train_n_seqs", self.total_train_n_seqs, ge=1, optional=True)
+        check_range(owner, "total_train_epochs", self.total_train_epochs, ge=1)
+        check_range(owner, "total_train_steps", self.total_train_steps, ge=1, optional=True)
+        check_range(owner, "total_train_n_seqs", self.total_train_n_seqs, ge=1, optional=True)
         if self.allocation_mode:
             from areal.api.alloc_mode import AllocationMode
 
@@ -103,7 +103,7 @@ class SFTConfig(BaseExperimentConfig):
     """Supervised fine-tuning. (A YAML section `model`, this project's earlier name, is
     read as `actor` with a warning.)"""
 
-    actor: TrainEngineConfig = _field(help="The trained model.", factory=TrainEngineConfig)
+    actor: TrainEngineConfig = cfield(help="The trained model.", factory=TrainEngineConfig)
 
     @property
     def model(self) -> TrainEngineConfig:
@@ -116,7 +116,7 @@ class RWConfig(BaseExperimentConfig):
     """Reward-model training (``RWTrainer``): Bradley-Terry loss on a critic-style model with
     a scalar head (`actor.is_critic`), preference pairs (dataset type 'rw')."""
 
-    actor: TrainEngineConfig = _field(
+    actor: TrainEngineConfig = cfield(
         help="The trained reward model; needs is_critic=True.", factory=TrainEngineConfig
     )
 
@@ -140,8 +140,8 @@ class DPOConfig(BaseExperimentConfig):
     ``beta`` / ``loss_type``) against the frozen reference ``ref`` built in the same workers;
     preference pairs (dataset type 'dpo')."""
 
-    actor: DPOEngineConfig = _field(help="The trained policy.", factory=DPOEngineConfig)
-    ref: DPOEngineConfig = _field(
+    actor: DPOEngineConfig = cfield(help="The trained policy.", factory=DPOEngineConfig)
+    ref: DPOEngineConfig = cfield(
         help="The frozen reference policy (no optimizer).", factory=DPOEngineConfig
     )
 
@@ -157,30 +157,30 @@ class DPOConfig(BaseExperimentConfig):
 class PPOConfig(BaseExperimentConfig):
     """PPO-family RL (PPO with a critic, GRPO without one)."""
 
-    gconfig: GenerationHyperparameters = _field(
+    gconfig: GenerationHyperparameters = cfield(
         help="Sampling parameters of training rollouts.", factory=GenerationHyperparameters
     )
-    rollout: InferenceEngineConfig = _field(
+    rollout: InferenceEngineConfig = cfield(
         help="Inference servers and staleness control.", factory=InferenceEngineConfig
     )
-    actor: PPOActorConfig = _field(help="The policy and its loss.", factory=PPOActorConfig)
-    ref: PPOActorConfig | None = _field(
+    actor: PPOActorConfig = cfield(help="The policy and its loss.", factory=PPOActorConfig)
+    ref: PPOActorConfig | None = cfield(
         None, "Frozen reference model for the KL penalty; None: no reference."
     )
-    critic: PPOCriticConfig | None = _field(None, "Value model; None: no critic (GRPO).")
-    eval_gconfig: GenerationHyperparameters | None = _field(
+    critic: PPOCriticConfig | None = cfield(None, "Value model; None: no critic (GRPO).")
+    eval_gconfig: GenerationHyperparameters | None = cfield(
         None, "Sampling parameters of evaluation; None: a copy of gconfig."
     )
-    async_training: bool = _field(
+    async_training: bool = cfield(
         True,
         "Generate the next batches while training (bounded by rollout.max_head_offpolicyness). "
         "False: generate each batch only after the previous update.",
     )
-    dynamic_bs: bool = _field(
+    dynamic_bs: bool = cfield(
         False,
         "Stop collecting a batch once accepted + rejected reaches batch_size (variable batch size).",
     )
-    teacher: TeacherConfig | None = _field(
+    teacher: TeacherConfig | None = cfield(
         None,
         "On-policy distillation teacher (a frozen model scoring every trajectory; reverse-KL "
         "term weighted by teacher.rl_loss_weight / distill_loss_weight); None: no teacher.",
@@ -286,7 +286,7 @@ def _same_as_default(value: Any, default: Any) -> bool:
     return value == default
 
 
-def _field_default(f: Any) -> Any:
+def field_default(f: Any) -> Any:
     if f.default is not _DC_MISSING:
         return f.default
     if f.default_factory is not _DC_MISSING:
@@ -305,7 +305,7 @@ def not_acted_on_settings(config: Any, prefix: str = "") -> list[tuple[str, str]
         value = getattr(config, f.name)
         path = f"{prefix}{f.name}"
         if f.name in needs:
-            default = _field_default(f)
+            default = field_default(f)
             if default is not _DC_MISSING and not _same_as_default(value, default):
                 found.append((path, needs[f.name]))
             continue
@@ -322,7 +322,7 @@ def warn_not_acted_on(config: Any) -> list[str]:
     found = not_acted_on_settings(config)
     if found:
         listing = "; ".join(f"{path} (needs {why})" for path, why in found)
-        _warn_once(
+        warn_once(
             "not-acted:" + ",".join(p for p, _ in found),
             f"These settings are accepted but not acted on here: {listing}. See "
             "docs/cli_reference.md, 'Accepted but not acted on'.",
@@ -337,7 +337,7 @@ def warn_not_acted_on(config: Any) -> list[str]:
 _CPU_DTYPE_FIELDS = ("dtype", "grad_reduce_dtype")
 
 
-def _walk_dataclasses(obj: Any, prefix: str = ""):
+def walk_dataclasses(obj: Any, prefix: str = ""):
     """(dotted path, instance) of ``obj`` and every dataclass nested in it (lists too)."""
     if not is_dataclass(obj) or isinstance(obj, type):
         return
@@ -345,10 +345,10 @@ def _walk_dataclasses(obj: Any, prefix: str = ""):
     for f in fields(obj):
         value = getattr(obj, f.name)
         if is_dataclass(value):
-            yield from _walk_dataclasses(value, f"{prefix}{f.name}.")
+            yield from walk_dataclasses(value, f"{prefix}{f.name}.")
         elif isinstance(value, (list, tuple)):
             for i, item in enumerate(value):
-                yield from _walk_dataclasses(item, f"{prefix}{f.name}.{i}.")
+                yield from walk_dataclasses(item, f"{prefix}{f.name}.{i}.")
 
 
 def apply_cpu_fallbacks(config: Any) -> list[str]:
@@ -356,15 +356,14 @@ def apply_cpu_fallbacks(config: Any) -> list[str]:
 
     Every ``SchedulingSpec.gpu`` > 0 becomes 0, and every train-engine ``dtype`` /
     ``grad_reduce_dtype`` other than float32 becomes float32; each kind is logged once,
-    naming the changed keys. Returns the changed dotted keys. No-op for configs without
-    a ``cluster`` section or with GPUs.
+    naming the changed keys. Returns the changed dotted keys. No-op for configs that are
+    no ``BaseExperimentConfig`` (no ``cluster`` section) or that have GPUs.
     """
-    cluster = getattr(config, "cluster", None)
-    if cluster is None or getattr(cluster, "n_gpus_per_node", None) != 0:
+    if not isinstance(config, BaseExperimentConfig) or config.cluster.n_gpus_per_node != 0:
         return []
     gpu_keys: list[str] = []
     dtype_keys: list[str] = []
-    for path, obj in _walk_dataclasses(config):
+    for path, obj in walk_dataclasses(config):
         if isinstance(obj, SchedulingSpec) and obj.gpu > 0:
             gpu_keys.append(f"{path}.gpu={obj.gpu}")
             obj.gpu = 0
@@ -375,12 +374,12 @@ def apply_cpu_fallbacks(config: Any) -> list[str]:
                     dtype_keys.append(f"{path}.{name}={value}")
                     setattr(obj, name, "float32")
     if gpu_keys:
-        _warn_once(
+        warn_once(
             "cpu-gpu:" + ",".join(gpu_keys),
             "cluster.n_gpus_per_node=0: GPU requests dropped (set to 0): " + ", ".join(gpu_keys),
         )
     if dtype_keys:
-        _warn_once(
+        warn_once(
             "cpu-dtype:" + ",".join(dtype_keys),
             "cluster.n_gpus_per_node=0: training dtypes mapped to float32 on CPU: "
             + ", ".join(dtype_keys),

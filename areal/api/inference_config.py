@@ -11,42 +11,42 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from areal.api.config_common import (
-    _NOT_ACTED,
-    _check_choice,
-    _check_range,
-    _field,
-    _warn_once,
+    NOT_ACTED,
+    cfield,
+    check_choice,
+    check_range,
     conf_as_dict,
     logger,
+    warn_once,
 )
-from areal.api.engine_config import SchedulingSpec, SchedulingStrategy, _default_scheduling_spec
+from areal.api.engine_config import SchedulingSpec, SchedulingStrategy, default_scheduling_spec
 
 
 @dataclass
 class GenerationHyperparameters:
     """Sampling parameters for one generation request."""
 
-    n_samples: int = _field(1, "Number of sequences sampled per prompt (the GRPO group size).")
-    max_new_tokens: int = _field(16384, "Maximum number of generated tokens.")
-    min_new_tokens: int = _field(0, "Minimum number of generated tokens before a stop is allowed.")
-    max_tokens: int = _field(32768, "Maximum prompt + generated tokens.")
-    greedy: bool = _field(False, "Greedy decoding (argmax) instead of sampling.")
-    top_p: float = _field(1.0, "Nucleus sampling probability mass, in (0, 1].")
-    top_k: int = _field(int(1e8), "Keep only the k most likely tokens when sampling.")
-    temperature: float = _field(1.0, "Sampling temperature; > 0.")
-    stop_token_ids: list[int] = _field(
+    n_samples: int = cfield(1, "Number of sequences sampled per prompt (the GRPO group size).")
+    max_new_tokens: int = cfield(16384, "Maximum number of generated tokens.")
+    min_new_tokens: int = cfield(0, "Minimum number of generated tokens before a stop is allowed.")
+    max_tokens: int = cfield(32768, "Maximum prompt + generated tokens.")
+    greedy: bool = cfield(False, "Greedy decoding (argmax) instead of sampling.")
+    top_p: float = cfield(1.0, "Nucleus sampling probability mass, in (0, 1].")
+    top_k: int = cfield(int(1e8), "Keep only the k most likely tokens when sampling.")
+    temperature: float = cfield(1.0, "Sampling temperature; > 0.")
+    stop_token_ids: list[int] = cfield(
         help="Token ids that end generation (EOS is always added by the engine).", factory=list
     )
-    ignore_eos: bool = _field(False, "Keep generating after EOS.")
-    skip_special_tokens: bool = _field(True, "Skip special tokens when decoding text.")
-    stop: list[str] | None = _field(None, "Stop strings.")
-    frequency_penalty: float = _field(
+    ignore_eos: bool = cfield(False, "Keep generating after EOS.")
+    skip_special_tokens: bool = cfield(True, "Skip special tokens when decoding text.")
+    stop: list[str] | None = cfield(None, "Stop strings.")
+    frequency_penalty: float = cfield(
         0.0, "Frequency penalty (accepted; the built-in server ignores it)."
     )
-    lora_name: str = _field(
-        "default_lora", "Name of the LoRA adapter used for this request. " + _NOT_ACTED
+    lora_name: str = cfield(
+        "default_lora", "Name of the LoRA adapter used for this request. " + NOT_ACTED
     )
-    use_beam_search: bool = _field(False, "Beam search (vLLM only). " + _NOT_ACTED)
+    use_beam_search: bool = cfield(False, "Beam search (vLLM only). " + NOT_ACTED)
 
     def __post_init__(self):
         if self.n_samples < 1:
@@ -209,33 +209,33 @@ def split_host_port(addr: str) -> tuple[str, int]:
 class vLLMConfig:
     """Arguments of vLLM servers (backend 'vllm'), passed on as `--flag value`."""
 
-    model: str = _field("", "Model directory or hub name served by vLLM (usually ${actor.path}).")
-    seed: int = _field(1, "Random seed of the server.")
-    skip_tokenizer_init: bool = _field(False, "Do not load a tokenizer (requests carry token ids).")
-    enforce_eager: bool = _field(False, "Disable CUDA graphs / compilation.")
-    dtype: str = _field("bfloat16", "Model dtype in the server.")
-    distributed_executor_backend: str = _field("mp", "vLLM executor for multi-GPU: 'mp' or 'ray'.")
-    max_num_seqs: int = _field(256, "Maximum concurrent sequences per server.")
-    block_size: int = _field(16, "KV-cache block size in tokens.")
-    swap_space: int = _field(4, "CPU swap space per GPU in GiB.")
-    cpu_offload_gb: float = _field(0, "GiB of weights offloaded to CPU.")
-    disable_sliding_window: bool = _field(True, "Disable sliding-window attention.")
-    max_model_len: int | None = _field(32768, "Context length; None for the model's own.")
-    no_enable_chunked_prefill: bool = _field(False, "Pass --no-enable-chunked-prefill.")
-    no_enable_prefix_caching: bool = _field(
+    model: str = cfield("", "Model directory or hub name served by vLLM (usually ${actor.path}).")
+    seed: int = cfield(1, "Random seed of the server.")
+    skip_tokenizer_init: bool = cfield(False, "Do not load a tokenizer (requests carry token ids).")
+    enforce_eager: bool = cfield(False, "Disable CUDA graphs / compilation.")
+    dtype: str = cfield("bfloat16", "Model dtype in the server.")
+    distributed_executor_backend: str = cfield("mp", "vLLM executor for multi-GPU: 'mp' or 'ray'.")
+    max_num_seqs: int = cfield(256, "Maximum concurrent sequences per server.")
+    block_size: int = cfield(16, "KV-cache block size in tokens.")
+    swap_space: int = cfield(4, "CPU swap space per GPU in GiB.")
+    cpu_offload_gb: float = cfield(0, "GiB of weights offloaded to CPU.")
+    disable_sliding_window: bool = cfield(True, "Disable sliding-window attention.")
+    max_model_len: int | None = cfield(32768, "Context length; None for the model's own.")
+    no_enable_chunked_prefill: bool = cfield(False, "Pass --no-enable-chunked-prefill.")
+    no_enable_prefix_caching: bool = cfield(
         True,
         "Pass --no-enable-prefix-caching (stale cache entries after weight updates otherwise).",
     )
-    gpu_memory_utilization: float = _field(0.9, "Fraction of GPU memory vLLM may use.")
-    worker_extension_cls: str = _field(
+    gpu_memory_utilization: float = cfield(0.9, "Fraction of GPU memory vLLM may use.")
+    worker_extension_cls: str = cfield(
         "", "Import path of a vLLM worker extension class (weight updates); empty: none."
     )
-    enable_sleep_mode: bool = _field(False, "Allow the server to release GPU memory while idle.")
-    uvicorn_log_level: str = _field("warning", "Log level of the HTTP server.")
-    enable_lora: bool = _field(False, "Serve LoRA adapters. " + _NOT_ACTED)
-    max_lora_rank: int = _field(16, "Maximum LoRA rank. " + _NOT_ACTED)
-    max_loras: int = _field(8, "Maximum LoRA adapters at once. " + _NOT_ACTED)
-    lora_modules: list[str] | None = _field(None, "LoRA modules to serve. " + _NOT_ACTED)
+    enable_sleep_mode: bool = cfield(False, "Allow the server to release GPU memory while idle.")
+    uvicorn_log_level: str = cfield("warning", "Log level of the HTTP server.")
+    enable_lora: bool = cfield(False, "Serve LoRA adapters. " + NOT_ACTED)
+    max_lora_rank: int = cfield(16, "Maximum LoRA rank. " + NOT_ACTED)
+    max_loras: int = cfield(8, "Maximum LoRA adapters at once. " + NOT_ACTED)
+    lora_modules: list[str] | None = cfield(None, "LoRA modules to serve. " + NOT_ACTED)
 
     @staticmethod
     def build_args(
@@ -312,64 +312,64 @@ class vLLMConfig:
 class SGLangConfig:
     """Arguments of SGLang servers (backend 'sglang'), passed on as `--flag value`."""
 
-    model_path: str = _field(
+    model_path: str = cfield(
         "", "Model directory or hub name served by SGLang (usually ${actor.path})."
     )
-    random_seed: int = _field(1, "Random seed of the server.")
-    skip_tokenizer_init: bool = _field(False, "Do not load a tokenizer (requests carry token ids).")
-    disable_cuda_graph: bool = _field(False, "Disable CUDA graphs.")
-    disable_radix_cache: bool = _field(True, "Disable the prefix (radix) cache.")
-    disable_cuda_graph_padding: bool = _field(False, "Disable CUDA-graph padding.")
-    enable_nccl_nvls: bool = _field(False, "Enable NCCL NVLS.")
-    disable_outlines_disk_cache: bool = _field(False, "Disable the outlines disk cache.")
-    disable_custom_all_reduce: bool = _field(False, "Disable the custom all-reduce kernel.")
-    disable_overlap_schedule: bool = _field(False, "Disable the overlap scheduler.")
-    enable_mixed_chunk: bool = _field(False, "Mix prefill and decode in one batch.")
-    enable_dp_attention: bool = _field(False, "Data-parallel attention.")
-    enable_ep_moe: bool = _field(False, "Expert-parallel MoE.")
-    enable_torch_compile: bool = _field(False, "torch.compile the model.")
-    torch_compile_max_bs: int = _field(32, "Maximum batch size compiled.")
-    cuda_graph_max_bs: int | None = _field(None, "Maximum CUDA-graph batch size.")
-    cuda_graph_bs: list[int] | None = _field(None, "CUDA-graph batch sizes.")
-    torchao_config: str = _field("", "torchao quantisation config.")
-    enable_nan_detection: bool = _field(False, "Detect NaNs in sampling.")
-    enable_p2p_check: bool = _field(False, "Check GPU peer-to-peer access.")
-    triton_attention_reduce_in_fp32: bool = _field(False, "fp32 reduction in triton attention.")
-    triton_attention_num_kv_splits: int = _field(8, "KV splits of triton attention.")
-    num_continuous_decode_steps: int = _field(1, "Decode steps per scheduling round.")
-    enable_memory_saver: bool = _field(False, "Allow releasing GPU memory while idle.")
-    allow_auto_truncate: bool = _field(False, "Truncate over-long prompts instead of failing.")
-    attention_backend: str | None = _field("fa3", "Attention backend.")
-    enable_multimodal: bool = _field(False, "Enable multimodal inputs.")
-    sampling_backend: str | None = _field(None, "Sampling backend.")
-    context_length: int | None = _field(32768, "Context length; None for the model's own.")
-    mem_fraction_static: float | None = _field(
+    random_seed: int = cfield(1, "Random seed of the server.")
+    skip_tokenizer_init: bool = cfield(False, "Do not load a tokenizer (requests carry token ids).")
+    disable_cuda_graph: bool = cfield(False, "Disable CUDA graphs.")
+    disable_radix_cache: bool = cfield(True, "Disable the prefix (radix) cache.")
+    disable_cuda_graph_padding: bool = cfield(False, "Disable CUDA-graph padding.")
+    enable_nccl_nvls: bool = cfield(False, "Enable NCCL NVLS.")
+    disable_outlines_disk_cache: bool = cfield(False, "Disable the outlines disk cache.")
+    disable_custom_all_reduce: bool = cfield(False, "Disable the custom all-reduce kernel.")
+    disable_overlap_schedule: bool = cfield(False, "Disable the overlap scheduler.")
+    enable_mixed_chunk: bool = cfield(False, "Mix prefill and decode in one batch.")
+    enable_dp_attention: bool = cfield(False, "Data-parallel attention.")
+    enable_ep_moe: bool = cfield(False, "Expert-parallel MoE.")
+    enable_torch_compile: bool = cfield(False, "torch.compile the model.")
+    torch_compile_max_bs: int = cfield(32, "Maximum batch size compiled.")
+    cuda_graph_max_bs: int | None = cfield(None, "Maximum CUDA-graph batch size.")
+    cuda_graph_bs: list[int] | None = cfield(None, "CUDA-graph batch sizes.")
+    torchao_config: str = cfield("", "torchao quantisation config.")
+    enable_nan_detection: bool = cfield(False, "Detect NaNs in sampling.")
+    enable_p2p_check: bool = cfield(False, "Check GPU peer-to-peer access.")
+    triton_attention_reduce_in_fp32: bool = cfield(False, "fp32 reduction in triton attention.")
+    triton_attention_num_kv_splits: int = cfield(8, "KV splits of triton attention.")
+    num_continuous_decode_steps: int = cfield(1, "Decode steps per scheduling round.")
+    enable_memory_saver: bool = cfield(False, "Allow releasing GPU memory while idle.")
+    allow_auto_truncate: bool = cfield(False, "Truncate over-long prompts instead of failing.")
+    attention_backend: str | None = cfield("fa3", "Attention backend.")
+    enable_multimodal: bool = cfield(False, "Enable multimodal inputs.")
+    sampling_backend: str | None = cfield(None, "Sampling backend.")
+    context_length: int | None = cfield(32768, "Context length; None for the model's own.")
+    mem_fraction_static: float | None = cfield(
         0.9, "Fraction of GPU memory for weights + KV cache."
     )
-    max_running_requests: int | None = _field(None, "Maximum concurrent requests.")
-    chunked_prefill_size: int | None = _field(-1, "Chunked prefill size; -1 disables.")
-    max_prefill_tokens: int = _field(32768, "Maximum tokens of one prefill batch.")
-    schedule_policy: str = _field("lpm", "Request scheduling policy of the server.")
-    schedule_conservativeness: float = _field(1.0, "Scheduling conservativeness.")
-    cpu_offload_gb: int = _field(0, "GiB of weights offloaded to CPU.")
-    dtype: str = _field("bfloat16", "Model dtype in the server.")
-    kv_cache_dtype: str = _field("auto", "KV-cache dtype.")
-    dp_size: int = _field(1, "Data-parallel size for DP attention.")
-    ep_size: int = _field(1, "Expert-parallel size.")
-    enable_lora: bool | None = _field(None, "Serve LoRA adapters. " + _NOT_ACTED)
-    max_lora_rank: int | None = _field(None, "Maximum LoRA rank. " + _NOT_ACTED)
-    max_loaded_loras: int = _field(8, "Maximum loaded LoRA adapters. " + _NOT_ACTED)
-    lora_paths: list[str] | None = _field(None, "LoRA adapter paths. " + _NOT_ACTED)
-    lora_backend: str = _field("triton", "LoRA kernel backend. " + _NOT_ACTED)
-    log_level: str = _field("warning", "Server log level.")
-    log_level_http: str | None = _field("warning", "HTTP log level.")
-    log_requests: bool = _field(False, "Log every request.")
-    log_requests_level: int = _field(0, "Verbosity of request logging.")
-    show_time_cost: bool = _field(False, "Log time costs.")
-    enable_metrics: bool = _field(True, "Export Prometheus metrics.")
-    decode_log_interval: int = _field(1, "Decode iterations between throughput logs.")
-    enable_multithread_load: bool = _field(False, "Multi-threaded weight loading.")
-    enable_return_routed_experts: bool = _field(False, "Return MoE routing (internal).")
+    max_running_requests: int | None = cfield(None, "Maximum concurrent requests.")
+    chunked_prefill_size: int | None = cfield(-1, "Chunked prefill size; -1 disables.")
+    max_prefill_tokens: int = cfield(32768, "Maximum tokens of one prefill batch.")
+    schedule_policy: str = cfield("lpm", "Request scheduling policy of the server.")
+    schedule_conservativeness: float = cfield(1.0, "Scheduling conservativeness.")
+    cpu_offload_gb: int = cfield(0, "GiB of weights offloaded to CPU.")
+    dtype: str = cfield("bfloat16", "Model dtype in the server.")
+    kv_cache_dtype: str = cfield("auto", "KV-cache dtype.")
+    dp_size: int = cfield(1, "Data-parallel size for DP attention.")
+    ep_size: int = cfield(1, "Expert-parallel size.")
+    enable_lora: bool | None = cfield(None, "Serve LoRA adapters. " + NOT_ACTED)
+    max_lora_rank: int | None = cfield(None, "Maximum LoRA rank. " + NOT_ACTED)
+    max_loaded_loras: int = cfield(8, "Maximum loaded LoRA adapters. " + NOT_ACTED)
+    lora_paths: list[str] | None = cfield(None, "LoRA adapter paths. " + NOT_ACTED)
+    lora_backend: str = cfield("triton", "LoRA kernel backend. " + NOT_ACTED)
+    log_level: str = cfield("warning", "Server log level.")
+    log_level_http: str | None = cfield("warning", "HTTP log level.")
+    log_requests: bool = cfield(False, "Log every request.")
+    log_requests_level: int = cfield(0, "Verbosity of request logging.")
+    show_time_cost: bool = cfield(False, "Log time costs.")
+    enable_metrics: bool = cfield(True, "Export Prometheus metrics.")
+    decode_log_interval: int = cfield(1, "Decode iterations between throughput logs.")
+    enable_multithread_load: bool = cfield(False, "Multi-threaded weight loading.")
+    enable_return_routed_experts: bool = cfield(False, "Return MoE routing (internal).")
 
     @staticmethod
     def build_args(
@@ -465,69 +465,69 @@ class AgentConfig:
     the agent class and the agent-service workers.
     """
 
-    agent_cls_path: str = _field(
+    agent_cls_path: str = cfield(
         "", "Import path ('pkg.module.Class') of the agent implementation; empty: none."
     )
-    admin_api_key: str = _field(
+    admin_api_key: str = cfield(
         "areal-admin-key",
         "Admin key of the proxy and agent service (management calls only; each session "
         "gets its own key). Change it for anything beyond localhost.",
     )
-    scheduling_spec: list[SchedulingSpec] = _field(
+    scheduling_spec: list[SchedulingSpec] = cfield(
         help="Resources of the agent-service worker; exactly one spec.",
         factory=_default_agent_scheduling_spec,
     )
-    mode: str = _field(
+    mode: str = cfield(
         "inline",
         "'inline' (agent runs in the rollout process), 'subproc' (in a worker process "
         "pool) or 'online' (external users drive sessions through the proxy).",
         choices=_AGENT_MODES,
     )
-    tool_call_parser: str = _field("qwen", "Parser of tool calls in model output.")
-    reasoning_parser: str = _field("qwen3", "Parser of reasoning content (<think> tags).")
-    chat_template_type: str = _field(
+    tool_call_parser: str = cfield("qwen", "Parser of tool calls in model output.")
+    reasoning_parser: str = cfield("qwen3", "Parser of reasoning content (<think> tags).")
+    chat_template_type: str = cfield(
         "hf",
         "'hf' (the tokenizer's chat template) or 'concat' (multi-turn concatenation).",
         choices=["hf", "concat"],
     )
-    engine_max_tokens: int | None = _field(
+    engine_max_tokens: int | None = cfield(
         None, "Maximum prompt + completion tokens of one call; None: no limit."
     )
-    turn_discount: float = _field(1.0, "Reward discount per turn of a multi-turn episode.")
-    export_style: str = _field(
+    turn_discount: float = cfield(1.0, "Reward discount per turn of a multi-turn episode.")
+    export_style: str = cfield(
         "individual",
         "'individual': every interaction is a training sample; 'concat': only the final "
         "concatenated conversation (linear histories only).",
         choices=["individual", "concat"],
     )
-    subproc_max_workers: int = _field(4, "Worker processes in 'subproc' mode; >= 1.")
-    session_timeout_seconds: int = _field(3600, "Sessions idle longer than this are dropped; > 0.")
-    set_reward_finish_timeout: float = _field(
+    subproc_max_workers: int = cfield(4, "Worker processes in 'subproc' mode; >= 1.")
+    session_timeout_seconds: int = cfield(3600, "Sessions idle longer than this are dropped; > 0.")
+    set_reward_finish_timeout: float = cfield(
         0.0, "Seconds to wait for further reward updates before a session is final; >= 0."
     )
-    proxy_host: str = _field(
+    proxy_host: str = cfield(
         "127.0.0.1",
         "Address the trainer's OpenAI-compatible proxy binds to; '0.0.0.0' exposes it "
         "(online mode with clients on other machines: change admin_api_key too).",
     )
-    proxy_port: int = _field(0, "Port of the trainer's proxy; 0 = a free port (logged); >= 0.")
+    proxy_port: int = cfield(0, "Port of the trainer's proxy; 0 = a free port (logged); >= 0.")
 
     def __post_init__(self):
         owner = "AgentConfig"
-        _check_choice(owner, "mode", self.mode, _AGENT_MODES)
-        _check_choice(owner, "chat_template_type", self.chat_template_type, ["hf", "concat"])
-        _check_choice(owner, "export_style", self.export_style, ["individual", "concat"])
+        check_choice(owner, "mode", self.mode, _AGENT_MODES)
+        check_choice(owner, "chat_template_type", self.chat_template_type, ["hf", "concat"])
+        check_choice(owner, "export_style", self.export_style, ["individual", "concat"])
         if len(self.scheduling_spec) != 1:
             raise ValueError(
                 f"{owner}.scheduling_spec has {len(self.scheduling_spec)} entries; must have exactly 1"
             )
         if not self.admin_api_key or not self.admin_api_key.strip():
             raise ValueError(f"{owner}.admin_api_key is empty; it must be a non-blank string")
-        _check_range(owner, "subproc_max_workers", self.subproc_max_workers, ge=1)
-        _check_range(owner, "session_timeout_seconds", self.session_timeout_seconds, gt=0)
-        _check_range(owner, "set_reward_finish_timeout", self.set_reward_finish_timeout, ge=0)
-        _check_range(owner, "engine_max_tokens", self.engine_max_tokens, ge=1, optional=True)
-        _check_range(owner, "proxy_port", self.proxy_port, ge=0)
+        check_range(owner, "subproc_max_workers", self.subproc_max_workers, ge=1)
+        check_range(owner, "session_timeout_seconds", self.session_timeout_seconds, gt=0)
+        check_range(owner, "set_reward_finish_timeout", self.set_reward_finish_timeout, ge=0)
+        check_range(owner, "engine_max_tokens", self.engine_max_tokens, ge=1, optional=True)
+        check_range(owner, "proxy_port", self.proxy_port, ge=0)
         if not self.proxy_host or not self.proxy_host.strip():
             raise ValueError(f"{owner}.proxy_host is empty; give an address such as '127.0.0.1'")
 
@@ -540,75 +540,75 @@ OpenAIProxyConfig = AgentConfig
 class InferenceEngineConfig:
     """Rollout: inference servers, request policy and staleness control."""
 
-    experiment_name: str | None = _field(
+    experiment_name: str | None = cfield(
         None, "Experiment name; defaults to the top-level experiment_name."
     )
-    trial_name: str | None = _field(None, "Trial name; defaults to the top-level trial_name.")
-    backend: str = _field(
+    trial_name: str | None = cfield(None, "Trial name; defaults to the top-level trial_name.")
+    backend: str = cfield(
         "",
         "Inference backend and parallel sizes, e.g. 'local:d1', 'vllm:d2t2', 'sglang:d4'. "
         "Empty: taken from the top-level allocation_mode.",
     )
-    max_concurrent_rollouts: int | None = _field(
+    max_concurrent_rollouts: int | None = cfield(
         None, "Maximum rollouts in flight at once; None: consumer_batch_size; >= 1."
     )
-    queue_size: int | None = _field(
+    queue_size: int | None = cfield(
         None, "Capacity of the input/output rollout queues; None: unbounded-ish default; >= 1."
     )
-    consumer_batch_size: int = _field(
+    consumer_batch_size: int = cfield(
         1, "Trajectories the trainer takes per step (usually ${train_dataset.batch_size}); >= 1."
     )
-    max_head_offpolicyness: int = _field(
+    max_head_offpolicyness: int = cfield(
         0,
         "Maximum staleness: a rollout may start only while its policy version is at most "
         "this many versions behind the trainer; 0 = synchronous RL; >= 0.",
     )
-    enable_rollout_tracing: bool = _field(False, "Log every generation request verbosely.")
-    check_trajectory_format: bool = _field(
+    enable_rollout_tracing: bool = cfield(False, "Log every generation request verbosely.")
+    check_trajectory_format: bool = cfield(
         False, "Check the tensors each workflow returns (for debugging workflows)."
     )
-    schedule_policy: str = _field(
+    schedule_policy: str = cfield(
         "round_robin", "How requests are spread over servers.", choices=["round_robin"]
     )
-    fileroot: str | None = _field(
+    fileroot: str | None = cfield(
         None, "Root directory of trajectory dumps (usually ${cluster.fileroot})."
     )
-    tokenizer_path: str = _field("", "Tokenizer used to decode dumped trajectories.")
-    dump_to_file: bool = _field(False, "Dump every trajectory as text under fileroot.")
-    setup_timeout: float = _field(300.0, "Seconds to wait for servers to become healthy; > 0.")
-    request_timeout: float = _field(
+    tokenizer_path: str = cfield("", "Tokenizer used to decode dumped trajectories.")
+    dump_to_file: bool = cfield(False, "Dump every trajectory as text under fileroot.")
+    setup_timeout: float = cfield(300.0, "Seconds to wait for servers to become healthy; > 0.")
+    request_timeout: float = cfield(
         3600, "Seconds before an HTTP generation request times out; > 0."
     )
-    request_retries: int = _field(3, "Retries of a failed request; >= 0.")
-    health_check_interval: float = _field(
+    request_retries: int = cfield(3, "Retries of a failed request; >= 0.")
+    health_check_interval: float = cfield(
         5.0,
         "Seconds between health probes of each inference server (a background thread of "
         "RemoteInfEngine); 0 = no probes (a hung server is then only noticed when a request "
         "times out); >= 0.",
     )
-    health_check_timeout: float = _field(
+    health_check_timeout: float = cfield(
         30.0,
         "A server that answers no health probe and no request for this many seconds is "
         "declared hung: taken out of rotation, its in-flight requests move to the other "
         "servers and the ServerWatchdog kills and restarts it; > 0.",
     )
-    pause_grace_period: float = _field(
+    pause_grace_period: float = cfield(
         0.0, "Seconds to wait after pausing servers before weights are updated; >= 0."
     )
-    verify_weights: bool = _field(
+    verify_weights: bool = cfield(
         True,
         "After every weight update, compare a fingerprint of each server's weights with the "
         "trainer's and fail naming server and tensor on a mismatch (built-in server; "
         "areal.infra.weight_verify): a strided sample of every tensor at every update, the "
         "row sums of every element on a rotation (verify_weights_full_every).",
     )
-    verify_weights_full_every: int = _field(
+    verify_weights_full_every: int = cfield(
         8,
         "The row sums (every element counts) of each tensor are checked once every this many "
         "weight updates, a share of about 1/N of the weights at each; 1 = every tensor in "
         "full at every update (costs about one extra read of the weights on each side); >= 1.",
     )
-    verify_weights_background: bool = _field(
+    verify_weights_background: bool = cfield(
         True,
         "Every check after the first runs after the sync (disk updates of built-in servers: "
         "the servers' fingerprints still come with the update and are compared with the "
@@ -617,7 +617,7 @@ class InferenceEngineConfig:
         "boundary (the weights served one step). False: every check runs inside the sync, "
         "before any version moves.",
     )
-    verify_weights_in_response: bool = _field(
+    verify_weights_in_response: bool = cfield(
         True,
         "Disk updates carry the fingerprints: the trainer writes its reference next to the "
         "weights and built-in servers return theirs in the update answer, compared with no "
@@ -626,44 +626,44 @@ class InferenceEngineConfig:
         "demo model, docs/fault_tolerance.md). False: the trainer and the servers are asked "
         "after the push (the check off the sync's path with verify_weights_background).",
     )
-    generation_api_key_env: str = _field(
+    generation_api_key_env: str = cfield(
         "",
         "Name of a controller environment variable holding an API key the built-in servers "
         "then require on their generation endpoints (handed over as AREAL_SERVER_API_KEY in "
         "the environment, never on a command line); empty: generation endpoints open.",
     )
-    scheduling_spec: list[SchedulingSpec] = _field(
+    scheduling_spec: list[SchedulingSpec] = cfield(
         help="Worker resources of the rollout role (single-controller schedulers).",
-        factory=_default_scheduling_spec,
+        factory=default_scheduling_spec,
     )
-    scheduling_strategy: SchedulingStrategy = _field(
+    scheduling_strategy: SchedulingStrategy = cfield(
         help="Own workers ('separation') or another role's ('colocation').",
         factory=SchedulingStrategy,
     )
-    use_lora: bool = _field(False, "Serve LoRA adapters. " + _NOT_ACTED)
-    agent: AgentConfig = _field(
+    use_lora: bool = cfield(False, "Serve LoRA adapters. " + NOT_ACTED)
+    agent: AgentConfig = cfield(
         help="Agent workflows: OpenAI-compatible proxy and agent service.", factory=AgentConfig
     )
-    openai: AgentConfig | None = _field(
+    openai: AgentConfig | None = cfield(
         None,
         "DEPRECATED (AReaL's earlier name of `agent`): moved into rollout.agent with a warning.",
     )
-    return_routed_experts: bool = _field(False, "Return MoE routing (SGLang). " + _NOT_ACTED)
-    _version: str = _field(
+    return_routed_experts: bool = cfield(False, "Return MoE routing (SGLang). " + NOT_ACTED)
+    _version: str = cfield(
         "v1",
         "AReaL's rollout-controller version: 'v1' (this project's controller) or 'v2' (AReaL's "
-        "inference-service gateway). " + _NOT_ACTED,
+        "inference-service gateway). " + NOT_ACTED,
         choices=["v1", "v2"],
     )
-    model: str = _field("default", "Model name exposed by the gateway (v2). " + _NOT_ACTED)
-    routing_strategy: str = _field("round_robin", "Gateway routing (v2). " + _NOT_ACTED)
-    poll_interval: float = _field(5.0, "Gateway health-poll seconds (v2). " + _NOT_ACTED)
-    admin_api_key: str = _field("areal-admin-key", "Gateway admin key (v2). " + _NOT_ACTED)
-    api_url: str | None = _field(
-        None, "External OpenAI-compatible base URL (v2 external model). " + _NOT_ACTED
+    model: str = cfield("default", "Model name exposed by the gateway (v2). " + NOT_ACTED)
+    routing_strategy: str = cfield("round_robin", "Gateway routing (v2). " + NOT_ACTED)
+    poll_interval: float = cfield(5.0, "Gateway health-poll seconds (v2). " + NOT_ACTED)
+    admin_api_key: str = cfield("areal-admin-key", "Gateway admin key (v2). " + NOT_ACTED)
+    api_url: str | None = cfield(
+        None, "External OpenAI-compatible base URL (v2 external model). " + NOT_ACTED
     )
-    provider_api_key: str | None = _field(
-        None, "API key of the external provider (v2). " + _NOT_ACTED
+    provider_api_key: str | None = cfield(
+        None, "API key of the external provider (v2). " + NOT_ACTED
     )
 
     def __post_init__(self):
@@ -675,25 +675,25 @@ class InferenceEngineConfig:
                     "disagree; keep only `agent`"
                 )
             self.agent = self.openai
-            _warn_once(
+            warn_once(
                 "rollout-openai",
                 "rollout.openai is deprecated; its settings were moved to rollout.agent. "
                 "Rename the section to `agent`.",
             )
-        _check_range(
+        check_range(
             owner, "max_concurrent_rollouts", self.max_concurrent_rollouts, ge=1, optional=True
         )
-        _check_range(owner, "queue_size", self.queue_size, ge=1, optional=True)
-        _check_range(owner, "consumer_batch_size", self.consumer_batch_size, ge=1)
-        _check_range(owner, "max_head_offpolicyness", self.max_head_offpolicyness, ge=0)
-        _check_choice(owner, "schedule_policy", self.schedule_policy, ["round_robin"])
-        _check_range(owner, "setup_timeout", self.setup_timeout, gt=0)
-        _check_range(owner, "request_timeout", self.request_timeout, gt=0)
-        _check_range(owner, "request_retries", self.request_retries, ge=0)
-        _check_range(owner, "health_check_interval", self.health_check_interval, ge=0)
-        _check_range(owner, "health_check_timeout", self.health_check_timeout, gt=0)
-        _check_range(owner, "pause_grace_period", self.pause_grace_period, ge=0)
-        _check_range(owner, "verify_weights_full_every", self.verify_weights_full_every, ge=1)
+        check_range(owner, "queue_size", self.queue_size, ge=1, optional=True)
+        check_range(owner, "consumer_batch_size", self.consumer_batch_size, ge=1)
+        check_range(owner, "max_head_offpolicyness", self.max_head_offpolicyness, ge=0)
+        check_choice(owner, "schedule_policy", self.schedule_policy, ["round_robin"])
+        check_range(owner, "setup_timeout", self.setup_timeout, gt=0)
+        check_range(owner, "request_timeout", self.request_timeout, gt=0)
+        check_range(owner, "request_retries", self.request_retries, ge=0)
+        check_range(owner, "health_check_interval", self.health_check_interval, ge=0)
+        check_range(owner, "health_check_timeout", self.health_check_timeout, gt=0)
+        check_range(owner, "pause_grace_period", self.pause_grace_period, ge=0)
+        check_range(owner, "verify_weights_full_every", self.verify_weights_full_every, ge=1)
         if len(self.scheduling_spec) not in (1, 2):
             raise ValueError(
                 f"{owner}.scheduling_spec has {len(self.scheduling_spec)} entries; must have 1 or 2"

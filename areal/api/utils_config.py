@@ -9,37 +9,37 @@ from dataclasses import dataclass
 
 from omegaconf import MISSING
 
-from areal.api.config_common import _NOT_ACTED, _check_choice, _check_range, _field
+from areal.api.config_common import NOT_ACTED, cfield, check_choice, check_range
 
 
 @dataclass
 class _Timer:
-    experiment_name: str = _field(
+    experiment_name: str = cfield(
         MISSING, "Experiment name; defaults to the top-level experiment_name."
     )
-    trial_name: str = _field(MISSING, "Trial name; defaults to the top-level trial_name.")
-    fileroot: str = _field(MISSING, "Root directory of outputs; defaults to cluster.fileroot.")
-    freq_epochs: int | None = _field(
+    trial_name: str = cfield(MISSING, "Trial name; defaults to the top-level trial_name.")
+    fileroot: str = cfield(MISSING, "Root directory of outputs; defaults to cluster.fileroot.")
+    freq_epochs: int | None = cfield(
         None, "Trigger every this many epochs; None: never by epochs; >= 1."
     )
-    freq_steps: int | None = _field(
+    freq_steps: int | None = cfield(
         None, "Trigger every this many steps; None: never by steps; >= 1."
     )
-    freq_secs: int | None = _field(
+    freq_secs: int | None = cfield(
         None, "Trigger every this many seconds; None: never by time; >= 1."
     )
 
     def __post_init__(self):
         owner = type(self).__name__
         for name in ("freq_epochs", "freq_steps", "freq_secs"):
-            _check_range(owner, name, getattr(self, name), ge=1, optional=True)
+            check_range(owner, name, getattr(self, name), ge=1, optional=True)
 
 
 @dataclass
 class SaverConfig(_Timer):
     """When HuggingFace-format checkpoints are saved."""
 
-    mode: str = _field(
+    mode: str = cfield(
         "auto",
         "'auto' (synchronous here), 'sync' or 'async' saving.",
         choices=["auto", "sync", "async"],
@@ -47,14 +47,14 @@ class SaverConfig(_Timer):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_choice("SaverConfig", "mode", self.mode, ["auto", "sync", "async"])
+        check_choice("SaverConfig", "mode", self.mode, ["auto", "sync", "async"])
 
 
 @dataclass
 class EvaluatorConfig(_Timer):
     """When the model is evaluated on the validation set."""
 
-    eval_before_train: bool = _field(
+    eval_before_train: bool = cfield(
         False, "Evaluate once before the first training step, then on the usual schedule."
     )
 
@@ -66,20 +66,20 @@ _RECOVER_MODES = ["on", "off", "auto", "disabled"]
 class RecoverConfig(_Timer):
     """Recovery checkpoints (model, optimizer, dataloader, counters) and resuming from them."""
 
-    mode: str = _field(
+    mode: str = cfield(
         "disabled",
         "'on'/'auto': resume from the last recovery checkpoint when one exists; "
         "'off'/'disabled': always start fresh.",
         choices=_RECOVER_MODES,
     )
-    retries: int = _field(3, "How many times a failed run is restarted when recovery is on; >= 0.")
-    no_save_optim: bool = _field(False, "Leave optimizer states out of recovery checkpoints.")
-    no_load_optim: bool = _field(False, "Do not restore optimizer states when resuming.")
+    retries: int = cfield(3, "How many times a failed run is restarted when recovery is on; >= 0.")
+    no_save_optim: bool = cfield(False, "Leave optimizer states out of recovery checkpoints.")
+    no_load_optim: bool = cfield(False, "Do not restore optimizer states when resuming.")
 
     def __post_init__(self):
         super().__post_init__()
-        _check_choice("RecoverConfig", "mode", self.mode, _RECOVER_MODES)
-        _check_range("RecoverConfig", "retries", self.retries, ge=0)
+        check_choice("RecoverConfig", "mode", self.mode, _RECOVER_MODES)
+        check_range("RecoverConfig", "retries", self.retries, ge=0)
 
 
 _WANDB_MODES = ["online", "offline", "disabled"]
@@ -89,139 +89,139 @@ _WANDB_MODES = ["online", "offline", "disabled"]
 class WandBConfig:
     """Weights & Biases logging (needs the optional `wandb` package unless disabled)."""
 
-    mode: str = _field("disabled", "'online', 'offline' or 'disabled'.", choices=_WANDB_MODES)
-    wandb_base_url: str = _field("", "W&B server URL; empty for the default.")
-    wandb_api_key: str = _field("", "W&B API key; empty: taken from the environment.")
-    entity: str | None = _field(None, "W&B entity (team or user).")
-    project: str | None = _field(None, "W&B project; None: experiment_name.")
-    name: str | None = _field(None, "Run name; None: trial_name.")
-    job_type: str | None = _field(None, "W&B job type.")
-    group: str | None = _field(None, "W&B run group.")
-    notes: str | None = _field(None, "Run notes.")
-    tags: list[str] | None = _field(None, "Run tags.")
-    config: dict | None = _field(None, "Extra run config.")
-    id_suffix: str | None = _field("train", "Suffix of the run id.")
+    mode: str = cfield("disabled", "'online', 'offline' or 'disabled'.", choices=_WANDB_MODES)
+    wandb_base_url: str = cfield("", "W&B server URL; empty for the default.")
+    wandb_api_key: str = cfield("", "W&B API key; empty: taken from the environment.")
+    entity: str | None = cfield(None, "W&B entity (team or user).")
+    project: str | None = cfield(None, "W&B project; None: experiment_name.")
+    name: str | None = cfield(None, "Run name; None: trial_name.")
+    job_type: str | None = cfield(None, "W&B job type.")
+    group: str | None = cfield(None, "W&B run group.")
+    notes: str | None = cfield(None, "Run notes.")
+    tags: list[str] | None = cfield(None, "Run tags.")
+    config: dict | None = cfield(None, "Extra run config.")
+    id_suffix: str | None = cfield("train", "Suffix of the run id.")
 
     def __post_init__(self):
-        _check_choice("WandBConfig", "mode", self.mode, _WANDB_MODES)
+        check_choice("WandBConfig", "mode", self.mode, _WANDB_MODES)
 
 
 @dataclass
 class SwanlabConfig:
     """SwanLab logging. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
 
-    project: str | None = _field(None, "SwanLab project.")
-    name: str | None = _field(None, "Run name.")
-    config: dict | None = _field(None, "Extra run config.")
-    logdir: str | None = _field(None, "Local log directory.")
-    mode: str | None = _field("disabled", "SwanLab mode, e.g. 'cloud', 'local' or 'disabled'.")
-    api_key: str | None = _field(None, "API key; None: taken from SWANLAB_API_KEY at run time.")
+    project: str | None = cfield(None, "SwanLab project.")
+    name: str | None = cfield(None, "Run name.")
+    config: dict | None = cfield(None, "Extra run config.")
+    logdir: str | None = cfield(None, "Local log directory.")
+    mode: str | None = cfield("disabled", "SwanLab mode, e.g. 'cloud', 'local' or 'disabled'.")
+    api_key: str | None = cfield(None, "API key; None: taken from SWANLAB_API_KEY at run time.")
 
 
 @dataclass
 class TensorBoardConfig:
     """TensorBoard logging."""
 
-    path: str | None = _field(None, "Directory of TensorBoard event files; None: no TensorBoard.")
+    path: str | None = cfield(None, "Directory of TensorBoard event files; None: no TensorBoard.")
 
 
 @dataclass
 class TrackioConfig:
     """Trackio logging. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
 
-    mode: str = _field(
+    mode: str = cfield(
         "disabled", "'disabled', 'online' or 'local'.", choices=["disabled", "online", "local"]
     )
-    project: str | None = _field(None, "Project; None: experiment_name.")
-    name: str | None = _field(None, "Run name; None: trial_name.")
-    space_id: str | None = _field(None, "HuggingFace Space for a remote dashboard.")
+    project: str | None = cfield(None, "Project; None: experiment_name.")
+    name: str | None = cfield(None, "Run name; None: trial_name.")
+    space_id: str | None = cfield(None, "HuggingFace Space for a remote dashboard.")
 
     def __post_init__(self):
-        _check_choice("TrackioConfig", "mode", self.mode, ["disabled", "online", "local"])
+        check_choice("TrackioConfig", "mode", self.mode, ["disabled", "online", "local"])
 
 
 @dataclass
 class StatsLoggerConfig:
     """Where training statistics go (log file always; W&B / TensorBoard optionally)."""
 
-    experiment_name: str = _field(
+    experiment_name: str = cfield(
         MISSING, "Experiment name; defaults to the top-level experiment_name."
     )
-    trial_name: str = _field(MISSING, "Trial name; defaults to the top-level trial_name.")
-    fileroot: str = _field(MISSING, "Root directory of logs; defaults to cluster.fileroot.")
-    wandb: WandBConfig = _field(help="Weights & Biases.", factory=WandBConfig)
-    tensorboard: TensorBoardConfig = _field(help="TensorBoard.", factory=TensorBoardConfig)
-    swanlab: SwanlabConfig = _field(help="SwanLab. " + _NOT_ACTED, factory=SwanlabConfig)
-    trackio: TrackioConfig = _field(help="Trackio. " + _NOT_ACTED, factory=TrackioConfig)
+    trial_name: str = cfield(MISSING, "Trial name; defaults to the top-level trial_name.")
+    fileroot: str = cfield(MISSING, "Root directory of logs; defaults to cluster.fileroot.")
+    wandb: WandBConfig = cfield(help="Weights & Biases.", factory=WandBConfig)
+    tensorboard: TensorBoardConfig = cfield(help="TensorBoard.", factory=TensorBoardConfig)
+    swanlab: SwanlabConfig = cfield(help="SwanLab. " + NOT_ACTED, factory=SwanlabConfig)
+    trackio: TrackioConfig = cfield(help="Trackio. " + NOT_ACTED, factory=TrackioConfig)
 
 
 @dataclass
 class SessionTracerConfig:
     """Per-session lifecycle tracing. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
 
-    enabled: bool = _field(False, "Record session lifecycles.")
-    flush_threshold: int = _field(256, "Records buffered before a flush.")
+    enabled: bool = cfield(False, "Record session lifecycles.")
+    flush_threshold: int = cfield(256, "Records buffered before a flush.")
 
 
 @dataclass
 class MemoryProfilerConfig:
     """CUDA memory snapshots. This project accepts it so AReaL YAMLs load, but does not act on it (needs CUDA)."""
 
-    profile_steps: list[int] = _field(
+    profile_steps: list[int] = cfield(
         help="Steps at which a memory snapshot is taken.", factory=lambda: [0, 1]
     )
-    max_entries: int = _field(100000, "Entries of the memory-history ring buffer.")
+    max_entries: int = cfield(100000, "Entries of the memory-history ring buffer.")
 
 
 @dataclass
 class PerfTracerConfig:
     """Performance tracing. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
 
-    experiment_name: str = _field(
+    experiment_name: str = cfield(
         MISSING, "Experiment name; defaults to the top-level experiment_name."
     )
-    trial_name: str = _field(MISSING, "Trial name; defaults to the top-level trial_name.")
-    fileroot: str = _field(MISSING, "Root directory; defaults to cluster.fileroot.")
-    enabled: bool = _field(False, "Capture performance traces.")
-    save_interval: int = _field(1, "Flush traces every this many steps.")
-    profile_steps: list[int] | None = _field(None, "Steps with detailed profiles.")
-    session_tracer: SessionTracerConfig | None = _field(None, "Session tracing.")
+    trial_name: str = cfield(MISSING, "Trial name; defaults to the top-level trial_name.")
+    fileroot: str = cfield(MISSING, "Root directory; defaults to cluster.fileroot.")
+    enabled: bool = cfield(False, "Capture performance traces.")
+    save_interval: int = cfield(1, "Flush traces every this many steps.")
+    profile_steps: list[int] | None = cfield(None, "Steps with detailed profiles.")
+    session_tracer: SessionTracerConfig | None = cfield(None, "Session tracing.")
 
 
 @dataclass
 class NameResolveConfig:
     """Key-value store through which processes find each other's addresses."""
 
-    type: str = _field(
+    type: str = cfield(
         "nfs",
         "'nfs' (files under nfs_record_root; also works on one machine), 'etcd3' or 'ray'.",
         choices=["nfs", "etcd3", "ray"],
     )
-    nfs_record_root: str = _field(
+    nfs_record_root: str = cfield(
         "/tmp/areal/name_resolve", "Directory of the records; must be shared by all nodes."
     )
-    etcd3_addr: str = _field("localhost:2379", "host:port of the etcd3 server.")
-    ray_actor_name: str = _field("ray_kv_store", "Name of the Ray actor holding the store.")
+    etcd3_addr: str = cfield("localhost:2379", "host:port of the etcd3 server.")
+    ray_actor_name: str = cfield("ray_kv_store", "Name of the Ray actor holding the store.")
 
     def __post_init__(self):
-        _check_choice("NameResolveConfig", "type", self.type, ["nfs", "etcd3", "ray"])
+        check_choice("NameResolveConfig", "type", self.type, ["nfs", "etcd3", "ray"])
 
 
 @dataclass
 class ClusterSpecConfig:
     """The machines the experiment runs on."""
 
-    fileroot: str = _field(
+    fileroot: str = cfield(
         "/tmp/areal/", "Root of logs and checkpoints; must be visible from every node."
     )
-    n_nodes: int = _field(32, "Number of nodes available; >= 1.")
-    n_gpus_per_node: int = _field(8, "GPUs per node; 0 on CPU-only machines; >= 0.")
-    cluster_name: str = _field("local", "Cluster name (selects cluster-specific settings).")
-    name_resolve: NameResolveConfig = _field(help="Address discovery.", factory=NameResolveConfig)
+    n_nodes: int = cfield(32, "Number of nodes available; >= 1.")
+    n_gpus_per_node: int = cfield(8, "GPUs per node; 0 on CPU-only machines; >= 0.")
+    cluster_name: str = cfield("local", "Cluster name (selects cluster-specific settings).")
+    name_resolve: NameResolveConfig = cfield(help="Address discovery.", factory=NameResolveConfig)
 
     def __post_init__(self):
-        _check_range("ClusterSpecConfig", "n_nodes", self.n_nodes, ge=1)
-        _check_range("ClusterSpecConfig", "n_gpus_per_node", self.n_gpus_per_node, ge=0)
+        check_range("ClusterSpecConfig", "n_nodes", self.n_nodes, ge=1)
+        check_range("ClusterSpecConfig", "n_gpus_per_node", self.n_gpus_per_node, ge=0)
 
 
 _SCHEDULER_TYPES = ["local", "ray", "slurm", None]
@@ -231,54 +231,54 @@ _SCHEDULER_TYPES = ["local", "ray", "slurm", None]
 class SchedulerConfig:
     """Which scheduler creates the worker processes."""
 
-    type: str | None = _field(
+    type: str | None = cfield(
         None,
         "'local' (subprocesses on this machine), 'ray' (Ray actors on a Ray cluster), "
         "'slurm' (Slurm jobs); None behaves as 'local'.",
         choices=_SCHEDULER_TYPES,
     )
-    endpoint: str = _field("http://localhost:8081", "Scheduler service endpoint. " + _NOT_ACTED)
-    deploy_mode: str = _field("separation", "Deployment mode. " + _NOT_ACTED)
-    functioncall_service_domain: str = _field(
-        "http://localhost:8080", "Function-call service. " + _NOT_ACTED
+    endpoint: str = cfield("http://localhost:8081", "Scheduler service endpoint. " + NOT_ACTED)
+    deploy_mode: str = cfield("separation", "Deployment mode. " + NOT_ACTED)
+    functioncall_service_domain: str = cfield(
+        "http://localhost:8080", "Function-call service. " + NOT_ACTED
     )
-    reward_functioncall_config: dict = _field(
-        help="Reward function-call config. " + _NOT_ACTED, factory=dict
+    reward_functioncall_config: dict = cfield(
+        help="Reward function-call config. " + NOT_ACTED, factory=dict
     )
-    reward_model_path: str = _field("", "Reward model path. " + _NOT_ACTED)
-    reward_model_service_url: str = _field(
-        "http://localhost:30000/classify", "Reward model service. " + _NOT_ACTED
+    reward_model_path: str = cfield("", "Reward model path. " + NOT_ACTED)
+    reward_model_service_url: str = cfield(
+        "http://localhost:30000/classify", "Reward model service. " + NOT_ACTED
     )
 
     def __post_init__(self):
-        _check_choice("SchedulerConfig", "type", self.type, _SCHEDULER_TYPES)
+        check_choice("SchedulerConfig", "type", self.type, _SCHEDULER_TYPES)
 
 
 @dataclass
 class SlurmLauncherConfig:
     """Slurm options of the launcher. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
 
-    srun_additional_args: str = _field("--mpi=pmi2 -K --chdir $PWD", "Extra srun arguments.")
-    additional_bash_cmds: list[str] | None = _field(None, "Shell commands run before each task.")
-    container_type: str = _field(
+    srun_additional_args: str = cfield("--mpi=pmi2 -K --chdir $PWD", "Extra srun arguments.")
+    additional_bash_cmds: list[str] | None = cfield(None, "Shell commands run before each task.")
+    container_type: str = cfield(
         "apptainer", "'apptainer' or 'none'.", choices=["apptainer", "none"]
     )
-    mount: str = _field("/storage:/storage", "Container bind mount.")
-    trainer_image: str | None = _field(None, "Container image of trainers.")
-    inference_server_image: str | None = _field(None, "Container image of inference servers.")
+    mount: str = cfield("/storage:/storage", "Container bind mount.")
+    trainer_image: str | None = cfield(None, "Container image of trainers.")
+    inference_server_image: str | None = cfield(None, "Container image of inference servers.")
 
 
 @dataclass
 class LauncherConfig:
     """Resources of launched processes (AReaL's SPMD launchers). This project accepts it so AReaL YAMLs load, but does not act on it yet."""
 
-    inference_server_cpus_per_gpu: int = _field(4, "CPUs per GPU of inference servers.")
-    inference_server_mem_per_gpu: int = _field(
+    inference_server_cpus_per_gpu: int = cfield(4, "CPUs per GPU of inference servers.")
+    inference_server_mem_per_gpu: int = cfield(
         32 * 1024, "Memory (MB) per GPU of inference servers."
     )
-    trainer_cpus_per_gpu: int = _field(4, "CPUs per GPU of trainers.")
-    trainer_mem_per_gpu: int = _field(32 * 1024, "Memory (MB) per GPU of trainers.")
-    inference_server_env_vars: str = _field("", "Environment of inference servers, 'A=1,B=2'.")
-    trainer_env_vars: str = _field("", "Environment of trainers, 'A=1,B=2'.")
-    slurm: SlurmLauncherConfig = _field(help="Slurm options.", factory=SlurmLauncherConfig)
-    offload: bool = _field(False, "Offload training memory between steps.")
+    trainer_cpus_per_gpu: int = cfield(4, "CPUs per GPU of trainers.")
+    trainer_mem_per_gpu: int = cfield(32 * 1024, "Memory (MB) per GPU of trainers.")
+    inference_server_env_vars: str = cfield("", "Environment of inference servers, 'A=1,B=2'.")
+    trainer_env_vars: str = cfield("", "Environment of trainers, 'A=1,B=2'.")
+    slurm: SlurmLauncherConfig = cfield(help="Slurm options.", factory=SlurmLauncherConfig)
+    offload: bool = cfield(False, "Offload training memory between steps.")

@@ -29,7 +29,7 @@ answers to the synthetic problems, prompt rendered by the tokenizer's chat templ
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal.dataset.gsm8k import build_gsm8k_dataset, get_gsm8k_dataset
 from areal.dataset.synthetic import (
@@ -40,6 +40,9 @@ from areal.dataset.synthetic import (
     synthetic_kind,
 )
 from areal.utils import logging
+
+if TYPE_CHECKING:
+    from areal.api.dataset_config import DatasetConfig
 
 logger = logging.getLogger("Dataset")
 
@@ -65,7 +68,7 @@ __all__ = [
 
 def get_custom_dataset(
     split: str | None = None,
-    dataset_config: Any = None,
+    dataset_config: DatasetConfig | None = None,
     tokenizer: Any = None,
     processor: Any = None,
     *,
@@ -78,7 +81,8 @@ def get_custom_dataset(
     Args:
         split: ``"train"``, ``"test"``, ... (file name in a directory; stream for
             synthetic); ``None``: ``dataset_config.split`` (else ``"train"``).
-        dataset_config: a ``DatasetConfig`` (or anything with ``path``/``type``/``max_length``).
+        dataset_config: a ``DatasetConfig`` (``path``, ``type``, ``split``, ``max_length``,
+            ``dataset_kwargs``), e.g. ``config.train_dataset``.
         tokenizer: needed for ``max_length`` filtering and for ``type="sft"``.
         processor: the VLM's processor (``AutoProcessor``) for vision datasets with
             ``type="sft"`` or ``max_length``; ignored by text datasets.
@@ -98,17 +102,17 @@ def get_custom_dataset(
     if dataset_config is None:
         raise ValueError("get_custom_dataset needs dataset_config (path, type, max_length)")
     if split is None:
-        split = getattr(dataset_config, "split", None) or "train"
-    ds_kwargs = dict(getattr(dataset_config, "dataset_kwargs", None) or {})
+        split = dataset_config.split or "train"
+    ds_kwargs = dict(dataset_config.dataset_kwargs or {})
     unknown = sorted(set(ds_kwargs) - {"name", "revision"})
     if unknown:
         raise ValueError(
             f"dataset_kwargs {unknown} are not understood by this loader; allowed: 'name' "
             "(hub subset directory), 'revision' (hub revision)"
         )
-    path = getattr(dataset_config, "path", None)
-    dtype = getattr(dataset_config, "type", None) or "rl"
-    max_length = getattr(dataset_config, "max_length", None)
+    path = dataset_config.path
+    dtype = dataset_config.type or "rl"
+    max_length = dataset_config.max_length
     if not isinstance(path, str) or not path:
         raise ValueError(
             f"dataset path={path!r}; must be a local file/directory or 'synthetic://...'"

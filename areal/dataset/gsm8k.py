@@ -15,11 +15,9 @@ prompt for RL, the whole sequence for SFT) are dropped and counted in the log.
 
 from __future__ import annotations
 
-import glob
-import json
 import os
-from pathlib import Path
 
+from areal.dataset.rows import LengthFilter, read_rows
 from areal.reward import parse_number
 from areal.utils import logging
 
@@ -27,64 +25,6 @@ logger = logging.getLogger("GSM8KDataset")
 
 # AReaL's GSM8K RL prompt asks for a boxed answer; gsm8k_reward_fn accepts both styles.
 GSM8K_PROMPT_SUFFIX = "\nPlease put your final answer within \\boxed{}."
-
-
-def _resolve_file(path: str, split: str, subset: str | None = None) -> Path:
-    """The file of ``split``; in a directory also ``{subset}/{split}-*.parquet`` (the
-    layout of a hub dataset snapshot, e.g. ``main/train-00000-of-00001.parquet``)."""
-    p = Path(path).expanduser()
-    if p.is_file():
-        return p
-    if p.is_dir():
-        candidates = [
-            p / f"{split}.jsonl",
-            p / f"{split}.json",
-            p / f"{split}.parquet",
-            *sorted(Path(x) for x in glob.glob(str(p / f"{split}-*.parquet"))),
-            *sorted(Path(x) for x in glob.glob(str(p / (subset or "main") / f"{split}-*.parquet"))),
-            *sorted(Path(x) for x in glob.glob(str(p / "data" / f"{split}-*.parquet"))),
-        ]
-        for c in candidates:
-            if c.is_file():
-                return c
-        raise FileNotFoundError(
-            f"no '{split}' split in directory {p}: expected {split}.jsonl, {split}.json, "
-            f"{split}.parquet or {split}-*.parquet"
-        )
-    raise FileNotFoundError(
-        f"dataset path {path!r} does not exist (nothing is downloaded at run time)"
-    )
-
-
-def read_rows(path: str, split: str, subset: str | None = None) -> tuple[list, int]:
-    """Raw rows of a JSON-lines / JSON-array / parquet file; returns (rows, unparseable lines).
-
-    Unparseable JSON lines are returned as ``None`` so that the caller counts them as bad.
-    """
-    file = _resolve_file(path, split, subset)
-    if file.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(file).to_pylist(), 0
-    text = file.read_text(encoding="utf-8")
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{file}: not valid JSON ({e})") from e
-        return list(data), 0
-    rows: list = []
-    n_bad_json = 0
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            rows.append(None)
-            n_bad_json += 1
-    return rows, n_bad_json
 
 
 def _valid_answer(answer: str) -> bool:
@@ -143,21 +83,18 @@ def build_gsm8k_dataset(
     source: str = "gsm8k",
 ):
     """``datasets.Dataset`` of RL (``messages``, ``answer``) or SFT (``input_ids``, ``loss_mask``) rows."""
-    from datasets import Dataset
-
     if type not in ("rl", "sft"):
         raise ValueError(f"dataset type={type!r}; allowed: 'rl', 'sft'")
     if max_length is not None and tokenizer is None:
         raise ValueError("max_length filtering needs a tokenizer")
     if type == "sft" and tokenizer is None:
         raise ValueError("type='sft' needs a tokenizer")
+    lengths = LengthFilter(max_length, source, logger)
     out: list[dict] = []
-    n_long = 0
     for row in rows:
         messages = [{"role": "user", "content": row["question"] + prompt_suffix}]
         if type == "rl":
-            if max_length is not None and len(_prompt_ids(tokenizer, messages)) > max_length:
-                n_long += 1
+            if max_length is not None and lengths.too_long(len(_prompt_ids(tokenizer, messages))):
                 continue
             out.append({"messages": messages, "answer": row["answer"]})
         else:
@@ -166,22 +103,10 @@ def build_gsm8k_dataset(
             if tokenizer.eos_token_id is not None:
                 target.append(tokenizer.eos_token_id)
             ids = prompt + target
-            if max_length is not None and len(ids) > max_length:
-                n_long += 1
+            if lengths.too_long(len(ids)):
                 continue
             out.append({"input_ids": ids, "loss_mask": [0] * len(prompt) + [1] * len(target)})
-    if n_long:
-        logger.info(
-            "%s: dropped %d of %d rows longer than max_length=%s tokens",
-            source,
-            n_long,
-            len(rows),
-            max_length,
-        )
-    if not out:
-        raise ValueError(f"{source}: every row is longer than max_length={max_length}")
-    logger.info("%s: %d %s rows", source, len(out), type)
-    return Dataset.from_list(out)
+    return lengths.dataset(out, len(rows), type)
 
 
 def get_gsm8k_dataset(

@@ -22,6 +22,7 @@ import json
 import os
 from typing import Any
 
+from areal.dataset.rows import LengthFilter
 from areal.utils import logging
 
 logger = logging.getLogger("HHRLHFDataset")
@@ -98,27 +99,18 @@ def build_preference_dataset(
     source: str,
 ):
     """``(prompt, chosen, rejected)`` triples -> a ``datasets.Dataset`` of tokenized pairs."""
-    from datasets import Dataset
-
     if type not in PREFERENCE_TYPES:
         raise ValueError(f"preference dataset type={type!r}; allowed: {list(PREFERENCE_TYPES)}")
     if tokenizer is None:
         raise ValueError(f"{source}: a tokenizer is needed to build preference pairs")
+    lengths = LengthFilter(max_length, source, logger, what="pairs")
     out = []
-    n_long = 0
     for prompt, chosen, rejected in pairs:
         row = tokenize_pair(tokenizer, prompt, chosen, rejected, with_mask=type == "dpo")
-        if max_length is not None and max(len(row["chosen_ids"]), len(row["rejected_ids"])) > (
-            max_length
-        ):
-            n_long += 1
+        if lengths.too_long(max(len(row["chosen_ids"]), len(row["rejected_ids"]))):
             continue
         out.append(row)
-    if n_long:
-        logger.info("%s: dropped %d of %d pairs longer than max_length", source, n_long, len(pairs))
-    if not out:
-        raise ValueError(f"{source}: no preference pairs left (max_length={max_length})")
-    return Dataset.from_list(out)
+    return lengths.dataset(out, len(pairs), type)
 
 
 def get_hhrlhf_dataset(

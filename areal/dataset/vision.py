@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from areal.dataset.rows import LengthFilter, read_rows, resolve_file
 from areal.utils import logging
 from areal.utils.vlm import load_image
 
@@ -131,8 +132,6 @@ def build_vision_dataset(
     source: str = "vision",
 ):
     """``datasets.Dataset`` of RL or SFT rows (see module docstring) from cleaned rows."""
-    from datasets import Dataset
-
     if type not in ("rl", "sft"):
         raise ValueError(f"dataset type={type!r}; allowed: 'rl', 'sft'")
     if (type == "sft" or max_length is not None) and processor is None:
@@ -140,8 +139,8 @@ def build_vision_dataset(
             f"{source}: type={type!r} with max_length={max_length} needs a processor "
             "(AutoProcessor of the VLM)"
         )
+    lengths = LengthFilter(max_length, source, logger)
     out: list[dict] = []
-    n_long = 0
     for i, row in enumerate(rows):
         msgs = problem_to_messages(row["problem"], len(row["images"]), prompt_suffix, system_prompt)
         if type == "rl" and max_length is None:
@@ -153,8 +152,7 @@ def build_vision_dataset(
         enc = processor(text=[text], images=[load_image(b) for b in row["images"]])
         prompt = enc["input_ids"][0].tolist()
         if type == "rl":
-            if len(prompt) > max_length:
-                n_long += 1
+            if lengths.too_long(len(prompt)):
                 continue
             out.append(
                 {"messages": msgs, "images": row["images"], "answer": row["answer"], "query_id": i}
@@ -163,8 +161,7 @@ def build_vision_dataset(
         tok = getattr(processor, "tokenizer", processor)
         target = tok.encode(row["answer"], add_special_tokens=False) + [tok.eos_token_id]
         ids = prompt + target
-        if max_length is not None and len(ids) > max_length:
-            n_long += 1
+        if lengths.too_long(len(ids)):
             continue
         out.append(
             {
@@ -178,18 +175,7 @@ def build_vision_dataset(
                 ],
             }
         )
-    if n_long:
-        logger.info(
-            "%s: dropped %d of %d rows longer than max_length=%s tokens",
-            source,
-            n_long,
-            len(rows),
-            max_length,
-        )
-    if not out:
-        raise ValueError(f"{source}: every row is longer than max_length={max_length}")
-    logger.info("%s: %d %s rows", source, len(out), type)
-    return Dataset.from_list(out)
+    return lengths.dataset(out, len(rows), type)
 
 
 def get_vision_dataset(
@@ -203,9 +189,7 @@ def get_vision_dataset(
     system_prompt: str | None = None,
 ):
     """Read a local Geometry3K / CLEVR-style file or directory and build the dataset."""
-    from areal.dataset.gsm8k import _resolve_file, read_rows
-
-    file = _resolve_file(path, split)
+    file = resolve_file(path, split)
     rows, _ = read_rows(path, split)
     source = f"{os.fspath(path)}[{split}]"
     good = clean_vision_rows(rows, source, file.parent, max_bad_fraction)

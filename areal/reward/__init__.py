@@ -40,6 +40,7 @@ __all__ = [
     "get_custom_reward_fn",
     "get_math_verify_worker",
     "gsm8k_reward_fn",
+    "last_boxed",
     "parse_number",
 ]
 
@@ -84,7 +85,7 @@ _PLAIN_RE = re.compile(
 )
 
 
-def _last_boxed(text: str) -> str | None:
+def last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced."""
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start < 0:
@@ -115,7 +116,7 @@ def extract_answer(text: str) -> str | None:
     hashes = _HASH_RE.findall(text)
     if hashes and hashes[-1].strip():
         return hashes[-1].strip()
-    boxed = _last_boxed(text)
+    boxed = last_boxed(text)
     if boxed is not None and boxed.strip():
         return boxed.strip()
     said = _ANSWER_IS_RE.findall(text)

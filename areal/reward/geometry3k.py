@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from areal.reward import _last_boxed, get_math_verify_worker, parse_number
+from areal.reward import get_math_verify_worker, last_boxed, parse_number
 from areal.utils import logging
 
 logger = logging.getLogger("Geometry3KReward")
@@ -26,7 +26,7 @@ def extract_answer(pred_str: str, use_last_number: bool = True) -> str:
     matches = _BRACKET_RE.findall(text)
     if matches and matches[-1].strip():
         return matches[-1].strip()
-    boxed = _last_boxed(text)
+    boxed = last_boxed(text)
     if boxed is not None and boxed.strip():
         return boxed.strip()
     if use_last_number:

@@ -1,5 +1,7 @@
 """Trainers: ``PPOTrainer`` (RL), ``SFTTrainer``, ``RWTrainer`` and ``DPOTrainer``; algorithm
-code in ``ppo/``, ``rw/`` and ``dpo/``."""
+code in ``ppo/``, ``rw/``, ``dpo/`` and ``sft/``, each hosted on a training engine the same
+way (see :mod:`areal.trainer.ppo`). The trainers are resolved on first use so that
+importing one module of the package (``areal.trainer.common``) stays light."""
 
 from __future__ import annotations
 

@@ -11,7 +11,11 @@ from typing import Any
 
 from areal.api.cli_args import get_log_path, save_config
 from areal.api.io_struct import FinetuneSpec, StepInfo
+from areal.utils.evaluator import Evaluator
+from areal.utils.recover import RecoverHandler
+from areal.utils.saver import Saver
 from areal.utils.seeding import set_random_seed
+from areal.utils.stats_logger import StatsLogger
 
 
 @dataclass
@@ -48,6 +52,15 @@ def setup_run(config: Any, train_dataset: Any, model_path: str) -> RunSetup:
         total_train_steps_override=config.total_train_steps,
     )
     return RunSetup(log_dir, tokenizer, dataloader, ft_spec)
+
+
+def attach_services(trainer: Any, config: Any, ft_spec: FinetuneSpec) -> None:
+    """Give ``trainer`` its ``saver``, ``evaluator``, ``stats_logger`` and
+    ``recover_handler``, configured from ``config`` (the step loop uses all four)."""
+    trainer.saver = Saver(config.saver, ft_spec)
+    trainer.evaluator = Evaluator(config.evaluator, ft_spec)
+    trainer.stats_logger = StatsLogger(config.stats_logger, ft_spec)
+    trainer.recover_handler = RecoverHandler(config.recover, ft_spec)
 
 
 def make_scheduler(config: Any):

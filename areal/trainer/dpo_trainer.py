@@ -22,12 +22,9 @@ class DPOTrainer(PreferenceTrainer):
     """DPO trainer on the same controller/worker stack as PPO and SFT."""
 
     _scope = "dpo"
-
-    def __init__(self, config: DPOConfig, train_dataset: Any, valid_dataset: Any = None):
-        super().__init__(config, train_dataset, valid_dataset)
-
-    def _make_controller(self) -> DPOController:
-        return DPOController(DPO_ENGINE, self.config.actor, self.scheduler)
+    engine_class = DPO_ENGINE
+    controller_class = DPOController
+    config: DPOConfig
 
     def _init_kwargs(self) -> dict[str, Any]:
         ref = self.config.ref

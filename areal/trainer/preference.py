@@ -13,14 +13,9 @@ from typing import Any
 
 import torch
 
-from areal.api.alloc_mode import AllocationMode
-from areal.api.io_struct import SaveLoadMeta
-from areal.trainer.common import make_scheduler, run_step_loop, setup_run, teardown_run
+from areal.trainer.common import run_step_loop
+from areal.trainer.supervised import SupervisedTrainer
 from areal.utils import logging
-from areal.utils.evaluator import Evaluator
-from areal.utils.recover import RecoverHandler
-from areal.utils.saver import Saver
-from areal.utils.stats_logger import StatsLogger
 
 logger = logging.getLogger("PreferenceTrainer")
 
@@ -61,61 +56,27 @@ def collate_pairs(rows: list[dict[str, Any]], pad_token_id: int = 0) -> dict[str
     return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
 
 
-class PreferenceTrainer:
+class PreferenceTrainer(SupervisedTrainer):
     """The loop of a pairwise trainer; subclasses say which engine and which calls.
 
-    Subclass hooks: ``_scope`` (stats prefix), ``_make_controller()``,
-    ``_init_kwargs()``, ``_train_batch(batch)`` and ``_eval_batch(batch)`` (a metrics dict
-    with ``n_pairs``).
+    Lifecycle: :class:`~areal.trainer.supervised.SupervisedTrainer` (the trained model
+    is ``config.actor``, role ``actor``). Subclass hooks: ``_scope`` (stats prefix),
+    ``engine_class`` / ``controller_class``, ``_init_kwargs()``, ``_train_batch(batch)``
+    and ``_eval_batch(batch)`` (a metrics dict with ``n_pairs``).
     """
 
+    role = "actor"
     _scope = "pref"
 
     def __init__(self, config: Any, train_dataset: Any, valid_dataset: Any = None):
-        from areal.utils.dataloader import create_dataloader
-
-        self.config = config
-        self._closed = False
-        run = setup_run(config, train_dataset, model_path=config.actor.path)
-        self.log_dir, self.tokenizer = run.log_dir, run.tokenizer
-        self.train_dataloader, self.ft_spec = run.train_dataloader, run.ft_spec
-        self.alloc_mode = AllocationMode.from_str(
-            config.allocation_mode or (config.actor.backend or "fsdp:d1")
-        )
-        self.train_dataset = train_dataset
-        self.valid_dataset = valid_dataset
-        self.valid_dataloader = (
-            create_dataloader(valid_dataset, config.valid_dataset, seed=config.seed)
-            if valid_dataset is not None and config.valid_dataset is not None
-            else None
-        )
+        super().__init__(config, train_dataset, valid_dataset)
         self.pad_token_id = (
             self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         )
-        try:
-            self.scheduler = make_scheduler(config)
-            self.actor = self._make_controller()
-            self.actor.initialize(
-                role="actor",
-                alloc_mode=self.alloc_mode,
-                ft_spec=self.ft_spec,
-                seed=config.seed,
-                **self._init_kwargs(),
-            )
-        except BaseException:
-            self.close()
-            raise
-        self.saver = Saver(config.saver, self.ft_spec)
-        self.evaluator = Evaluator(config.evaluator, self.ft_spec)
-        self.stats_logger = StatsLogger(config.stats_logger, self.ft_spec)
-        self.recover_handler = RecoverHandler(config.recover, self.ft_spec)
 
     # ------------------------------------------------------------------ hooks
-    def _make_controller(self) -> Any:
-        raise NotImplementedError
-
-    def _init_kwargs(self) -> dict[str, Any]:
-        return {}
+    def _engine_config(self) -> Any:
+        return self.config.actor
 
     def _train_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         raise NotImplementedError
@@ -123,23 +84,15 @@ class PreferenceTrainer:
     def _eval_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         raise NotImplementedError
 
-    # ------------------------------------------------------------------ lifecycle
+    @property
+    def actor(self) -> Any:
+        """The trained model's controller."""
+        return self.controller
+
     @property
     def model(self) -> Any:
-        """Alias of ``actor`` (the trained model's controller)."""
-        return self.actor
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        teardown_run(self, ("actor",))
+        """Alias of ``actor``."""
+        return self.controller
 
     # ------------------------------------------------------------------ loop
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -188,6 +141,3 @@ class PreferenceTrainer:
 
         losses = run_step_loop(self, self.actor, train_step, self.evaluate, eval_stats, logger)
         return {"losses": losses, "eval_history": history, "log_dir": self.log_dir}
-
-    def save_hf(self, path: str) -> None:
-        self.actor.save(SaveLoadMeta(path=path, weight_format="hf", tokenizer=self.tokenizer))

@@ -9,8 +9,6 @@ trains on ``train_dataset.batch_size`` pairs; the evaluator reports held-out ``l
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from areal.api.cli_args import RWConfig
@@ -22,12 +20,9 @@ class RWTrainer(PreferenceTrainer):
     """Reward-model trainer on the same controller/worker stack as PPO and SFT."""
 
     _scope = "rw"
-
-    def __init__(self, config: RWConfig, train_dataset: Any, valid_dataset: Any = None):
-        super().__init__(config, train_dataset, valid_dataset)
-
-    def _make_controller(self) -> RWController:
-        return RWController(RW_ENGINE, self.config.actor, self.scheduler)
+    engine_class = RW_ENGINE
+    controller_class = RWController
+    config: RWConfig
 
     def _train_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         return self.actor.train_rw(batch)

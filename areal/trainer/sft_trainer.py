@@ -1,8 +1,12 @@
 """SFTTrainer: supervised fine-tuning on the same engine and controller as RL.
 
 Rows are chat-format (``messages``) with a target ``answer`` (or already tokenized rows
-with ``input_ids`` + ``loss_mask``). The loss is the mean negative log-likelihood of the
-target tokens; the prompt is masked out.
+with ``input_ids`` + ``loss_mask``); :func:`tokenize_sft_rows` makes the batch. The loss
+is the mean negative log-likelihood of the target tokens; the prompt is masked out.
+The lifecycle is :class:`~areal.trainer.supervised.SupervisedTrainer`'s; the engine
+code is :mod:`areal.trainer.sft.lm_engine`. Each step: tokenize the rows,
+``train_lm`` on the workers, step the LR scheduler; the evaluator's loss is the
+token-weighted NLL of the validation set.
 """
 
 from __future__ import annotations
@@ -11,46 +15,23 @@ from typing import Any
 
 import torch
 
-from areal.api.alloc_mode import AllocationMode
 from areal.api.cli_args import SFTConfig
-from areal.api.io_struct import SaveLoadMeta
-from areal.engine.fsdp_engine import FSDPEngine
-from areal.trainer.common import make_scheduler, run_step_loop, setup_run, teardown_run
+from areal.infra.controller.train_controller import TrainController
+from areal.trainer.common import run_step_loop
+from areal.trainer.sft.lm_engine import LM_ENGINE, FSDPLMEngine, sft_loss_fn, sft_loss_weight_fn
+from areal.trainer.supervised import SupervisedTrainer
 from areal.utils import logging
-from areal.utils.evaluator import Evaluator
-from areal.utils.recover import RecoverHandler
-from areal.utils.saver import Saver
-from areal.utils.stats_logger import StatsLogger
 
 logger = logging.getLogger("SFTTrainer")
 
-LM_ENGINE = "areal.trainer.sft_trainer.FSDPLMEngine"
-
-
-def sft_loss_fn(
-    logprobs: torch.Tensor, entropy: torch.Tensor, input_data: dict[str, Any]
-) -> torch.Tensor:
-    """Mean NLL over target tokens of one packed micro-batch."""
-    mask = input_data["loss_mask"].bool()
-    n = mask.count_nonzero().clamp(min=1)
-    return -(logprobs * mask).sum() / n
-
-
-def sft_loss_weight_fn(input_data: dict[str, Any]) -> torch.Tensor:
-    return input_data["loss_mask"].count_nonzero()
-
-
-class FSDPLMEngine(FSDPEngine):
-    """FSDP engine with the SFT step (``train_lm`` / ``evaluate_lm``)."""
-
-    def train_lm(self, data: dict[str, Any]) -> dict[str, float]:
-        self.train()
-        return self.train_batch(data, loss_fn=sft_loss_fn, loss_weight_fn=sft_loss_weight_fn)
-
-    def evaluate_lm(self, data: dict[str, Any]) -> float:
-        self.eval()
-        loss = self.eval_batch(data, loss_fn=sft_loss_fn, loss_weight_fn=sft_loss_weight_fn)
-        return float(loss) if loss is not None else float("nan")
+__all__ = [
+    "LM_ENGINE",
+    "FSDPLMEngine",
+    "SFTTrainer",
+    "sft_loss_fn",
+    "sft_loss_weight_fn",
+    "tokenize_sft_rows",
+]
 
 
 def tokenize_sft_rows(
@@ -98,52 +79,20 @@ def tokenize_sft_rows(
     return out
 
 
-class SFTTrainer:
+class SFTTrainer(SupervisedTrainer):
     """``with SFTTrainer(config, train_dataset, valid_dataset) as t: t.train()``."""
 
-    def __init__(self, config: SFTConfig, train_dataset: Any, valid_dataset: Any = None):
-        from areal.infra.controller.train_controller import TrainController
-        from areal.utils.dataloader import create_dataloader
+    role = "model"
+    engine_class = LM_ENGINE
+    config: SFTConfig
 
-        self.config = config
-        self._closed = False
-        run = setup_run(config, train_dataset, model_path=config.model.path)
-        self.log_dir, self.tokenizer = run.log_dir, run.tokenizer
-        self.train_dataloader, self.ft_spec = run.train_dataloader, run.ft_spec
-        alloc = config.allocation_mode or (config.model.backend or "fsdp:d1")
-        self.alloc_mode = AllocationMode.from_str(alloc)
-        self.train_dataset = train_dataset
-        self.valid_dataset = valid_dataset
-        self.valid_dataloader = (
-            create_dataloader(valid_dataset, config.valid_dataset, seed=config.seed)
-            if valid_dataset is not None and config.valid_dataset is not None
-            else None
-        )
-        try:
-            self.scheduler = make_scheduler(config)
-            self.model = TrainController(LM_ENGINE, config.model, self.scheduler)
-            self.model.initialize(
-                role="model", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec, seed=config.seed
-            )
-        except BaseException:
-            self.close()
-            raise
-        self.saver = Saver(config.saver, self.ft_spec)
-        self.evaluator = Evaluator(config.evaluator, self.ft_spec)
-        self.stats_logger = StatsLogger(config.stats_logger, self.ft_spec)
-        self.recover_handler = RecoverHandler(config.recover, self.ft_spec)
+    def _engine_config(self) -> Any:
+        return self.config.model
 
-    def __enter__(self) -> SFTTrainer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        teardown_run(self, ("model",))
+    @property
+    def model(self) -> TrainController:
+        """The trained model's controller."""
+        return self.controller
 
     def _batch(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         return tokenize_sft_rows(rows, self.tokenizer, self.config.train_dataset.max_length)
@@ -174,6 +123,3 @@ class SFTTrainer:
             prefix="sft/",
         )
         return {"losses": losses, "log_dir": self.log_dir}
-
-    def save_hf(self, path: str) -> None:
-        self.model.save(SaveLoadMeta(path=path, weight_format="hf", tokenizer=self.tokenizer))

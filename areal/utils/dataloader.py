@@ -13,10 +13,13 @@ remaining batches of that epoch, then continues with the next epoch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+if TYPE_CHECKING:
+    from areal.api.dataset_config import DatasetConfig
 
 __all__ = ["ResumableDistributedSampler", "create_dataloader", "list_collate"]
 
@@ -54,7 +57,7 @@ class ResumableDistributedSampler(StatefulDistributedSampler):
 
 def create_dataloader(
     dataset: Any,
-    dataset_config: Any = None,
+    dataset_config: DatasetConfig | int | None = None,
     rank: Any = 0,
     world_size: Any = 1,
     seed: Any = None,
@@ -62,8 +65,8 @@ def create_dataloader(
 ) -> StatefulDataLoader:
     """A resumable, sharded ``StatefulDataLoader`` over ``dataset``.
 
-    Reads ``batch_size``, ``shuffle``, ``drop_last``, ``num_workers`` (and ``pin_memory``
-    when present) from ``dataset_config``. ``rank``/``world_size`` shard the rows (each
+    Reads ``batch_size``, ``shuffle``, ``drop_last``, ``num_workers`` and ``pin_memory``
+    from ``dataset_config`` (a ``DatasetConfig``). ``rank``/``world_size`` shard the rows (each
     rank gets a disjoint slice of every epoch's permutation). ``seed`` defaults to the
     base seed of :func:`areal.utils.seeding.set_random_seed` (0 when unset);
     ``collate_fn`` to :func:`list_collate`.
@@ -90,17 +93,17 @@ def create_dataloader(
         collate_fn = list_collate
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank={rank}, world_size={world_size}; need 0 <= rank < world_size")
-    batch_size = int(getattr(dataset_config, "batch_size", 1))
+    batch_size = int(dataset_config.batch_size)
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}; must be >= 1")
-    drop_last = bool(getattr(dataset_config, "drop_last", True))
+    drop_last = bool(dataset_config.drop_last)
     if len(dataset) == 0:
         raise ValueError("cannot build a dataloader over an empty dataset")
     sampler = ResumableDistributedSampler(
         dataset,
         num_replicas=world_size,
         rank=rank,
-        shuffle=bool(getattr(dataset_config, "shuffle", True)),
+        shuffle=bool(dataset_config.shuffle),
         seed=seed,
         drop_last=drop_last,
     )
@@ -109,7 +112,7 @@ def create_dataloader(
             f"dataset has {len(sampler)} rows per rank, fewer than batch_size={batch_size} "
             "with drop_last=True: the dataloader would be empty"
         )
-    num_workers = int(getattr(dataset_config, "num_workers", 0))
+    num_workers = int(dataset_config.num_workers)
     return StatefulDataLoader(
         dataset,
         batch_size=batch_size,
@@ -117,6 +120,6 @@ def create_dataloader(
         num_workers=num_workers,
         collate_fn=collate_fn,
         drop_last=drop_last,
-        pin_memory=bool(getattr(dataset_config, "pin_memory", False)),
+        pin_memory=bool(dataset_config.pin_memory),
         multiprocessing_context="spawn" if num_workers > 0 else None,
     )

@@ -23,7 +23,10 @@ import threading
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from areal.api.utils_config import PerfTracerConfig
 
 __all__ = [
     "Category",
@@ -66,15 +69,17 @@ _state: dict[str, Any] = {"enabled": False, "rank": 0, "save_dir": None}
 _task_id: ContextVar[int | None] = ContextVar("areal_perf_task_id", default=None)
 
 
-def configure(config: Any = None, rank: int = 0, save_dir: str | None = None) -> None:
+def configure(
+    config: PerfTracerConfig | None = None, rank: int = 0, save_dir: str | None = None
+) -> None:
     """Turn tracing on when ``config.enabled`` (a ``PerfTracerConfig``) is true.
 
     ``save_dir`` defaults to ``{fileroot}/logs/{experiment_name}/{trial_name}`` read from
     ``config`` (or the current directory).
     """
-    enabled = bool(getattr(config, "enabled", config is not None))
+    enabled = config is not None and bool(config.enabled)
     if save_dir is None and config is not None:
-        parts = [getattr(config, k, None) for k in ("fileroot", "experiment_name", "trial_name")]
+        parts = [config.fileroot, config.experiment_name, config.trial_name]
         if all(parts):
             save_dir = os.path.join(parts[0], "logs", parts[1], parts[2])
     with _lock:

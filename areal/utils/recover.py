@@ -10,7 +10,7 @@ Before the marker, ``MANIFEST.json`` records the size and CRC-32 of every file; 
 verifies them and, when a file is truncated or altered although the marker is there (a
 full disk, a copy cut short, a filesystem that lost data on a crash), logs which file and
 falls back to the previous complete checkpoint.
-The last ``keep_last`` complete checkpoints are kept.
+The last ``KEEP_LAST`` (2) complete checkpoints are kept.
 
 Modes (``recover.mode``): ``disabled``: nothing written, never resumed. ``off``: written,
 never resumed (every run starts fresh). ``on`` / ``auto``: written, and a rerun of the same
@@ -27,7 +27,7 @@ import shutil
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -36,12 +36,17 @@ from areal.api.io_struct import FinetuneSpec, SaveLoadMeta, StepInfo
 from areal.utils import logging
 from areal.utils.timeutil import EpochStepTimeFreqCtl
 
+if TYPE_CHECKING:
+    from areal.api.utils_config import RecoverConfig
+
 logger = logging.getLogger("RecoverHandler")
 
 _MARKER = "COMPLETE"
 _INFO = "recover_info.pt"
 _MANIFEST = "MANIFEST.json"
 _CHUNK = 16 * 1024 * 1024
+# complete recovery checkpoints kept on disk (older ones are deleted)
+KEEP_LAST = 2
 
 
 def _crc32(path: str) -> int:
@@ -150,11 +155,11 @@ def list_complete_checkpoints(root: str) -> list[str]:
 
 
 class RecoverHandler:
-    def __init__(self, config: Any, ft_spec: FinetuneSpec):
+    def __init__(self, config: RecoverConfig, ft_spec: FinetuneSpec):
         self.config = config
         self.ft_spec = ft_spec
         self.root = recover_root(config)
-        self.keep_last = max(1, int(getattr(config, "keep_last", 2) or 2))
+        self.keep_last = KEEP_LAST
         self.freq_ctl = EpochStepTimeFreqCtl(
             freq_epoch=config.freq_epochs, freq_step=config.freq_steps, freq_sec=config.freq_secs
         )
@@ -197,7 +202,7 @@ class RecoverHandler:
             SaveLoadMeta(
                 path=os.path.join(tmp, "model"),
                 weight_format="dcp",
-                with_optim=not getattr(self.config, "no_save_optim", False),
+                with_optim=not self.config.no_save_optim,
                 tokenizer=tokenizer,
             )
         )
@@ -285,7 +290,7 @@ class RecoverHandler:
             SaveLoadMeta(
                 path=os.path.join(path, "model"),
                 weight_format="dcp",
-                with_optim=not getattr(self.config, "no_load_optim", False),
+                with_optim=not self.config.no_load_optim,
             )
         )
         if saver is not None and info.saver_info:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal.utils import logging
+
+if TYPE_CHECKING:
+    from areal.api.utils_config import StatsLoggerConfig
 
 logger = logging.getLogger("StatsLogger")
 
@@ -34,7 +37,7 @@ def get_log_path(config: Any) -> str:
 class StatsLogger:
     """Writes step statistics; rank-0/controller only."""
 
-    def __init__(self, config: Any, ft_spec: Any = None):
+    def __init__(self, config: StatsLoggerConfig, ft_spec: Any = None):
         self.config = config
         self.ft_spec = ft_spec
         self.log_path = get_log_path(config)
@@ -43,16 +46,15 @@ class StatsLogger:
         self._history: list[dict[str, float]] = []
         self._tb = None
         self._wandb = None
-        tb_cfg = getattr(config, "tensorboard", None)
-        tb_path = getattr(tb_cfg, "path", None) or os.path.join(self.log_path, "tensorboard")
+        tb_path = config.tensorboard.path or os.path.join(self.log_path, "tensorboard")
         try:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=tb_path)
         except Exception as e:  # tensorboard is a core dependency; be loud but keep running
             logger.warning(f"TensorBoard disabled: {e}")
-        wandb_cfg = getattr(config, "wandb", None)
-        mode = getattr(wandb_cfg, "mode", "disabled")
+        wandb_cfg = config.wandb
+        mode = wandb_cfg.mode
         if mode != "disabled":
             try:
                 import wandb
@@ -62,8 +64,8 @@ class StatsLogger:
                 ) from e
             self._wandb = wandb.init(
                 mode=mode,
-                project=getattr(wandb_cfg, "project", None) or str(config.experiment_name),
-                name=getattr(wandb_cfg, "name", None) or str(config.trial_name),
+                project=wandb_cfg.project or str(config.experiment_name),
+                name=wandb_cfg.name or str(config.trial_name),
                 dir=self.log_path,
                 resume="allow",
             )

@@ -36,6 +36,7 @@ import torch
 
 from areal.api.io_struct import ModelRequest
 from areal.api.workflow_api import RolloutWorkflow
+from areal.infra import workflow_context
 from areal.utils import logging
 from areal.utils.seeding import request_seed
 from areal.workflow.trajectory import trajectory_tensors
@@ -67,10 +68,6 @@ def _as_ids(out: Any) -> list[int]:
 
 def _episode_context() -> tuple[str, int]:
     """(stats scope, position in the group) from the executor's workflow context."""
-    try:
-        from areal.infra import workflow_context
-    except ImportError:  # pragma: no cover - older trees without the context module
-        return "rollout", 0
     return workflow_context.stat_scope(), int(workflow_context.get().sample_index)
 
 

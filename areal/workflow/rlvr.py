@@ -45,6 +45,7 @@ from areal.api.io_struct import ModelRequest
 from areal.api.workflow_api import RolloutWorkflow
 from areal.infra import workflow_context
 from areal.utils import logging
+from areal.utils.hf_utils import load_hf_tokenizer
 from areal.utils.seeding import request_seed
 from areal.workflow.trajectory import single_turn_trajectory
 
@@ -87,16 +88,6 @@ def default_get_input_ids_fn(prompt: Any, tokenizer: Any, enable_thinking: bool)
     if out and isinstance(out[0], list):  # batched form
         out = out[0]
     return [int(t) for t in out]
-
-
-def _load_tokenizer(path: str) -> Any:
-    try:
-        from areal.utils.hf_utils import load_hf_tokenizer
-    except ImportError:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(path)
-    return load_hf_tokenizer(path)
 
 
 def _append_lines(path: str, lines: list[str]) -> None:
@@ -143,7 +134,7 @@ class RLVRWorkflow(RolloutWorkflow):
         if tokenizer is None:
             raise ValueError("RLVRWorkflow: tokenizer (object or path) is required")
         if isinstance(tokenizer, str | os.PathLike):
-            tokenizer = _load_tokenizer(str(tokenizer))
+            tokenizer = load_hf_tokenizer(str(tokenizer))
         if isinstance(get_input_ids_fn, str):
             get_input_ids_fn = import_from_string(get_input_ids_fn)
         if isinstance(data_extract_prompt_fn, str):

@@ -40,12 +40,15 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import wait as wait_futures
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 
 from areal.api.scheduler_api import Job, Scheduler, WorkerDiedError
 from areal.infra.rpc.client import RPCClient, spawn_daemon
+
+if TYPE_CHECKING:
+    from areal.api.experiment_config import BaseExperimentConfig
 
 LOG_TAIL_LINES = 30
 _PR_SET_PDEATHSIG = 1
@@ -253,21 +256,18 @@ class SchedulerBase(RPCEngineMixin, Scheduler):
 
     def _init_base(
         self,
-        exp_config: Any,
+        exp_config: BaseExperimentConfig | None,
         fileroot: str | None,
         experiment_name: str | None,
         trial_name: str | None,
     ) -> None:
-        cluster = getattr(exp_config, "cluster", None)
-        self.fileroot = os.path.abspath(
-            fileroot
-            or getattr(cluster, "fileroot", None)
-            or os.path.join(tempfile.gettempdir(), "areal")
-        )
-        self.experiment_name = (
-            experiment_name or getattr(exp_config, "experiment_name", None) or "default"
-        )
-        self.trial_name = trial_name or getattr(exp_config, "trial_name", None) or "trial0"
+        if exp_config is not None:
+            fileroot = fileroot or exp_config.cluster.fileroot
+            experiment_name = experiment_name or exp_config.experiment_name
+            trial_name = trial_name or exp_config.trial_name
+        self.fileroot = os.path.abspath(fileroot or os.path.join(tempfile.gettempdir(), "areal"))
+        self.experiment_name = experiment_name or "default"
+        self.trial_name = trial_name or "trial0"
         self.log_dir = os.path.join(self.fileroot, "logs", self.experiment_name, self.trial_name)
         self._lock = threading.RLock()
         self._roles: dict[str, list[Any]] = {}

@@ -40,7 +40,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 import psutil
 
@@ -59,6 +59,9 @@ from areal.utils import logging
 from areal.utils.auth import ensure_run_secret
 from areal.utils.name_resolve import FileNameRecordRepository
 from areal.utils.network import find_free_ports
+
+if TYPE_CHECKING:
+    from areal.api.experiment_config import BaseExperimentConfig
 
 logger = logging.getLogger("LocalScheduler")
 
@@ -126,7 +129,7 @@ class LocalScheduler(SchedulerBase):
         experiment_name: str | None = None,
         trial_name: str | None = None,
         *,
-        exp_config: Any = None,
+        exp_config: BaseExperimentConfig | None = None,
         startup_timeout: float = 180.0,
         kill_grace: float = 5.0,
         call_timeout: float | None = None,
@@ -137,14 +140,15 @@ class LocalScheduler(SchedulerBase):
         # the per-run secret every worker/server we start inherits (environment only)
         ensure_run_secret()
         self._init_base(exp_config, fileroot, experiment_name, trial_name)
-        cluster = getattr(exp_config, "cluster", None)
         self.startup_timeout = startup_timeout
         self.kill_grace = kill_grace
         self.call_timeout = call_timeout
         self.host = host
         self.gpu_devices = gpu_devices
         self._next_gpu = 0
-        nr_root = getattr(getattr(cluster, "name_resolve", None), "nfs_record_root", None)
+        nr_root = (
+            exp_config.cluster.name_resolve.nfs_record_root if exp_config is not None else None
+        )
         self.name_resolve = FileNameRecordRepository(
             nr_root or os.path.join(self.fileroot, "name_resolve")
         )

@@ -47,7 +47,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal.api.scheduler_api import Job, SchedulingSpec, Worker, WorkerDiedError
 from areal.infra.rpc.client import RPCClient
@@ -64,6 +64,9 @@ from areal.infra.scheduler.base import (
 from areal.utils import logging
 from areal.utils.auth import RUN_SECRET_ENV, ensure_run_secret
 from areal.utils.network import find_free_ports
+
+if TYPE_CHECKING:
+    from areal.api.experiment_config import BaseExperimentConfig
 
 logger = logging.getLogger("RayScheduler")
 
@@ -263,7 +266,7 @@ class RayScheduler(SchedulerBase):
 
     def __init__(
         self,
-        exp_config: Any = None,
+        exp_config: BaseExperimentConfig | None = None,
         *,
         address: str | None = None,
         fileroot: str | None = None,
@@ -277,9 +280,8 @@ class RayScheduler(SchedulerBase):
         placement_strategy: str = "PACK",
     ):
         self._init_base(exp_config, fileroot, experiment_name, trial_name)
-        cluster = getattr(exp_config, "cluster", None)
-        nr = getattr(cluster, "name_resolve", None)
-        self.name_resolve_actor = getattr(nr, "ray_actor_name", None) or "ray_kv_store"
+        nr = exp_config.cluster.name_resolve if exp_config is not None else None
+        self.name_resolve_actor = (nr.ray_actor_name if nr else None) or "ray_kv_store"
         self.address = address or os.environ.get("RAY_ADDRESS") or None
         self.num_cpus = num_cpus
         self.namespace = namespace

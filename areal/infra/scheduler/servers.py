@@ -9,12 +9,15 @@ one server is given by the caller (the backend registry
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal.api.alloc_mode import AllocationMode
 from areal.api.cli_args import SchedulingSpec
 from areal.api.scheduler_api import Job, WorkerDiedError
 from areal.utils import logging
+
+if TYPE_CHECKING:
+    from areal.api.experiment_config import PPOConfig
 
 logger = logging.getLogger("ServerLauncher")
 
@@ -76,7 +79,7 @@ def launch_inference_servers(
     alloc_mode: AllocationMode,
     command: str,
     env: dict[str, str] | None = None,
-    config: Any = None,
+    config: PPOConfig | None = None,
     role: str = ROLE,
     health_path: str = "/health",
 ) -> list[str]:
@@ -92,15 +95,14 @@ def launch_inference_servers(
         raise ValueError(
             f"allocation_mode {str(alloc_mode)!r} names no inference servers (e.g. 'local:d1+fsdp:d1')"
         )
-    cluster = getattr(config, "cluster", None)
-    n_gpus = int(getattr(cluster, "n_gpus_per_node", 0) or 0)
+    n_gpus = config.cluster.n_gpus_per_node if config is not None else 0
     return launch_server_workers(
         scheduler,
         n_servers=gen.dp_size,
         command=command,
         env=env,
         gpus_per_server=alloc_mode.gen_instance_size if n_gpus > 0 else 0,
-        timeout=float(getattr(getattr(config, "rollout", None), "setup_timeout", 300.0)),
+        timeout=float(config.rollout.setup_timeout if config is not None else 300.0),
         role=role,
         health_path=health_path,
     )

@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from areal.api.scheduler_api import Job, Worker, WorkerDiedError
 from areal.infra.rpc.client import RPCClient
@@ -54,6 +54,9 @@ from areal.utils import logging
 from areal.utils.auth import ensure_run_secret
 from areal.utils.name_resolve import FileNameRecordRepository, NameEntryNotFoundError
 from areal.utils.network import find_free_ports, gethostip
+
+if TYPE_CHECKING:
+    from areal.api.experiment_config import BaseExperimentConfig
 
 logger = logging.getLogger("SlurmScheduler")
 
@@ -91,7 +94,7 @@ class SlurmScheduler(SchedulerBase):
 
     def __init__(
         self,
-        exp_config: Any = None,
+        exp_config: BaseExperimentConfig | None = None,
         *,
         fileroot: str | None = None,
         experiment_name: str | None = None,

@@ -1,4 +1,6 @@
-"""Direct Preference Optimization: loss, engine and controller (see ``dpo_engine``)."""
+"""Direct Preference Optimization: loss, engine and controller (see ``dpo_engine``;
+hosted as :mod:`areal.trainer.ppo` describes: ``DPOEngine``, ``DPOEngineHost``,
+``FSDPDPOEngine``)."""
 
 from areal.trainer.dpo.dpo_engine import DPOController, DPOEngine, compute_dpo_loss
 

@@ -14,11 +14,15 @@ response-token logprobs:
 Metrics per pair: implicit rewards ``beta * (log pi - log ref)`` of chosen and rejected,
 their margin and accuracy (chosen > rejected), the summed chosen/rejected logprobs.
 
-The policy and its reference live in the same worker processes: :class:`FSDPDPOEngine`
-is the policy engine and builds the reference (a second, optimizer-less FSDP engine on
-the same process group) from the ``ref_config`` given to ``initialize``. ``train_dpo``
-computes the reference logprobs once per batch, then takes one optimizer step over
-micro-batches of whole pairs.
+The policy and its reference live in the same worker processes. :class:`DPOEngine` is
+the algorithm over any policy engine and a frozen reference engine;
+:class:`DPOEngineHost` mixes it into a policy engine and builds the reference (a
+second, optimizer-less engine of its ``reference_engine_class`` on the same process
+group) from the ``ref_config`` given to ``initialize``;
+``FSDPDPOEngine(DPOEngineHost, FSDPEngine)`` is the workers' class (the hosting pattern
+of :mod:`areal.trainer.ppo`). ``train_dpo`` computes the reference logprobs once per
+batch, then takes one optimizer step over micro-batches of whole pairs. The pair
+plumbing is :mod:`areal.trainer.pairs`, shared with the reward model.
 """
 
 from __future__ import annotations
@@ -29,8 +33,13 @@ from typing import Any
 
 import torch
 
-from areal.infra.controller.train_controller import TrainController
-from areal.trainer.rw.rw_engine import with_pair_granularity
+from areal.engine.fsdp_engine import FSDPEngine
+from areal.trainer.pairs import (
+    PairController,
+    pair_loss_weight,
+    train_pair_step,
+    with_pair_granularity,
+)
 from areal.utils import logging, stats_tracker
 
 logger = logging.getLogger("DPOEngine")
@@ -117,9 +126,7 @@ def compute_dpo_loss(
     return loss.float().mean()
 
 
-def dpo_loss_weight(input_data: dict[str, Any]) -> torch.Tensor:
-    """Pairs in the micro-batch (the loss is a mean over pairs)."""
-    return torch.tensor((input_data["cu_seqlens"].numel() - 1) // 2)
+dpo_loss_weight = pair_loss_weight  # pairs in the micro-batch (the loss is a mean over pairs)
 
 
 def dpo_pair_metrics(
@@ -183,13 +190,7 @@ class DPOEngine:
         data = dict(data)
         if "ref_logp" not in data:
             data["ref_logp"] = self.compute_ref_logp(data)
-        self.engine.train()
-        with stats_tracker.scope("dpo"):
-            stats = self.engine.train_batch(
-                data, loss_fn=self._loss_fn(), loss_weight_fn=dpo_loss_weight
-            )
-            stats_tracker.scalar(**{k: float(v) for k, v in stats.items() if k != "loss"})
-        return stats
+        return train_pair_step(self.engine, data, self._loss_fn(), "dpo")
 
     @torch.no_grad()
     def evaluate_dpo(self, data: dict[str, Any]) -> torch.Tensor:
@@ -203,71 +204,61 @@ class DPOEngine:
         return torch.cat([pol, ref, cnt], dim=1)
 
 
-def _make_fsdp_dpo_engine() -> type:
-    from areal.engine.fsdp_engine import FSDPEngine
+class DPOEngineHost:
+    """Engine mixin: hosts a :class:`DPOEngine` on a policy engine, with its frozen
+    reference (an engine of ``reference_engine_class``) built at ``initialize`` from
+    ``ref_config``; micro-batches hold whole pairs."""
 
-    class FSDPDPOEngine(FSDPEngine):
-        """FSDP policy engine hosting a :class:`DPOEngine` and its reference model."""
+    reference_engine_class: type
+    dpo: DPOEngine
 
-        def __init__(self, config: Any):
-            config = with_pair_granularity(config)
-            super().__init__(config)
-            self.ref_engine: FSDPEngine | None = None
-            self.dpo = DPOEngine(self)
+    def __init__(self, config: Any, *args: Any, **kwargs: Any):
+        super().__init__(with_pair_granularity(config), *args, **kwargs)
+        self.ref_engine: Any = None
+        self.dpo = DPOEngine(self)
 
-        def initialize(self, addr: str | None = None, ft_spec: Any = None, **kwargs) -> None:
-            ref_config = kwargs.pop("ref_config", None)
-            super().initialize(addr=addr, ft_spec=ft_spec, **kwargs)
-            if ref_config is not None:
-                ref_config = with_pair_granularity(copy.copy(ref_config))
-                ref_config.optimizer = None  # frozen
-                self.ref_engine = FSDPEngine(ref_config)
-                self.ref_engine.initialize(addr=addr, ft_spec=ft_spec, **kwargs)
-                self.ref_engine.model.requires_grad_(False)
-                self.dpo.ref_engine = self.ref_engine
+    def initialize(self, addr: str | None = None, ft_spec: Any = None, **kwargs: Any) -> None:
+        ref_config = kwargs.pop("ref_config", None)
+        super().initialize(addr=addr, ft_spec=ft_spec, **kwargs)
+        if ref_config is not None:
+            ref_config = with_pair_granularity(copy.copy(ref_config))
+            ref_config.optimizer = None  # frozen
+            self.ref_engine = self.reference_engine_class(ref_config)
+            self.ref_engine.initialize(addr=addr, ft_spec=ft_spec, **kwargs)
+            self.ref_engine.model.requires_grad_(False)
+            self.dpo.ref_engine = self.ref_engine
 
-        def destroy(self) -> None:
-            if self.ref_engine is not None:
-                self.ref_engine.destroy()
-                self.ref_engine = None
-            super().destroy()
-
-        def train_dpo(self, data: dict[str, Any]) -> dict[str, float]:
-            return self.dpo.train_dpo(data)
-
-        def evaluate_dpo(self, data: dict[str, Any]) -> torch.Tensor:
-            return self.dpo.evaluate_dpo(data)
-
-        def compute_ref_logp(self, data: dict[str, Any]) -> torch.Tensor:
-            return self.dpo.compute_ref_logp(data)
-
-    FSDPDPOEngine.__module__ = __name__
-    FSDPDPOEngine.__qualname__ = "FSDPDPOEngine"
-    return FSDPDPOEngine
-
-
-class DPOController(TrainController):
-    """``TrainController`` whose batch calls keep each (chosen, rejected) pair on one rank."""
-
-    def __init__(self, train_engine: Any, config: Any, scheduler: Any, **kwargs: Any):
-        kwargs.setdefault("group_size", 2)
-        super().__init__(train_engine, config, scheduler, **kwargs)
+    def destroy(self) -> None:
+        if self.ref_engine is not None:
+            self.ref_engine.destroy()
+            self.ref_engine = None
+        super().destroy()
 
     def train_dpo(self, data: dict[str, Any]) -> dict[str, float]:
-        return self.custom_function_call("train_dpo", data, _group_size=2)
+        return self.dpo.train_dpo(data)
+
+    def evaluate_dpo(self, data: dict[str, Any]) -> torch.Tensor:
+        return self.dpo.evaluate_dpo(data)
 
     def compute_ref_logp(self, data: dict[str, Any]) -> torch.Tensor:
-        return self.custom_function_call("compute_ref_logp", data, _group_size=2)
+        return self.dpo.compute_ref_logp(data)
+
+
+class FSDPDPOEngine(DPOEngineHost, FSDPEngine):
+    """FSDP policy engine hosting a :class:`DPOEngine` and its FSDP reference model."""
+
+    reference_engine_class = FSDPEngine
+
+
+class DPOController(PairController):
+    """``TrainController`` for DPO workers: whole pairs per rank."""
+
+    def train_dpo(self, data: dict[str, Any]) -> dict[str, float]:
+        return self.pair_call("train_dpo", data)
+
+    def compute_ref_logp(self, data: dict[str, Any]) -> torch.Tensor:
+        return self.pair_call("compute_ref_logp", data)
 
     def evaluate_dpo(self, data: dict[str, Any]) -> dict[str, float]:
-        per_rank = self.custom_function_call("evaluate_dpo", data, _group_size=2, _merge=False)
-        rows = torch.cat([r.reshape(-1, 6) for r in per_rank], 0)
+        rows = torch.cat([r.reshape(-1, 6) for r in self.pair_call_per_rank("evaluate_dpo", data)])
         return dpo_pair_metrics(rows, float(self.config.beta), self.config.loss_type)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "FSDPDPOEngine":
-        cls = _make_fsdp_dpo_engine()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,32 +1,41 @@
-"""PPO-family algorithm code: ``PPOActor`` / ``PPOCritic`` and their FSDP hosts.
+"""PPO-family algorithm code: ``PPOActor`` / ``PPOCritic`` and the engines that host them.
 
-``FSDPPPOActor`` and ``FSDPPPOCritic`` are resolved lazily (they subclass the FSDP engine);
-AReaL's ``PPOActorController`` / ``PPOCriticController`` are the generic ``TrainController``.
+How an algorithm is hosted on a training engine (the same for every folder of
+``areal/trainer``: ``ppo/``, ``rw/``, ``dpo/``, ``sft/``):
+
+1. the algorithm is an engine-agnostic class built over any
+   :class:`~areal.api.engine_api.TrainEngine` (``PPOActor(config, engine)``): it calls
+   only the engine contract (``forward_batch``, ``train_batch``, ``train``/``eval``, ...);
+2. a mixin (``PPOActorHost``) builds it after the engine's own ``__init__`` and exposes
+   its worker calls (``compute_logp``, ``compute_advantages``, ``ppo_update``) as engine
+   methods, which the controller reaches by name over RPC;
+3. each training engine gets one plain subclass, mixin first:
+   ``class FSDPPPOActor(PPOActorHost, FSDPEngine)``. A second engine hosts the same
+   algorithm with one more line beside it, ``class XPPOActor(PPOActorHost, XEngine)``,
+   and no algorithm code copied.
+
+AReaL's ``PPOActorController`` / ``PPOCriticController`` are the generic
+``TrainController`` (its ``compute_logp`` / ``compute_advantages`` / ``ppo_update`` calls
+go to the workers).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from areal.infra.controller.train_controller import TrainController
+from areal.trainer.ppo.actor import FSDPPPOActor, PPOActor, PPOActorHost, grpo_loss_fn
+from areal.trainer.ppo.critic import FSDPPPOCritic, PPOCritic, PPOCriticHost
 
-from areal.trainer.ppo.actor import PPOActor, grpo_loss_fn
-from areal.trainer.ppo.critic import PPOCritic
+PPOActorController = TrainController
+PPOCriticController = TrainController
 
-__all__ = ["PPOActor", "PPOCritic", "grpo_loss_fn"]  # + FSDPPPOActor, FSDPPPOCritic (lazy)
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("PPOActorController", "PPOCriticController"):
-        # AReaL's per-role controllers: here one generic TrainController drives any engine
-        # (its compute_logp / compute_advantages / ppo_update calls go to the workers).
-        from areal.infra.controller.train_controller import TrainController
-
-        return TrainController
-    if name == "FSDPPPOActor":
-        from areal.trainer.ppo import actor
-
-        return actor.FSDPPPOActor
-    if name == "FSDPPPOCritic":
-        from areal.trainer.ppo import critic
-
-        return critic.FSDPPPOCritic
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = [
+    "FSDPPPOActor",
+    "FSDPPPOCritic",
+    "PPOActor",
+    "PPOActorController",
+    "PPOActorHost",
+    "PPOCritic",
+    "PPOCriticController",
+    "PPOCriticHost",
+    "grpo_loss_fn",
+]

@@ -2,9 +2,11 @@
 
 ``PPOActor(config, engine)`` is algorithm code on top of any :class:`TrainEngine`; every
 algorithm preset (GRPO, PPO, DAPO, Dr.GRPO, LitePPO, RLOO, REINFORCE++, GSPO, SAPO, M2PO)
-is a configuration of it. ``FSDPPPOActor`` is the FSDP engine that owns a ``PPOActor`` and
-is what the training workers host (the reference model is a frozen ``FSDPPPOActor``
-used only for ``compute_logp``).
+is a configuration of it. :class:`PPOActorHost` is the engine mixin that owns one and
+exposes its worker calls; ``FSDPPPOActor(PPOActorHost, FSDPEngine)`` is what the
+training workers host (the reference model is a frozen ``FSDPPPOActor`` used only for
+``compute_logp``). Another training engine hosts the same code with one more line,
+``class XPPOActor(PPOActorHost, XEngine)`` (see :mod:`areal.trainer.ppo`).
 
 Data keys (padded ``[B, T]``, token-aligned, see the shared conventions):
 
@@ -32,31 +34,27 @@ from typing import Any
 import torch
 
 from areal.api.engine_api import TrainEngine
+from areal.engine.fsdp_engine import FSDPEngine
 from areal.utils import logging, stats_tracker
+from areal.utils.advantages import gae, reward_overlong_penalty
 from areal.utils.data import select_sequences
-from areal.utils.functional import (
-    LOSS_AGG_MODES,
-    gae,
-    group_normalization,
-    kl_estimator,
-    loglinear_prox_logp,
-    m2po_loss_mask,
-    ppo_actor_loss_fn,
-    reward_overlong_penalty,
-    sapo_loss_fn,
-    sequence_index,
-)
+from areal.utils.off_policy import loglinear_prox_logp, m2po_loss_mask
+from areal.utils.rl_losses import LOSS_AGG_MODES, ppo_actor_loss_fn, sapo_loss_fn
+from areal.utils.rl_statistics import group_normalization, kl_estimator, sequence_index
 from areal.utils.seeding import request_seed
 
 logger = logging.getLogger("PPOActor")
 
 __all__ = [
     "PPOActor",
+    "PPOActorHost",
+    "FSDPPPOActor",
     "grpo_loss_fn",
+    "distill_loss",
     "loss_weight",
     "apply_norm",
     "dp_group_of",
-]  # + FSDPPPOActor (lazy)
+]
 
 # keys the loss needs; everything else stays out of the mini-batches
 PROX_LOGP_METHODS = ("recompute", "loglinear", "metrics")
@@ -613,37 +611,32 @@ def _log_prox_approx_stats(
         )
 
 
-def _make_fsdp_ppo_actor() -> type:
-    from areal.engine.fsdp_engine import FSDPEngine
+class PPOActorHost:
+    """Engine mixin: hosts a :class:`PPOActor` and exposes its worker calls.
 
-    class FSDPPPOActor(FSDPEngine):
-        """FSDP engine hosting a :class:`PPOActor` (the training workers' actor/ref model)."""
+    Mixed in before a :class:`TrainEngine` (``class XPPOActor(PPOActorHost, XEngine)``):
+    the engine is built first, then ``self.actor = PPOActor(config, self)``; the
+    controller's ``compute_logp`` / ``compute_advantages`` / ``ppo_update`` calls land on
+    these methods.
+    """
 
-        def __init__(self, config: Any):
-            super().__init__(config)
-            self.actor = PPOActor(config, self)
+    actor: PPOActor
 
-        @torch.no_grad()
-        def compute_logp(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-            return self.actor.compute_logp(*args, **kwargs)
+    def __init__(self, config: Any, *args: Any, **kwargs: Any):
+        super().__init__(config, *args, **kwargs)
+        self.actor = PPOActor(config, self)
 
-        @torch.no_grad()
-        def compute_advantages(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-            return self.actor.compute_advantages(*args, **kwargs)
+    @torch.no_grad()
+    def compute_logp(self, data: dict[str, Any]) -> torch.Tensor:
+        return self.actor.compute_logp(data)
 
-        def ppo_update(self, *args: Any, **kwargs: Any) -> list[dict[str, float]]:
-            return self.actor.ppo_update(*args, **kwargs)
+    @torch.no_grad()
+    def compute_advantages(self, data: dict[str, Any]) -> dict[str, Any]:
+        return self.actor.compute_advantages(data)
 
-    FSDPPPOActor.__module__ = __name__
-    FSDPPPOActor.__qualname__ = "FSDPPPOActor"
-    return FSDPPPOActor
+    def ppo_update(self, data: dict[str, Any]) -> list[dict[str, float]]:
+        return self.actor.ppo_update(data)
 
 
-def __getattr__(name: str) -> Any:
-    # FSDPPPOActor subclasses FSDPEngine, imported on first use so that the algorithm code
-    # (and its tests) do not depend on the FSDP engine module.
-    if name == "FSDPPPOActor":
-        cls = _make_fsdp_ppo_actor()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+class FSDPPPOActor(PPOActorHost, FSDPEngine):
+    """FSDP engine hosting a :class:`PPOActor` (the training workers' actor/ref model)."""

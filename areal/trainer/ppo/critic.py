@@ -4,6 +4,8 @@ The critic engine is a :class:`TrainEngine` built with ``is_critic=True``: its
 ``forward_batch`` returns values ``[B, T]`` aligned like logprobs (``values[b, i]`` is the
 value of the state in which token ``i`` is generated, i.e. of the prefix ``< i``), and in
 ``train_batch`` the first argument given to ``loss_fn`` is the packed values tensor.
+:class:`PPOCriticHost` mixes a :class:`PPOCritic` into any such engine;
+``FSDPPPOCritic(PPOCriticHost, FSDPEngine)`` is the workers' class.
 """
 
 from __future__ import annotations
@@ -14,13 +16,20 @@ from typing import Any
 import torch
 
 from areal.api.engine_api import TrainEngine
+from areal.engine.fsdp_engine import FSDPEngine
 from areal.utils import logging, stats_tracker
 from areal.utils.data import select_sequences
-from areal.utils.functional import ppo_critic_loss_fn
+from areal.utils.rl_losses import ppo_critic_loss_fn
 
 logger = logging.getLogger("PPOCritic")
 
-__all__ = ["PPOCritic", "ppo_critic_loss", "critic_loss_weight"]  # + FSDPPPOCritic (lazy)
+__all__ = [
+    "PPOCritic",
+    "PPOCriticHost",
+    "FSDPPPOCritic",
+    "ppo_critic_loss",
+    "critic_loss_weight",
+]
 
 _TRAIN_KEYS = ("input_ids", "attention_mask", "loss_mask", "values", "returns")
 
@@ -92,31 +101,22 @@ def ppo_critic_loss(
     return loss
 
 
-def _make_fsdp_ppo_critic() -> type:
-    from areal.engine.fsdp_engine import FSDPEngine
+class PPOCriticHost:
+    """Engine mixin: hosts a :class:`PPOCritic` (``compute_values`` / ``ppo_update``)."""
 
-    class FSDPPPOCritic(FSDPEngine):
-        """FSDP engine hosting a :class:`PPOCritic`."""
+    critic: PPOCritic
 
-        def __init__(self, config: Any):
-            super().__init__(config)
-            self.critic = PPOCritic(config, self)
+    def __init__(self, config: Any, *args: Any, **kwargs: Any):
+        super().__init__(config, *args, **kwargs)
+        self.critic = PPOCritic(config, self)
 
-        @torch.no_grad()
-        def compute_values(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-            return self.critic.compute_values(*args, **kwargs)
+    @torch.no_grad()
+    def compute_values(self, data: dict[str, Any]) -> torch.Tensor:
+        return self.critic.compute_values(data)
 
-        def ppo_update(self, *args: Any, **kwargs: Any) -> list[dict[str, float]]:
-            return self.critic.ppo_update(*args, **kwargs)
-
-    FSDPPPOCritic.__module__ = __name__
-    FSDPPPOCritic.__qualname__ = "FSDPPPOCritic"
-    return FSDPPPOCritic
+    def ppo_update(self, data: dict[str, Any]) -> list[dict[str, float]]:
+        return self.critic.ppo_update(data)
 
 
-def __getattr__(name: str) -> Any:
-    if name == "FSDPPPOCritic":
-        cls = _make_fsdp_ppo_critic()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+class FSDPPPOCritic(PPOCriticHost, FSDPEngine):
+    """FSDP engine (``is_critic=True``) hosting a :class:`PPOCritic`."""

@@ -8,20 +8,26 @@ head's output at its last token; the loss of a pair is
 are packed whole pairs.
 
 - :func:`compute_rw_loss`: the loss function of ``TrainEngine.train_batch``.
-- :class:`RWEngine`: the algorithm over a critic ``TrainEngine`` (``train_rw``,
-  ``evaluate_rw``); :class:`FSDPRWEngine` is the FSDP engine hosting it (the workers'
-  class); :class:`RWController` dispatches with whole pairs per rank.
+- :class:`RWEngine`: the algorithm over any critic ``TrainEngine`` (``train_rw``,
+  ``evaluate_rw``); :class:`RWEngineHost` mixes it into an engine and
+  ``FSDPRWEngine(RWEngineHost, FSDPEngine)`` is the workers' class (the hosting
+  pattern of :mod:`areal.trainer.ppo`); :class:`RWController` dispatches with whole
+  pairs per rank. The pair plumbing is :mod:`areal.trainer.pairs`, shared with DPO.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from typing import Any
 
 import torch
 
-from areal.infra.controller.train_controller import TrainController
+from areal.engine.fsdp_engine import FSDPEngine
+from areal.trainer.pairs import (
+    PairController,
+    pair_loss_weight,
+    train_pair_step,
+    with_pair_granularity,
+)
 from areal.utils import logging, stats_tracker
 
 logger = logging.getLogger("RWEngine")
@@ -62,9 +68,7 @@ def compute_rw_loss(
     return loss.mean()
 
 
-def rw_loss_weight(input_data: dict[str, Any]) -> torch.Tensor:
-    """Number of pairs in the micro-batch (the loss is a mean over pairs)."""
-    return torch.tensor((input_data["cu_seqlens"].numel() - 1) // 2)
+rw_loss_weight = pair_loss_weight  # pairs in the micro-batch (the loss is a mean over pairs)
 
 
 def pair_metrics(scores: torch.Tensor) -> dict[str, float]:
@@ -78,16 +82,6 @@ def pair_metrics(scores: torch.Tensor) -> dict[str, float]:
     }
 
 
-def with_pair_granularity(config: Any) -> Any:
-    """A copy of an engine config whose ``mb_spec`` keeps pairs in one micro-batch."""
-    config = copy.copy(config)
-    spec = getattr(config, "mb_spec", None)
-    if spec is not None:
-        g = int(getattr(spec, "granularity", 1) or 1)
-        config.mb_spec = dataclasses.replace(spec, granularity=2 * g if g % 2 else g)
-    return config
-
-
 class RWEngine:
     """Reward-model training over a critic :class:`~areal.api.engine_api.TrainEngine`."""
 
@@ -96,14 +90,7 @@ class RWEngine:
 
     def train_rw(self, data: dict[str, Any]) -> dict[str, float]:
         """One optimizer step on a batch of pairs; stats go to ``stats_tracker`` under ``rw/``."""
-        self.engine.train()
-        with stats_tracker.scope("rw"):
-            stats = self.engine.train_batch(
-                data, loss_fn=compute_rw_loss, loss_weight_fn=rw_loss_weight
-            )
-            # per-pair loss is recorded by the loss function; the rest are step scalars
-            stats_tracker.scalar(**{k: float(v) for k, v in stats.items() if k != "loss"})
-        return stats
+        return train_pair_step(self.engine, data, compute_rw_loss, "rw")
 
     @torch.no_grad()
     def evaluate_rw(self, data: dict[str, Any]) -> torch.Tensor:
@@ -114,49 +101,36 @@ class RWEngine:
         return last.float().view(-1, 2)
 
 
-def _make_fsdp_rw_engine() -> type:
-    from areal.engine.fsdp_engine import FSDPEngine
+class RWEngineHost:
+    """Engine mixin: hosts an :class:`RWEngine` (``train_rw`` / ``evaluate_rw``) on a
+    value-head engine whose micro-batches hold whole pairs."""
 
-    class FSDPRWEngine(FSDPEngine):
-        """FSDP critic engine (``is_critic=True``) hosting an :class:`RWEngine`."""
+    rw: RWEngine
 
-        def __init__(self, config: Any):
-            config = with_pair_granularity(config)
-            if not getattr(config, "is_critic", False):
-                config.is_critic = True
-            super().__init__(config)
-            self.rw = RWEngine(self)
-
-        def train_rw(self, data: dict[str, Any]) -> dict[str, float]:
-            return self.rw.train_rw(data)
-
-        def evaluate_rw(self, data: dict[str, Any]) -> torch.Tensor:
-            return self.rw.evaluate_rw(data)
-
-    FSDPRWEngine.__module__ = __name__
-    FSDPRWEngine.__qualname__ = "FSDPRWEngine"
-    return FSDPRWEngine
-
-
-class RWController(TrainController):
-    """``TrainController`` whose batch calls keep each (chosen, rejected) pair on one rank."""
-
-    def __init__(self, train_engine: Any, config: Any, scheduler: Any, **kwargs: Any):
-        kwargs.setdefault("group_size", 2)
-        super().__init__(train_engine, config, scheduler, **kwargs)
+    def __init__(self, config: Any, *args: Any, **kwargs: Any):
+        config = with_pair_granularity(config)
+        config.is_critic = True  # the reward is the value head's output
+        super().__init__(config, *args, **kwargs)
+        self.rw = RWEngine(self)
 
     def train_rw(self, data: dict[str, Any]) -> dict[str, float]:
-        return self.custom_function_call("train_rw", data, _group_size=2)
+        return self.rw.train_rw(data)
+
+    def evaluate_rw(self, data: dict[str, Any]) -> torch.Tensor:
+        return self.rw.evaluate_rw(data)
+
+
+class FSDPRWEngine(RWEngineHost, FSDPEngine):
+    """FSDP critic engine hosting an :class:`RWEngine`."""
+
+
+class RWController(PairController):
+    """``TrainController`` for reward-model workers: whole pairs per rank."""
+
+    def train_rw(self, data: dict[str, Any]) -> dict[str, float]:
+        return self.pair_call("train_rw", data)
 
     def evaluate_rw(self, data: dict[str, Any]) -> dict[str, float]:
         """Loss / accuracy / margin over all pairs of ``data`` (all ranks)."""
-        per_rank = self.custom_function_call("evaluate_rw", data, _group_size=2, _merge=False)
+        per_rank = self.pair_call_per_rank("evaluate_rw", data)
         return pair_metrics(torch.cat([s.reshape(-1, 2) for s in per_rank], 0))
-
-
-def __getattr__(name: str) -> Any:
-    if name == "FSDPRWEngine":
-        cls = _make_fsdp_rw_engine()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
