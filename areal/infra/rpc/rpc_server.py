@@ -279,11 +279,11 @@ def build_app(host: EngineHost, secret: Any = _FROM_ENV) -> web.Application:
     async def set_env(request: web.Request) -> web.Response:
         try:
             data = await request.json()
-            if not isinstance(data, dict) or not isinstance(data.get("env", {}), dict):
+            if not isinstance(data, dict) or not isinstance(data.get("env"), dict):
                 raise ValueError('expected {"env": {name: value}}')
         except ValueError as e:  # JSONDecodeError is a ValueError
             return web.json_response({"ok": False, "error": f"bad request: {e}"}, status=400)
-        env = {str(k): str(v) for k, v in data.get("env", {}).items()}
+        env = {str(k): str(v) for k, v in data["env"].items()}
         bad = [k for k, v in env.items() if not k or "=" in k or "\0" in k or "\0" in v]
         if bad:  # os.environ would raise on these
             return web.json_response(
