@@ -1,6 +1,10 @@
-# The two commands of the README:
+# The commands of the README:
 #   make demo   set up .venv and run asynchronous GRPO on the embedded tiny model (CPU)
-#   make test   set up .venv and run the test suite (+ the CI subset of slow ones), build the docs
+#   make test   set up .venv, ruff, build the docs, the fast tests + the CI subset of slow
+#               ones (a few minutes: what a contributor runs before pushing)
+#   make check  the full check (.ci/run runs it after `make test`): every test, slow ones
+#               included, but the three kinds that need what a fresh clone lacks (markers
+#               gpu, vllm_cpu, areal_checkout), under a time budget; then `make claims`
 # Both install the locked versions into .venv themselves (`make setup`).
 #
 # How `make setup` installs (fast, locked):
@@ -23,6 +27,20 @@ UV_VERSION    := 0.13.8
 TORCH_VERSION := 2.13.0
 EXTRAS        ?= dev docs
 TORCH_FLAGS   ?=
+# Test selection. Only these three kinds are left out of `make check` (they cannot run on
+# a fresh clone here: CUDA, vLLM's CPU build, an AReaL checkout); nothing else is.
+NOT_HERE      := not (gpu or vllm_cpu or areal_checkout)
+QUICK_MARKS   := (not slow or ci_slow) and $(NOT_HERE)
+# `.ci/run` runs `make test` first, then `make check CHECK_AFTER_TEST=1`: the full check then
+# runs only the tests `make test` left out (the same union, every test, each run once).
+CHECK_AFTER_TEST ?=
+CHECK_MARKS   := $(if $(CHECK_AFTER_TEST),slow and not ci_slow and $(NOT_HERE),$(NOT_HERE))
+# The full check fails (naming the slowest files) when its tests take longer than this
+# in total (seconds; tests/_ci_plugin.py). Sized so that the whole .ci/run stays under 60
+# minutes on a quiet 2-core machine: setup + Slurm install ~3, make test <= 10, make
+# check's lint + docs ~1, its tests <= 30 (this budget), make claims <= 15.
+TEST_BUDGET_S ?= 1800
+PYTEST_FLAGS  ?=
 empty         :=
 space         := $(empty) $(empty)
 STAMP         := $(VENV)/.installed-$(subst $(space),-,$(strip $(EXTRAS)))
@@ -35,8 +53,8 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 export UV_COMPILE_BYTECODE := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup demo test test-all lint docs docs-build docs-serve cli-docs lock lock-check build clean \
-	gpu-wheels gpu-check
+.PHONY: setup demo test check test-all lint docs docs-build docs-serve cli-docs lock lock-check build clean \
+	gpu-wheels gpu-check claims
 
 setup: $(STAMP)
 
@@ -62,10 +80,33 @@ demo: setup
 test: setup
 	$(PY) -m ruff check .
 	$(MAKE) --no-print-directory docs-build
-	$(PY) -m pytest -m "not slow or ci_slow" -q --durations=15
+	$(PY) -m pytest -m "$(QUICK_MARKS)" -q --durations=15 $(PYTEST_FLAGS)
 
+# The full check. `make claims` (the README's learning figures re-measured) runs when the
+# target exists.
+check: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(MAKE) --no-print-directory docs-build
+	AREAL_TEST_BUDGET_S=$(TEST_BUDGET_S) $(PY) -m pytest -m "$(CHECK_MARKS)" -q --durations=25 \
+	    $(PYTEST_FLAGS)
+	@if grep -qE '^claims:' $(firstword $(MAKEFILE_LIST)); then \
+	    $(MAKE) --no-print-directory claims; \
+	  else echo "make check: no 'claims' target in this checkout yet: skipped"; fi
+
+# Every test, the three kinds of `make check` included (they skip without CUDA / vLLM /
+# AREAL_REFERENCE_DIR), no budget.
 test-all: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_FLAGS)
+
+# Every learning figure of README.md and docs/, re-measured briefly: short seeded runs of
+# the real examples, each with a threshold and (RL) controls that must stay below it
+# (benchmarks/claims/table.py); table printed, JSON in outputs/claims/claims.json; exit 1
+# when a claim misses. ~15 min on 2 quiet cores. `make claims CLAIMS_ARGS=--write-docs`
+# also updates docs/claims.json and README.md's table.
+CLAIMS_ARGS ?=
+claims: setup
+	$(PY) benchmarks/claims/run.py $(CLAIMS_ARGS)
 
 # Markdown pages checked by mdformat (the same set as the pre-commit hook).
 MD_PAGES := docs/index.md docs/benchmarks.md docs/tutorial docs/customization \

@@ -261,8 +261,8 @@ def profile_core(model_dir, prompts, samples, max_new, fast_decode):
     if core._fast is not None:
         core._fast.step = timed("forward", core._fast.step)
     core._hf_decode = timed("forward", core._hf_decode)
-    sample = core_mod._sample
-    core_mod._sample = timed("sample", sample)
+    sample = core_mod.sample_tokens
+    core_mod.sample_tokens = timed("sample", sample)
     done = threading.Semaphore(0)
     tokens = [0]
 
@@ -281,7 +281,7 @@ def profile_core(model_dir, prompts, samples, max_new, fast_decode):
     finally:
         wall = time.perf_counter() - t0
         core.shutdown()
-        core_mod._sample = sample
+        core_mod.sample_tokens = sample
     s = max(1, n["steps"])
     ms = {k: round(1000 * v / s, 2) for k, v in t.items()}
     return {

@@ -3,32 +3,10 @@
 from __future__ import annotations
 
 import os
-import re
+import random
 
 import pytest
-
-# --------------------------------------------------------------------------- CI: no silent skips
-# With the CI environment variable set (any non-empty value but "0"/"false"), a test that
-# skips because Slurm, Ray or test data is missing FAILS instead: CI promises to run them,
-# so a broken install must not turn into a green run. GPU, vLLM and opt-in tests (e.g.
-# AREAL_REFERENCE_DIR) still skip.
-_CI_REQUIRED = re.compile(r"\b(slurm|sbatch|squeue|munge|ray|gsm8k|data(set)?)\b", re.IGNORECASE)
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
-def _ci_forbidden_skip(report) -> str | None:
-    if not (_in_ci() and report.skipped) or hasattr(report, "wasxfail"):
-        return None
-    reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-    return reason if _CI_REQUIRED.search(reason or "") else None
-
-
-def _fail_skip(report, reason: str) -> None:
-    report.outcome = "failed"
-    report.longrepr = f"CI is set: a missing Slurm/Ray/data prerequisite is a failure: {reason}"
+from _ci_plugin import CIPlugin, in_ci
 
 
 def pytest_configure(config):
@@ -40,24 +18,36 @@ def pytest_configure(config):
     from areal.utils.auth import ensure_run_secret
 
     ensure_run_secret()
+    # CI skip policy, per-file durations, time budget (tests/_ci_plugin.py).
+    config.pluginmanager.register(CIPlugin(), "areal-ci")
+    _force_hypothesis_seed(config)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    reason = _ci_forbidden_skip(report)
-    if reason is not None:
-        _fail_skip(report, reason)
+def _force_hypothesis_seed(config) -> None:
+    """Every run uses one printed Hypothesis seed, so that any failure reproduces.
+
+    ``--hypothesis-seed=N`` wins; else under CI the fixed ``HYPOTHESIS_SEED`` (default 0:
+    CI is derandomised), else a fresh random seed. The header prints it with the option
+    that replays the run.
+    """
+    from hypothesis import core
+
+    seed = config.getoption("hypothesis_seed")
+    if seed is None:
+        seed = os.environ.get("HYPOTHESIS_SEED") or ("0" if in_ci() else None)
+    if seed is None:
+        seed = random.randrange(2**32)
+    seed = int(seed) if str(seed).isdigit() else seed
+    core.global_force_seed = seed
+    config.stash[_HYPOTHESIS_SEED] = seed
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_make_collect_report(collector):
-    outcome = yield
-    report = outcome.get_result()
-    reason = _ci_forbidden_skip(report)
-    if reason is not None:
-        _fail_skip(report, reason)
+_HYPOTHESIS_SEED = pytest.StashKey[object]()
+
+
+def pytest_report_header(config):
+    seed = config.stash.get(_HYPOTHESIS_SEED, None)
+    return f"hypothesis seed: {seed} (reproduce: pytest --hypothesis-seed={seed})"
 
 
 def build_tiny_qwen2(

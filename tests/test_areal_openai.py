@@ -17,7 +17,7 @@ from areal.experimental.openai import ArealOpenAI, InteractionWithTokenLogpRewar
 
 pytestmark = [pytest.mark.slow, pytest.mark.ci_slow, pytest.mark.timeout(300)]
 
-openai = pytest.importorskip("openai")
+import openai  # noqa: E402
 from openai.types.chat import ChatCompletion, ChatCompletionChunk  # noqa: E402
 from openai.types.responses import Response  # noqa: E402
 
@@ -262,4 +262,12 @@ async def test_store_false_is_not_recorded_and_exports_pickle(engine, tokenizer)
     exported = client.export_interactions(style="individual")
     back = pickle.loads(pickle.dumps(exported))
     torch.testing.assert_close(back[c.id].to_tensor_dict(), exported[c.id].to_tensor_dict())
-    assert copy.deepcopy(type(client.cache)()) == {}
+    # an empty cache deep-copies to a new, independent one (a config holding a fresh
+    # client is copyable); a cache holding an episode refuses (its lock, its interactions)
+    empty = type(client.cache)()
+    dup = copy.deepcopy(empty)
+    assert type(dup) is type(empty) and dup is not empty and len(dup) == 0
+    with pytest.raises(TypeError, match="only an empty"):
+        copy.deepcopy(client.cache)
+    back_cache = pickle.loads(pickle.dumps(client.cache))
+    assert list(back_cache) == list(client.cache) == [c.id]

@@ -30,7 +30,7 @@ FILES = ("examples/math/gsm8k_rl.py", "examples/math/gsm8k_grpo.yaml")
 MODEL_ID, DATASET_ID = "Qwen/Qwen2.5-1.5B-Instruct", "openai/gsm8k"
 BS, N = 8, 4  # train_dataset.batch_size override; gconfig.n_samples of the YAML
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.areal_checkout, pytest.mark.timeout(900)]
 
 
 def _reference_files(dest: str) -> dict[str, str]:

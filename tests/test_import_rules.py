@@ -150,26 +150,18 @@ MAX_LINES = 800
 KNOWN_VIOLATIONS_TO_FIX: dict[str, set] = {
     # Import edges (importer, imported) lying on a cycle. Every edge of each cycle is
     # listed, so a cycle that is broken anywhere leaves stale entries behind.
-    "cycle_edges": {
-        # helper "inference": local_server core <-> vision
-        ("areal.engine.local_server.core", "areal.engine.local_server.vision"),
-        ("areal.engine.local_server.vision", "areal.engine.local_server.core"),
-    },
+    "cycle_edges": set(),
     # (file, "module.private_name") used from another module.
-    "private_names": set(),
+    "private_names": {
+        # helper "inference": the server's weight helpers
+    },
     # files longer than MAX_LINES
-    "long_modules": {
-        "areal/engine/local_server/core.py",  # helper "inference"
-        "areal/infra/workflow_executor.py",  # helper "inference"
-        "areal/trainer/rl_trainer.py",  # helper "batch"
-    },
+    "long_modules": {},
     # (file, imported areal module) inside a try whose handler catches ImportError
-    "except_importerror": {
-        ("areal/infra/workflow_executor.py", "areal.utils.stats_tracker"),  # "inference"
-    },
+    "except_importerror": {},
     # (file, call source) of getattr(<typed config>, "field", default)
     "config_getattr": {
-        # helper "weights" (moved with the FSDP engine split, not fixed yet)
+        # helper "weights"
         ("areal/engine/fsdp/engine.py", "getattr(config, 'is_critic', False)"),
         ("areal/engine/fsdp/engine.py", "getattr(config, 'temperature', 1.0)"),
         ("areal/engine/fsdp/engine.py", "getattr(self.config, 'attn_impl', 'flash_attention_2')"),
@@ -213,18 +205,29 @@ KNOWN_VIOLATIONS_TO_FIX: dict[str, set] = {
             "getattr(self.config, 'scheduling_spec', None)",
         ),
         # helper "inference"
-        # helper "inference"
-        ("areal/infra/workflow_executor.py", "getattr(cfg, 'experiment_name', None)"),
-        ("areal/infra/workflow_executor.py", "getattr(cfg, 'fileroot', None)"),
-        ("areal/infra/workflow_executor.py", "getattr(cfg, 'tokenizer_path', None)"),
-        ("areal/infra/workflow_executor.py", "getattr(cfg, 'trial_name', None)"),
-        ("areal/infra/workflow_executor.py", "getattr(config, 'check_trajectory_format', False)"),
-        ("areal/infra/workflow_executor.py", "getattr(config, 'consumer_batch_size', 1)"),
-        ("areal/infra/workflow_executor.py", "getattr(config, 'dump_to_file', False)"),
-        ("areal/infra/workflow_executor.py", "getattr(config, 'enable_rollout_tracing', False)"),
-        ("areal/infra/workflow_executor.py", "getattr(config, 'max_concurrent_rollouts', None)"),
-        ("areal/infra/workflow_executor.py", "getattr(config, 'max_head_offpolicyness', 0)"),
-        ("areal/infra/workflow_executor.py", "getattr(config, 'queue_size', None)"),
+        ("areal/infra/rollout/trajectory_dump.py", "getattr(cfg, 'experiment_name', None)"),
+        ("areal/infra/rollout/trajectory_dump.py", "getattr(cfg, 'fileroot', None)"),
+        ("areal/infra/rollout/trajectory_dump.py", "getattr(cfg, 'tokenizer_path', None)"),
+        ("areal/infra/rollout/trajectory_dump.py", "getattr(cfg, 'trial_name', None)"),
+        (
+            "areal/infra/rollout/workflow_executor.py",
+            "getattr(config, 'check_trajectory_format', False)",
+        ),
+        ("areal/infra/rollout/workflow_executor.py", "getattr(config, 'consumer_batch_size', 1)"),
+        ("areal/infra/rollout/workflow_executor.py", "getattr(config, 'dump_to_file', False)"),
+        (
+            "areal/infra/rollout/workflow_executor.py",
+            "getattr(config, 'enable_rollout_tracing', False)",
+        ),
+        (
+            "areal/infra/rollout/workflow_executor.py",
+            "getattr(config, 'max_concurrent_rollouts', None)",
+        ),
+        (
+            "areal/infra/rollout/workflow_executor.py",
+            "getattr(config, 'max_head_offpolicyness', 0)",
+        ),
+        ("areal/infra/rollout/workflow_executor.py", "getattr(config, 'queue_size', None)"),
         # helper "algos"
         ("areal/trainer/ppo/actor.py", "getattr(cfg, 'm2_threshold', None)"),
         ("areal/trainer/ppo/actor.py", "getattr(cfg, 'sapo_tau_neg', 1.05)"),
@@ -237,8 +240,6 @@ KNOWN_VIOLATIONS_TO_FIX: dict[str, set] = {
         ("areal/trainer/ppo/actor.py", "getattr(config, 'use_sapo_loss', False)"),
         # helper "batch"
         ("areal/trainer/rl_trainer.py", "getattr(config, 'cluster', None)"),
-        ("areal/trainer/rl_trainer.py", "getattr(config, 'critic', None)"),
-        ("areal/trainer/rl_trainer.py", "getattr(config, 'teacher', None)"),
         ("areal/trainer/rl_trainer.py", "getattr(config.actor, 'backend', '')"),
         ("areal/trainer/rl_trainer.py", "getattr(config.actor, 'dynamic_sampling', False)"),
         ("areal/trainer/rl_trainer.py", "getattr(config.actor, 'group_size', 1)"),

@@ -336,13 +336,9 @@ async def test_chat_and_text_completions_with_tokenizer_in_process():
     from aiohttp.test_utils import TestClient, TestServer
 
     from areal.engine.local_server.app import LocalInferenceServer
+    from areal.models.tiny import get_tiny_base_path
 
-    try:
-        from areal.models.tiny import get_tiny_base_path
-
-        path = get_tiny_base_path()
-    except (ImportError, FileNotFoundError) as e:
-        pytest.skip(f"tiny base model not available: {e}")
+    path = get_tiny_base_path()
     torch.set_num_threads(1)
     srv = LocalInferenceServer.from_pretrained(path)
     client = TestClient(TestServer(srv.build_app()))

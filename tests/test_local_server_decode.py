@@ -10,8 +10,9 @@ import pytest
 import torch
 from _hf_reference import hf_greedy, hf_logprobs, hf_model
 
-from areal.engine.local_server.core import GenerationCore, SamplingParams, _draw
+from areal.engine.local_server.core import GenerationCore, SamplingParams
 from areal.engine.local_server.decode import FastDecoder
+from areal.engine.local_server.sampling import draw
 
 
 def _run(core, jobs, timeout=180):
@@ -149,11 +150,11 @@ def test_inverse_cdf_draw_follows_probs_and_never_picks_zero_probability_tokens(
     torch.manual_seed(0)
     probs = torch.tensor([0.5, 0.0, 0.2, 0.0, 0.3])
     rows = probs.expand(40000, 5).contiguous()
-    counts = torch.bincount(_draw(rows), minlength=5).double() / rows.shape[0]
+    counts = torch.bincount(draw(rows), minlength=5).double() / rows.shape[0]
     assert counts[1] == 0 and counts[3] == 0
     torch.testing.assert_close(counts, probs.double(), atol=0.01, rtol=0)
     # unnormalised rows (masked softmax outputs) are fine as well
-    assert set(_draw(torch.tensor([[0.0, 0.0, 3.0]] * 50)).tolist()) == {2}
+    assert set(draw(torch.tensor([[0.0, 0.0, 3.0]] * 50)).tolist()) == {2}
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.3])
@@ -232,17 +233,17 @@ def test_attend_matches_plain_softmax_attention_with_padding_bias(cpu_kernel, mo
 
 
 def test_slot_chunks_cover_all_slots_and_split_where_prompts_get_much_shorter():
-    from areal.engine.local_server.core import _chunks_cost, _slot_chunks
+    from areal.engine.local_server.kv_batch import chunks_cost, slot_chunks
 
     lens = [300, 280, 0, 250, 150, 140, 60, 50, 40]
-    chunks = _slot_chunks(lens)
+    chunks = slot_chunks(lens)
     assert chunks[0][0] == 0 and chunks[-1][1] == len(lens)
     assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))  # contiguous
     for s0, s1, cols in chunks:  # every prompt fits its range's columns
         assert max(lens[s0:s1]) <= cols
-    assert len(chunks) == 3 and _chunks_cost(chunks) < len(lens) * max(lens)
-    assert _slot_chunks([5]) == [(0, 1, 5)]
-    assert len(_slot_chunks(list(range(400, 0, -10)))) <= 4  # capped
+    assert len(chunks) == 3 and chunks_cost(chunks) < len(lens) * max(lens)
+    assert slot_chunks([5]) == [(0, 1, 5)]
+    assert len(slot_chunks(list(range(400, 0, -10)))) <= 4  # capped
 
 
 def _mixed_group_jobs(seed: int, greedy: bool):

@@ -17,8 +17,6 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-pytest.importorskip("openai")
-pytest.importorskip("fastapi")
 
 ADMIN = "online-test-admin"
 

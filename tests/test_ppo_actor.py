@@ -657,13 +657,15 @@ def test_train_step_loglinear_skips_compute_logp_recompute_calls_it_once(tmp_pat
         trainer = PPOTrainer.__new__(PPOTrainer)
         trainer.config = config
         trainer.actor = Recorder(
-            compute_logp=lambda b: b["logprobs"].clone(),
+            # the step holds the batch on the workers: a ref, results stored there
+            put_batch=lambda b: Recorder(apply=[(0, 0.0, 0.0)]),
+            compute_logp=lambda b, **kw: None,
             compute_advantages=lambda b: b,
             ppo_update=[{"loss": 0.0}],
             export_stats={},
         )
         trainer.rollout = Recorder(prepare_batch=lambda *a, **k: make_batch(bs=4))
-        trainer.ref = trainer.critic = None
+        trainer.ref = trainer.critic = trainer.teacher = None
         trainer.server_watchdog = Recorder(step_stats={})
         trainer.weight_sync = Recorder()
         trainer.weight_update_meta = Recorder()

@@ -24,8 +24,6 @@ PRESETS = [
 
 
 def _load(name, monkeypatch, tmp_path):
-    if not hasattr(cli_args, "load_expr_config"):
-        pytest.skip("areal.api.cli_args.load_expr_config does not exist yet")
     monkeypatch.setenv("RANK", "1")  # do not write the resolved config
     monkeypatch.setenv("AREAL_FILEROOT", str(tmp_path))
     cls = cli_args.PPOConfig if name == "gsm8k_ppo" else cli_args.GRPOConfig

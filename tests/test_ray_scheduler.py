@@ -7,7 +7,6 @@ checks that no Ray process of ours is left. The end-to-end test runs the GRPO de
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,9 +14,8 @@ import time
 
 import psutil
 import pytest
+import ray
 import torch
-
-ray = pytest.importorskip("ray", reason="ray not installed (pip install 'ray==2.60.0')")
 
 from areal.api.scheduler_api import (  # noqa: E402
     Job,
@@ -215,10 +213,6 @@ def test_close_kills_actors_and_local_ray_no_processes_left(ray_sched):
 
 # ---------------------------------------------------------------------------- end to end
 @pytest.mark.ci_slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("areal.infra.scheduler.servers") is None,
-    reason="the trainer's inference-server launcher (areal.infra.scheduler.servers) is not there yet",
-)
 def test_gsm8k_grpo_demo_ray_scheduler_two_steps_then_no_ray_left(tmp_path):
     from slurm_fixture import demo_command
 

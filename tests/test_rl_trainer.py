@@ -62,12 +62,19 @@ def test_ppo_trainer_async_two_workers_bounded_staleness_and_synced_weights(tiny
     )
     tok = load_hf_tokenizer(cfg.tokenizer_path)
     train = get_custom_dataset("train", cfg.train_dataset, tok)
+    from areal.infra.rpc.traffic import RPC_TRAFFIC
+
     with PPOTrainer(cfg, train_dataset=train) as trainer:
+        RPC_TRAFFIC.reset()
         result = trainer.train(
             workflow="areal.workflow.rlvr.RLVRWorkflow", workflow_kwargs=_workflow_kwargs(cfg)
         )
         assert trainer.rollout.get_version() == 3
         assert trainer.actor.get_version() == 3
+        # each actor worker received its shard of the batch once per step, and holds none now
+        puts = {w: t.calls for (w, m), t in RPC_TRAFFIC.snapshot().items() if m == "store.put"}
+        assert puts == {"actor/0": 3, "actor/1": 3}
+        assert [h["n_batches"] for h in trainer.actor.stored_batches()] == [0, 0]
         log_dir = result["log_dir"]
     rows = _rows(log_dir)
     assert [r["global_step"] for r in rows] == [0, 1, 2]

@@ -67,6 +67,22 @@ def not_all_equal(group: dict) -> bool:
     return bool((r != r[0]).any())
 
 
+class CountingFilter:
+    """``not_all_equal`` that also rejects the first group it sees (so that every run takes
+    the rejection path) and counts its verdicts."""
+
+    def __init__(self):
+        self.accepted = self.rejected = 0
+
+    def __call__(self, group: dict) -> bool:
+        ok = (self.accepted + self.rejected) > 0 and not_all_equal(group)
+        if ok:
+            self.accepted += 1
+        else:
+            self.rejected += 1
+        return ok
+
+
 def _config(model_dir: str, fileroot: str, *extra: str) -> GRPOConfig:
     cfg, _ = load_expr_config(
         [
@@ -112,6 +128,7 @@ def test_areal_style_workflow_trains_in_whole_groups_with_filter(tiny_lm_dir, tm
     valid = get_custom_dataset("test", cfg.valid_dataset, tok)
     wf = ParityWorkflow(cfg.gconfig, tok)
     seen: list[dict] = []
+    flt = CountingFilter()
     with PPOTrainer(cfg, train_dataset=train, valid_dataset=valid) as trainer:
         inner = trainer.actor.compute_advantages
 
@@ -124,7 +141,7 @@ def test_areal_style_workflow_trains_in_whole_groups_with_filter(tiny_lm_dir, tm
         result = trainer.train(
             wf,
             ParityWorkflow(cfg.eval_gconfig, tok),
-            dynamic_filter_fn=not_all_equal,
+            dynamic_filter_fn=flt,
         )
         rejected = trainer.rollout.workflow_executor.rejection_reasons.get("filtered", 0)
 
@@ -145,7 +162,10 @@ def test_areal_style_workflow_trains_in_whole_groups_with_filter(tiny_lm_dir, tm
         torch.testing.assert_close(adv, expect, atol=1e-3, rtol=1e-3)
     # every call produced one trajectory; the trainer ran n per prompt
     assert wf.calls % N == 0 and wf.calls >= 2 * BS * N
-    assert rejected >= 0
+    # every group the filter rejected is counted as "filtered" (and none was trained on:
+    # the reward check above); the accepted ones filled both steps
+    assert rejected == flt.rejected >= 1
+    assert flt.accepted >= 2 * BS
     # evaluation: eval_gconfig.n_samples runs per validation prompt; the demo YAML sets
     # evaluator.eval_before_train, so the base model is evaluated first
     assert result["final_eval"]["eval/n"] == 3 * 2

@@ -347,7 +347,7 @@ def test_cycle_dataloader_restored_at_epoch_end_continues_with_next_epoch():
     epoch, not fail with 'the dataloader yielded no batch' on every relaunch."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from areal.infra.workflow_executor import _cycle
+    from areal.infra.rollout.rollout_submission import cycle_dataloader
 
     rows = [{"i": i} for i in range(8)]
     first = StatefulDataLoader(rows, batch_size=4, collate_fn=lambda b: b)
@@ -357,9 +357,9 @@ def test_cycle_dataloader_restored_at_epoch_end_continues_with_next_epoch():
     restored = StatefulDataLoader(rows, batch_size=4, collate_fn=lambda b: b)
     restored.load_state_dict(state)
 
-    cyc = _cycle(restored)
+    cyc = cycle_dataloader(restored)
     got = [next(cyc) for _ in range(2)]
 
     assert [r["i"] for b in got for r in b] == list(range(8))  # the next epoch, in full
     with pytest.raises(ValueError, match="yielded no batch"):
-        next(_cycle(StatefulDataLoader([], batch_size=4, collate_fn=lambda b: b)))
+        next(cycle_dataloader(StatefulDataLoader([], batch_size=4, collate_fn=lambda b: b)))

@@ -6,7 +6,6 @@ end-to-end test runs the GRPO demo with ``scheduler.type=slurm`` in a subprocess
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -103,10 +102,6 @@ def test_close_cancels_jobs_squeue_empty(slurm_sched, slurm_cluster):  # noqa: F
 
 # ---------------------------------------------------------------------------- end to end
 @pytest.mark.ci_slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("areal.infra.scheduler.servers") is None,
-    reason="the trainer's inference-server launcher (areal.infra.scheduler.servers) is not there yet",
-)
 def test_gsm8k_grpo_demo_slurm_scheduler_two_steps_then_squeue_empty(
     slurm_cluster,  # noqa: F811
     tmp_path,

@@ -14,9 +14,6 @@ from _local_engine import local_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-pytest.importorskip("openai")
-pytest.importorskip("fastapi")
-pytest.importorskip("agents")
 
 ADMIN = "tool-agent-test-admin"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,10 +34,7 @@ def tool_proxy():
     from areal.models import tiny_tool
     from areal.utils.hf_utils import load_hf_tokenizer
 
-    try:
-        path = tiny_tool.get_tiny_tool_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    path = tiny_tool.get_tiny_tool_path()
     with local_engine(path) as eng:
         client = ArealOpenAI(eng, load_hf_tokenizer(path), engine_max_tokens=512)
         with ProxyServer(client, admin_api_key=ADMIN) as srv:

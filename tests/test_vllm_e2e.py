@@ -42,6 +42,7 @@ def _why_skip() -> str | None:
 _SKIP = _why_skip()
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.vllm_cpu,
     pytest.mark.timeout(2400),
     pytest.mark.skipif(_SKIP is not None, reason=_SKIP or ""),
 ]

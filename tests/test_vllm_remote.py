@@ -41,7 +41,11 @@ def _vllm_unavailable() -> str | None:
 
 
 _SKIP = _vllm_unavailable()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm_cpu,
+    pytest.mark.skipif(_SKIP is not None, reason=_SKIP or ""),
+]
 
 
 def _hf_greedy(model_dir: str, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:

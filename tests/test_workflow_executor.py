@@ -8,7 +8,6 @@ import os
 import random
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -37,21 +36,9 @@ class FakeEngine:
 
 
 def make_config(**kw):
-    try:
-        from areal.api.cli_args import InferenceEngineConfig
+    from areal.api.cli_args import InferenceEngineConfig
 
-        return InferenceEngineConfig(**kw)
-    except ImportError:  # config section not written yet
-        base = dict(
-            max_concurrent_rollouts=None,
-            queue_size=None,
-            consumer_batch_size=1,
-            max_head_offpolicyness=0,
-            enable_rollout_tracing=False,
-            check_trajectory_format=False,
-        )
-        base.update(kw)
-        return SimpleNamespace(**base)
+    return InferenceEngineConfig(**kw)
 
 
 def traj(version: int, prompt_len: int, gen_len: int, reward: float = 1.0, uid: int = 0):

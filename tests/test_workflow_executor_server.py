@@ -14,9 +14,6 @@ from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
 from areal.infra.workflow_executor import WorkflowExecutor
 from areal.workflow.rlvr import RLVRWorkflow
 
-pytest.importorskip("areal.infra.remote_inf_engine", reason="RemoteInfEngine not written yet")
-pytest.importorskip("areal.engine.local_server.launch", reason="built-in server not written yet")
-
 pytestmark = [pytest.mark.slow, pytest.mark.ci_slow, pytest.mark.timeout(300)]
 
 CORPUS = ["What is 3 plus 4? The answer is 7. #### 7", "Compute 12 minus 5. #### 7"] * 20

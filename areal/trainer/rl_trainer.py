@@ -6,12 +6,25 @@ The user's script is the controller::
         trainer.train(workflow="areal.workflow.rlvr.RLVRWorkflow", workflow_kwargs=...)
 
 The trainer starts the workers named by the allocation mode through a scheduler
-(inference servers + training workers hosting ``FSDPPPOActor``), runs the rollout side
+(training workers of each role, one ``TrainController`` each, started by
+``start_train_controller``; then the inference servers), runs the rollout side
 (``RemoteInfEngine`` + ``WorkflowExecutor``) in this process, and drives each step:
 
-prepare_batch -> proximal logprobs -> reference logprobs -> values -> advantages ->
-ppo_update -> LR step -> pause rollout, push weights, bump version, resume ->
-evaluate / save / recover checkpoint / stats.
+1. ``server_watchdog.check()`` (dead servers come back) and ``weight_sync.flush()``
+   (a background weight check's verdict);
+2. rollout: ``prepare_batch`` (asynchronous) or one batch generated after the last
+   update (``_sync_rollout``); batch stats (``areal.trainer.ppo.stats``) and the
+   ``consumed.jsonl`` audit line;
+3. the training half on the workers (``areal.trainer.rl_step.train_on_batch``): the
+   batch crosses to each role's workers once; proximal logprobs, reference / teacher
+   logprobs, values, advantages, ``ppo_update``, LR step; held batches freed;
+4. ``weight_sync.sync``: pause, push weights, bump versions (rollout stays paused);
+5. the recover checkpoint, then ``rollout.resume()``;
+6. evaluation when due (``areal.utils.evaluator``: ``Evaluator`` + ``run_evaluation``),
+   ``saver.save``, ``stats_logger.commit``.
+
+Agents (``async def run(data, **extra_kwargs)``) run through the OpenAI-compatible proxy
+(``areal.experimental.openai.proxy.trainer_wiring.TrainerAgentProxy``).
 """
 
 from __future__ import annotations
@@ -27,9 +40,20 @@ from areal.api.alloc_mode import AllocationMode
 from areal.api.cli_args import PPOConfig
 from areal.api.io_struct import StepInfo, WeightUpdateMeta
 from areal.api.workflow_api import RolloutWorkflow
+from areal.experimental.openai.proxy.trainer_wiring import TrainerAgentProxy, online_dataset
+from areal.infra import workflow_context
+from areal.infra.controller.train_controller import start_train_controller
+from areal.infra.grouped_workflow import (
+    GroupedRolloutWorkflow,
+    interactions_to_tensor_dict,
+    is_interaction_dict,
+)
 from areal.trainer.common import make_scheduler, setup_run, teardown_run
+from areal.trainer.ppo.stats import batch_stats
+from areal.trainer.rl_step import PPORoles, train_on_batch
 from areal.utils import logging, stats_tracker
-from areal.utils.evaluator import Evaluator
+from areal.utils.dynamic_import import import_from_string
+from areal.utils.evaluator import Evaluator, run_evaluation
 from areal.utils.recover import RecoverHandler, RecoverInfo
 from areal.utils.saver import Saver
 from areal.utils.stats_logger import StatsLogger
@@ -76,15 +100,13 @@ class PPOTrainer:
     """Asynchronous PPO/GRPO trainer (see module docstring)."""
 
     def __init__(self, config: PPOConfig, train_dataset: Any, valid_dataset: Any = None):
-        from areal.infra.controller.train_controller import TrainController
-
         self.config = config
         self._closed = False
         limit_cpu_controller_threads(config)
         self.alloc_mode = resolve_allocation(config)
-        self._proxy = None  # the OpenAI-compatible proxy of agent workflows (started lazily)
+        self._agents: TrainerAgentProxy | None = None  # made once the rollout engine is up
         if train_dataset is None and config.rollout.agent.mode == "online":
-            train_dataset = _online_dataset(config)
+            train_dataset = online_dataset(config)
         run = setup_run(config, train_dataset, model_path=config.actor.path)
         self.log_dir, self.tokenizer = run.log_dir, run.tokenizer
         self.train_dataloader, self.ft_spec = run.train_dataloader, run.ft_spec
@@ -96,38 +118,16 @@ class PPOTrainer:
             # Training workers first, then the inference servers and the rollout client.
             # The trainer forms groups of gconfig.n_samples rows: the data-parallel split
             # keeps each group on one rank (group normalisation needs the whole group).
-            self.actor = TrainController(
-                ACTOR_ENGINE, config.actor, self.scheduler, group_size=_dispatch_group_size(config)
+            self.actor = self._start_role(
+                "actor", ACTOR_ENGINE, config.actor, group_size=_dispatch_group_size(config)
             )
-            self.actor.initialize(
-                role="actor", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec, seed=config.seed
-            )
-            self.ref = None
-            if config.ref is not None and config.actor.kl_ctl > 0:
-                self.ref = TrainController(ACTOR_ENGINE, config.ref, self.scheduler)
-                self.ref.initialize(
-                    role="ref", alloc_mode=self.alloc_mode, ft_spec=self.ft_spec, seed=config.seed
-                )
+            use_ref = config.ref is not None and config.actor.kl_ctl > 0
+            self.ref = self._start_role("ref", ACTOR_ENGINE, config.ref) if use_ref else None
             # On-policy distillation: a frozen teacher scores every trajectory.
-            self.teacher = None
-            if getattr(config, "teacher", None) is not None:
-                self.teacher = TrainController(ACTOR_ENGINE, config.teacher, self.scheduler)
-                self.teacher.initialize(
-                    role="teacher",
-                    alloc_mode=self.alloc_mode,
-                    ft_spec=self.ft_spec,
-                    seed=config.seed,
-                )
-            self.critic = None
-            if getattr(config, "critic", None) is not None:
-                self.critic = TrainController(CRITIC_ENGINE, config.critic, self.scheduler)
-                self.critic.initialize(
-                    role="critic",
-                    alloc_mode=self.alloc_mode,
-                    ft_spec=self.ft_spec,
-                    seed=config.seed,
-                )
+            self.teacher = self._start_role("teacher", ACTOR_ENGINE, config.teacher)
+            self.critic = self._start_role("critic", CRITIC_ENGINE, config.critic)
             self.rollout = self._start_rollout()
+            self._agents = TrainerAgentProxy(config.rollout, self.rollout, self.tokenizer)
             self.weight_update_meta = self._make_weight_update_meta()
             self.actor.connect_engine(self.rollout, self.weight_update_meta)
             self.weight_sync = self._make_weight_sync()
@@ -155,6 +155,21 @@ class PPOTrainer:
         self.eval_history: list[dict[str, float]] = []
 
     # ------------------------------------------------------------------ set-up
+    def _start_role(self, role: str, engine: str, role_config: Any, group_size: int | None = None):
+        """The started ``TrainController`` of ``role`` (None when ``role_config`` is None)."""
+        if role_config is None:
+            return None
+        return start_train_controller(
+            engine,
+            role_config,
+            self.scheduler,
+            role,
+            alloc_mode=self.alloc_mode,
+            ft_spec=self.ft_spec,
+            group_size=group_size,
+            seed=self.config.seed,
+        )
+
     def _start_rollout(self):
         """Start the servers of the allocation's inference backend and connect its client.
 
@@ -253,8 +268,8 @@ class PPOTrainer:
         self._closed = True
         if getattr(self, "_stop", None) is not None:
             self._stop.uninstall()
-        if getattr(self, "_proxy", None) is not None:
-            self._proxy.stop()
+        if getattr(self, "_agents", None) is not None:
+            self._agents.stop()
         teardown_run(self, ("rollout", "critic", "teacher", "ref", "actor"))
 
     # ------------------------------------------------------------------ train
@@ -292,9 +307,9 @@ class PPOTrainer:
                 "(or rollout.agent.mode='online', where external clients drive the episodes)"
             )
         # Agents (objects with `async def run(data, **extra_kwargs)`) run through the proxy.
-        workflow, workflow_kwargs = self._agent_workflow(workflow, workflow_kwargs)
+        workflow, workflow_kwargs = self._agents.wrap(workflow, workflow_kwargs)
         if eval_workflow is not None:
-            eval_workflow, eval_workflow_kwargs = self._agent_workflow(
+            eval_workflow, eval_workflow_kwargs = self._agents.wrap(
                 eval_workflow, eval_workflow_kwargs, for_eval=True
             )
         if dynamic_filter_fn is not None and should_accept_fn is not None:
@@ -481,33 +496,10 @@ class PPOTrainer:
             else:
                 batch = self._sync_rollout(workflow, workflow_kwargs, should_accept_fn, group_size)
         version = step_info.global_step
-        stats: dict[str, float] = self._batch_stats(batch, version)
+        stats: dict[str, float] = batch_stats(batch, version)
         self._log_consumed(batch, step_info.global_step)
-
-        with timed("compute_logp"):
-            # prox_logp_method='loglinear': no proximal forward pass (approximated in the loss)
-            if config.actor.should_compute_prox_logp():
-                batch["prox_logp"] = self.actor.compute_logp(batch)
-            if self.ref is not None:
-                batch["ref_logp"] = self.ref.compute_logp(batch)
-            if getattr(self, "teacher", None) is not None:
-                batch.update(self._teacher_inputs(batch))
-            if self.critic is not None:
-                batch["values"] = self.critic.compute_values(batch)
-        if "prox_logp" in batch:
-            stats.update(_consistency_stats(batch, version))
-        with timed("compute_advantages"):
-            batch = self.actor.compute_advantages(batch)
-        with timed("train_step"):
-            train_stats = self.actor.ppo_update(batch)
-            self.actor.step_lr_scheduler()
-            if self.critic is not None:
-                critic_stats = self.critic.ppo_update(batch)
-                self.critic.step_lr_scheduler()
-                train_stats = _flatten_stats(train_stats)
-                train_stats.update(
-                    {f"critic/{k}": v for k, v in _flatten_stats(critic_stats).items()}
-                )
+        roles = PPORoles(self.actor, self.ref, self.teacher, self.critic)
+        train_stats = train_on_batch(roles, batch, config, version, timed)
         with timed("update_weights"):
             # Pause -> push -> version on actor/critic/rollout -> resume generation. The
             # rollout executor stays paused until the recover checkpoint is written (train
@@ -515,7 +507,7 @@ class PPOTrainer:
             self.weight_sync.sync(version + 1, resume=False)
         self.server_watchdog.check()  # still paused: a restarted server gets the new weights
 
-        stats.update(_flatten_stats(train_stats))
+        stats.update(train_stats)
         stats.update(self.actor.export_stats())
         if self.critic is not None:
             stats.update(self.critic.export_stats())
@@ -531,16 +523,6 @@ class PPOTrainer:
         stats["perf/train_tokens_per_sec"] = n_tokens / max(train_time, 1e-9)
         stats["perf/step_tokens_per_sec"] = n_tokens / max(sum(timings.values()), 1e-9)
         return stats
-
-    def _teacher_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """``teacher_logp`` of every trajectory and the loss weights (as AReaL, per row)."""
-        t = self.config.teacher
-        bs = batch["attention_mask"].shape[0]
-        return {
-            "teacher_logp": self.teacher.compute_logp(batch),
-            "rl_loss_weight": torch.full((bs,), float(t.rl_loss_weight)),
-            "distill_loss_weight": torch.full((bs,), float(t.distill_loss_weight)),
-        }
 
     def _log_consumed(self, batch: dict[str, torch.Tensor], global_step: int) -> None:
         """Append the prompts (hashes) trained on at this step to ``consumed.jsonl``.
@@ -609,97 +591,11 @@ class PPOTrainer:
             self._sync_it = gen()
         return self._sync_it
 
-    @staticmethod
-    def _batch_stats(batch: dict[str, torch.Tensor], version: int) -> dict[str, float]:
-        """Reward, lengths and the staleness histogram of the consumed batch."""
-        stats: dict[str, float] = {}
-        rewards = batch["rewards"].float()
-        stats["batch/reward"] = float(rewards.mean())
-        stats["batch/accuracy"] = float((rewards > 0).float().mean())
-        loss_mask = batch["loss_mask"].bool()
-        gen_len = loss_mask.sum(-1).float()
-        stats["batch/gen_len"] = float(gen_len.mean())
-        seq_len = batch["attention_mask"].sum(-1).float()
-        stats["batch/seq_len"] = float(seq_len.mean())
-        stats["batch/seq_len_min"] = float(seq_len.min())
-        stats["batch/seq_len_max"] = float(seq_len.max())
-        stats["batch/n_seqs"] = float(rewards.numel())
-        versions = batch["versions"][loss_mask]
-        if versions.numel() > 0:
-            lag = (version - versions).clamp(min=0)
-            stats["staleness/max"] = float(lag.max())
-            stats["staleness/avg"] = float(lag.float().mean())
-            counts = torch.bincount(lag, minlength=1)
-            for k, c in enumerate(counts.tolist()):
-                stats[f"staleness/hist/{k}"] = c / versions.numel()
-        return stats
-
     # ------------------------------------------------------------------ agents
     @property
     def proxy_addr(self) -> str | None:
         """Base URL of the OpenAI-compatible proxy (None until an agent workflow starts it)."""
-        return None if self._proxy is None else self._proxy.base_url
-
-    def _agent_workflow(
-        self, workflow: Any, workflow_kwargs: dict[str, Any] | None, for_eval: bool = False
-    ) -> tuple[Any, dict[str, Any] | None]:
-        """Wrap an agent (``async def run(data, **extra_kwargs)``) in ``OpenAIProxyWorkflow``.
-
-        An agent is an instance, a class (instantiated with ``workflow_kwargs``) or an
-        import string of either. Rollout workflows are returned unchanged. In online mode
-        (``rollout.agent.mode='online'``) the training workflow is always the online one.
-        """
-        from areal.experimental.openai.proxy.workflow import OpenAIProxyWorkflow, is_agent
-        from areal.utils.dynamic_import import import_from_string
-
-        cfg = self.config.rollout.agent
-        online = cfg.mode == "online" and not for_eval
-        agent = None
-        if not online:
-            obj = import_from_string(workflow) if isinstance(workflow, str) else workflow
-            if not is_agent(obj):
-                return workflow, workflow_kwargs
-            agent = obj(**(workflow_kwargs or {})) if isinstance(obj, type) else obj
-        elif workflow is not None:
-            logger.warning("rollout.agent.mode='online': train(workflow=...) is ignored")
-        mode = "online" if online else ("inline" if cfg.mode == "online" else cfg.mode)
-        wf = OpenAIProxyWorkflow(
-            mode=mode,
-            agent=agent,
-            proxy_addr=self._ensure_proxy(),
-            admin_api_key=cfg.admin_api_key,
-            discount=cfg.turn_discount,
-            export_style=cfg.export_style,
-            subproc_max_workers=cfg.subproc_max_workers,
-            request_timeout=self.config.rollout.request_timeout,
-        )
-        return wf, None
-
-    def _ensure_proxy(self) -> str:
-        """Start the proxy (once) in this process, in front of the rollout engine."""
-        if self._proxy is None:
-            from areal.experimental.openai import ArealOpenAI
-            from areal.experimental.openai.proxy import ProxyServer
-
-            cfg = self.config.rollout.agent
-            client = ArealOpenAI(
-                self.rollout,
-                self.tokenizer,
-                tool_call_parser=cfg.tool_call_parser,
-                reasoning_parser=cfg.reasoning_parser,
-                engine_max_tokens=cfg.engine_max_tokens,
-                chat_template_type=cfg.chat_template_type,
-            )
-            self._proxy = ProxyServer(
-                client,
-                admin_api_key=cfg.admin_api_key,
-                host=cfg.proxy_host,
-                port=cfg.proxy_port,
-                session_timeout_seconds=cfg.session_timeout_seconds,
-                capacity_control=cfg.mode == "online",
-            ).start()
-            logger.info(f"OpenAI-compatible proxy ({cfg.mode} mode) at {self._proxy.base_url}")
-        return self._proxy.base_url
+        return None if self._agents is None else self._agents.base_url
 
     # ------------------------------------------------------------------ eval
     def _evaluate(self, eval_workflow, eval_workflow_kwargs, global_step: int) -> dict[str, float]:
@@ -708,66 +604,25 @@ class PPOTrainer:
         Runs the episodes directly (not through the WorkflowExecutor), so evaluation never
         mixes with training rollouts or counts against the staleness bound.
         """
-        import asyncio
-
-        from areal.infra import workflow_context
-        from areal.infra.grouped_workflow import (
-            GroupedRolloutWorkflow,
-            interactions_to_tensor_dict,
-            is_interaction_dict,
-        )
-
-        t0 = time.monotonic()
         # As AReaL: eval_gconfig.n_samples runs of the workflow per prompt.
         n_eval = self.config.eval_gconfig.n_samples if self.config.eval_gconfig else 1
         wf = _resolve_workflow(eval_workflow, eval_workflow_kwargs)
         if n_eval > 1:
             wf = GroupedRolloutWorkflow(wf, n_eval)
-        rows = [self.valid_dataset[i] for i in range(len(self.valid_dataset))]
-        limit = max(1, int(self.config.rollout.max_concurrent_rollouts or 64))
 
-        async def run_all():
-            sem = asyncio.Semaphore(limit)
+        async def episode(item):
+            workflow_context.set(workflow_context.WorkflowContext(is_eval=True))
+            out = await wf.arun_episode(self.rollout, item)
+            return interactions_to_tensor_dict(out) if is_interaction_dict(out) else out
 
-            async def one(item):
-                async with sem:
-                    workflow_context.set(workflow_context.WorkflowContext(is_eval=True))
-                    out = await wf.arun_episode(self.rollout, item)
-                    return interactions_to_tensor_dict(out) if is_interaction_dict(out) else out
-
-            return await asyncio.gather(*(one(x) for x in rows), return_exceptions=True)
-
-        outs = asyncio.run(run_all())
-        rewards = [o["rewards"].float().reshape(-1) for o in outs if isinstance(o, dict)]
-        n_failed = sum(isinstance(o, BaseException) for o in outs)
-        if n_failed:
-            first = next(o for o in outs if isinstance(o, BaseException))
-            logger.warning(f"{n_failed}/{len(outs)} evaluation episodes failed (first: {first!r})")
-        r = torch.cat(rewards) if rewards else torch.zeros(0)
-        res = {
-            "eval/accuracy": float((r > 0).float().mean()) if r.numel() else float("nan"),
-            "eval/reward": float(r.mean()) if r.numel() else float("nan"),
-            "eval/n": float(r.numel()),
-            "eval/n_failed": float(n_failed),
-            "time/eval": time.monotonic() - t0,
-        }
-        logger.info(
-            f"Eval at step {global_step}: accuracy {res['eval/accuracy']:.3f} over {int(res['eval/n'])} "
-            f"samples ({res['time/eval']:.1f}s)"
+        res = run_evaluation(
+            episode,
+            [self.valid_dataset[i] for i in range(len(self.valid_dataset))],
+            max_concurrent=int(self.config.rollout.max_concurrent_rollouts or 64),
+            global_step=global_step,
         )
         self.eval_history.append({"global_step": global_step, **res})
         return res
-
-
-def _online_dataset(config: PPOConfig) -> list[dict[str, Any]]:
-    """Online mode: empty rows (one per episode slot); episodes come from external clients."""
-    if config.total_train_steps is None:
-        raise ValueError(
-            "rollout.agent.mode='online' without a train_dataset needs total_train_steps"
-        )
-    epochs = max(1, int(config.total_train_epochs or 1))
-    per_epoch = max(1, -(-int(config.total_train_steps) // epochs))
-    return [{} for _ in range(per_epoch * config.train_dataset.batch_size)]
 
 
 def _dispatch_group_size(config: PPOConfig) -> int:
@@ -779,8 +634,6 @@ def _dispatch_group_size(config: PPOConfig) -> int:
 
 def _resolve_workflow(workflow: Any, kwargs: dict[str, Any] | None) -> RolloutWorkflow:
     """An instance, a class + kwargs, or an import string + kwargs."""
-    from areal.utils.dynamic_import import import_from_string
-
     if isinstance(workflow, RolloutWorkflow):
         return workflow
     if isinstance(workflow, str):
@@ -790,42 +643,3 @@ def _resolve_workflow(workflow: Any, kwargs: dict[str, Any] | None) -> RolloutWo
     raise TypeError(
         f"workflow must be a RolloutWorkflow instance, class or import string; got {workflow!r}"
     )
-
-
-def _consistency_stats(batch: dict[str, torch.Tensor], version: int) -> dict[str, float]:
-    """Server vs trainer log-probabilities on tokens generated with the current weights.
-
-    Tokens of version ``version`` were sampled by the servers with exactly the weights the
-    trainer holds now, so their behaviour logprobs must equal the recomputed ones; a gap
-    means the weight sync or the numerics of the two sides disagree.
-    """
-    fresh = batch["loss_mask"].bool() & (batch["versions"] == version)
-    n = int(fresh.sum())
-    if n == 0:
-        return {"consistency/fresh_tokens": 0.0}
-    diff = (batch["prox_logp"].float() - batch["logprobs"].float()).abs()[fresh]
-    return {
-        "consistency/fresh_tokens": float(n),
-        "consistency/logp_absdiff_max": float(diff.max()),
-        "consistency/logp_absdiff_avg": float(diff.mean()),
-    }
-
-
-def _flatten_stats(stats: Any) -> dict[str, float]:
-    """ppo_update returns a dict or a list of per-minibatch dicts: average the list."""
-    if stats is None:
-        return {}
-    if isinstance(stats, dict):
-        return {k: float(v) for k, v in stats.items() if _is_number(v)}
-    acc: dict[str, list[float]] = {}
-    for d in stats:
-        for k, v in d.items():
-            if _is_number(v):
-                acc.setdefault(k, []).append(float(v))
-    return {k: sum(v) / len(v) for k, v in acc.items()}
-
-
-def _is_number(v: Any) -> bool:
-    if isinstance(v, torch.Tensor):
-        return v.numel() == 1
-    return isinstance(v, int | float)

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
+from areal.engine.local_server.requests import RequestError
+
 
 def _request_error(msg: str) -> Exception:
-    from areal.engine.local_server.core import RequestError
-
     return RequestError(msg)
 
 

@@ -32,9 +32,18 @@ attribute access, e.g. ``actor.step_lr_scheduler()``):
   scalars, None) is taken from rank 0: engines reduce their stats across ranks.
 - Calls without a batch argument are broadcast and rank 0's result is returned.
 
+Batches held on the workers (the batch crosses once per step): ``put_batch(batch)``
+sends each worker its shard (split as above) and returns a
+:class:`~areal.infra.controller.batch_ref.BatchRef`; a call given that ref sends only a
+handle, the workers run the method on the shard they hold, a returned batch (e.g.
+``compute_advantages``) stays there (the ref is returned), and ``_store_as="key"``
+stores a result (e.g. ``compute_logp``'s) under ``key`` there instead of returning it.
+Other results merge as above. ``ref.free()`` drops it; ``stored_batches()`` says what
+each worker holds. A plain dict works as before (sliced, shipped, merged back).
+
 Reserved keyword arguments (consumed here, never forwarded): ``_group_size`` (override
 ``self.group_size`` for this call), ``_merge=False`` (return the per-rank list),
-``_timeout`` (seconds, per worker call).
+``_timeout`` (seconds, per worker call), ``_store_as`` (with a ``BatchRef``: see above).
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+import uuid
 from concurrent.futures import FIRST_EXCEPTION, Future
 from concurrent.futures import wait as wait_futures
 from typing import Any
@@ -50,6 +60,8 @@ import torch
 
 from areal.api.io_struct import FinetuneSpec, ParamSpec, SaveLoadMeta, WeightUpdateMeta
 from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, WorkerDiedError
+from areal.infra.controller.batch_ref import BatchRef
+from areal.infra.rpc.batch_store import STORE_ENGINE, StoredBatch
 from areal.infra.rpc.client import spawn_daemon
 from areal.infra.wait_log import WaitLog
 from areal.utils import logging
@@ -57,7 +69,7 @@ from areal.utils.seqpack import kk_partition, partition_spread
 
 logger = logging.getLogger("TrainController")
 
-_RESERVED = ("_group_size", "_merge", "_timeout")
+_RESERVED = ("_group_size", "_merge", "_timeout", "_store_as")
 
 
 # ---------------------------------------------------------------------------- batches
@@ -351,6 +363,7 @@ class TrainController:
         timeout: float | None = None,
         workers: list[Worker] | None = None,
         companions: list[Future] | None = None,
+        engine_name: str = "default",
     ) -> list[Any]:
         """Call ``method`` on every worker concurrently; fail fast on the first error.
 
@@ -368,7 +381,13 @@ class TrainController:
                 )
             else:
                 fut = spawn_daemon(
-                    self.scheduler.call_engine, w.id, method, *args, timeout=timeout, **kwargs
+                    self.scheduler.call_engine,
+                    w.id,
+                    method,
+                    *args,
+                    engine_name=engine_name,
+                    timeout=timeout,
+                    **kwargs,
                 )
             futs.append(fut)
         watched = futs + list(companions or [])
@@ -405,9 +424,16 @@ class TrainController:
         group_size = kwargs.pop("_group_size", None) or self.group_size
         merge = kwargs.pop("_merge", True)
         timeout = kwargs.pop("_timeout", None)
+        store_as = kwargs.pop("_store_as", None)
         if not self.workers:
             raise RuntimeError(f"TrainController.{method}: not initialized (call initialize first)")
-        batches = [a for a in list(args) + list(kwargs.values()) if is_padded_batch(a)]
+        values = list(args) + list(kwargs.values())
+        refs = [a for a in values if isinstance(a, BatchRef)]
+        if refs:
+            return self._call_on_ref(method, refs, args, kwargs, merge, timeout, store_as)
+        if store_as is not None:
+            raise ValueError(f"{method}: _store_as needs a BatchRef argument (put_batch)")
+        batches = [a for a in values if is_padded_batch(a)]
         if not batches:
             results = self._call_all(method, [(args, kwargs)] * len(self.workers), timeout=timeout)
             return results if not merge else results[0]
@@ -416,8 +442,7 @@ class TrainController:
             raise ValueError(
                 f"{method}: batch arguments have different batch sizes {sorted(sizes)}"
             )
-        packing = getattr(getattr(self.config, "mb_spec", None), "packing_algorithm", None)
-        indices = split_batch_indices(batches[0], self.dp_size, group_size, packing)
+        indices = self._split(batches[0], group_size)
         per_rank = []
         for dp in self.dp_ranks:
             idx = indices[dp]
@@ -429,10 +454,59 @@ class TrainController:
         results = self._call_all(method, per_rank, timeout=timeout)
         if not merge:
             return results
-        head_results = [r for r, head in zip(results, self.workers_is_dp_head) if head]
-        head_dp = [dp for dp, head in zip(self.dp_ranks, self.workers_is_dp_head) if head]
-        ordered = [r for _, r in sorted(zip(head_dp, head_results), key=lambda t: t[0])]
-        return merge_rank_results(ordered, indices)
+        return self.merge_results(results, indices)
+
+    def _split(self, batch: dict, group_size: int | None = None) -> list[torch.Tensor]:
+        packing = getattr(getattr(self.config, "mb_spec", None), "packing_algorithm", None)
+        return split_batch_indices(batch, self.dp_size, group_size or self.group_size, packing)
+
+    def head_results(self, results: list[Any]) -> list[Any]:
+        """One result per data-parallel rank (its head worker's), in rank order."""
+        head = [
+            (dp, r)
+            for r, dp, is_head in zip(results, self.dp_ranks, self.workers_is_dp_head)
+            if is_head
+        ]
+        return [r for _, r in sorted(head, key=lambda t: t[0])]
+
+    def merge_results(self, results: list[Any], indices: list[torch.Tensor]) -> Any:
+        """Every worker's result -> one, per-row tensors in the original order (module doc)."""
+        return merge_rank_results(self.head_results(results), indices)
+
+    # ------------------------------------------------------------------ held batches
+    def put_batch(self, batch: dict, *, _group_size: int | None = None) -> BatchRef:
+        """Send each worker its shard of ``batch`` once; the returned ref stands for it."""
+        if not self.workers:
+            raise RuntimeError("TrainController.put_batch: not initialized (call initialize first)")
+        if not is_padded_batch(batch):
+            raise ValueError("put_batch: a padded batch (dict with a 2-D attention_mask) is needed")
+        indices = self._split(batch, _group_size)
+        ref_id = f"{self.role}-{uuid.uuid4().hex[:12]}"
+        per_rank = [((ref_id, slice_batch(batch, indices[dp])), {}) for dp in self.dp_ranks]
+        self._call_all("put", per_rank, engine_name=STORE_ENGINE)
+        return BatchRef(self, ref_id, indices, int(batch["attention_mask"].shape[0]))
+
+    def stored_batches(self) -> list[dict[str, Any]]:
+        """What each worker holds now: ``{"n_batches", "bytes", "ref_ids"}`` per worker."""
+        return self._call_all("info", [((), {})] * len(self.workers), engine_name=STORE_ENGINE)
+
+    def _call_on_ref(self, method, refs, args, kwargs, merge, timeout, store_as) -> Any:
+        ref = refs[0]
+        if any(r is not ref for r in refs) or ref.controller is not self:
+            raise ValueError(
+                f"{method}: one BatchRef of this controller's workers (role {self.role!r}) "
+                f"per call; got {refs}"
+            )
+        if any(is_padded_batch(a) for a in list(args) + list(kwargs.values())):
+            raise ValueError(f"{method}: a BatchRef and a plain batch in one call")
+        handle = ref.handle(store_as)
+        args = tuple(handle if a is ref else a for a in args)
+        kwargs = {k: handle if v is ref else v for k, v in kwargs.items()}
+        results = self._call_all(method, [(args, kwargs)] * len(self.workers), timeout=timeout)
+        if not merge:
+            return results
+        merged = self.merge_results(results, ref.indices)
+        return ref if isinstance(merged, StoredBatch) else merged
 
     def __getattr__(self, name: str):
         # Only called for attributes that do not exist: forward public names as engine methods.
@@ -459,20 +533,22 @@ class TrainController:
         """Per-token outputs ``[B, T]`` in the original order."""
         return self.custom_function_call("forward_batch", input_, *args, **kwargs)
 
-    def compute_logp(self, batch: dict, *args, **kwargs) -> torch.Tensor:
+    def compute_logp(self, batch: dict | BatchRef, *args, **kwargs) -> torch.Tensor | None:
+        """``[B, T]`` logprobs; with a ``BatchRef`` and ``_store_as=key``: kept there, None."""
         return self.custom_function_call("compute_logp", batch, *args, **kwargs)
 
-    def compute_advantages(self, batch: dict, *args, **kwargs) -> dict:
+    def compute_advantages(self, batch: dict | BatchRef, *args, **kwargs) -> dict | BatchRef:
         """Split by whole groups (``group_size`` = samples per prompt) across all ranks,
         merged back into the original order.
 
+        With a ``BatchRef`` the advantages stay on the workers and the ref is returned.
         Every rank must take part: ``PPOActor.compute_advantages`` normalises at batch
         level with all-reduces over the data-parallel group, and group normalisation needs
         whole groups on one rank. Non-per-sequence entries of the result come from rank 0.
         """
         return self.custom_function_call("compute_advantages", batch, *args, **kwargs)
 
-    def ppo_update(self, batch: dict, *args, **kwargs) -> Any:
+    def ppo_update(self, batch: dict | BatchRef, *args, **kwargs) -> Any:
         """Split by tokens (whole groups); returns rank 0's list of stats."""
         return self.custom_function_call("ppo_update", batch, *args, **kwargs)
 
@@ -592,3 +668,24 @@ class TrainController:
             )
         else:
             raise ValueError(f"Unknown WeightUpdateMeta.type {meta.type!r}")
+
+
+def start_train_controller(
+    train_engine: str | type,
+    config: Any,
+    scheduler: Scheduler,
+    role: str,
+    *,
+    alloc_mode: Any = None,
+    ft_spec: FinetuneSpec | None = None,
+    group_size: int | None = None,
+    call_timeout: float | None = None,
+    **init_kwargs,
+) -> TrainController:
+    """Construct a role's ``TrainController`` and start it (``initialize``: workers,
+    engines, ``engine.initialize(..., **init_kwargs)``); a failed start leaves no worker."""
+    controller = TrainController(
+        train_engine, config, scheduler, group_size=group_size, call_timeout=call_timeout
+    )
+    controller.initialize(role=role, alloc_mode=alloc_mode, ft_spec=ft_spec, **init_kwargs)
+    return controller

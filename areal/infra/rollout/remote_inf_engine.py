@@ -31,7 +31,7 @@ What the engine does on top of the adapters:
   ``commit_weights`` makes current and ``rollback_weights`` undoes). None of them pauses
   or sets a version: ``areal.infra.weights.weight_sync.WeightSynchronizer`` does both.
 - rollout methods (``submit``/``wait``/``rollout_batch``/``prepare_batch``/``pause``/
-  ``resume``) delegate to ``self.workflow_executor`` (``areal.infra.workflow_executor``).
+  ``resume``) delegate to ``self.workflow_executor`` (``areal.infra.rollout.workflow_executor``).
 
 aiohttp sessions belong to one event loop; the engine keeps one per loop, so it can be
 used from the WorkflowExecutor's background loop and from a caller's own loop at once.
@@ -73,7 +73,7 @@ from areal.infra.rollout.remote_http import RemoteHttpMixin
 from areal.infra.rollout.remote_weights import WeightUpdateRPCMixin
 from areal.infra.rollout.server_launch import ServerLaunchMixin
 from areal.infra.rollout.server_rotation import ServerRotationMixin
-from areal.infra.workflow_executor import WorkflowExecutor
+from areal.infra.rollout.workflow_executor import WorkflowExecutor
 from areal.utils import logging, stats_tracker
 
 logger = logging.getLogger("RemoteInfEngine")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -10,7 +11,9 @@ from typing import Any
 import requests
 
 from areal.api.scheduler_api import RemoteCallError
+from areal.infra.rpc.batch_store import STORE_ENGINE
 from areal.infra.rpc.serialization import CONTENT_TYPE, deserialize, serialize
+from areal.infra.rpc.traffic import RPC_TRAFFIC
 from areal.utils.auth import auth_headers, get_run_secret
 
 
@@ -70,14 +73,24 @@ class RPCClient:
         resp.raise_for_status()
 
     def _post(self, path: str, payload: dict, what: str, timeout: float | None) -> Any:
+        t0 = time.perf_counter()
+        body = serialize(payload)
         resp = requests.post(
             f"{self.url}{path}",
-            data=serialize(payload),
+            data=body,
             headers={"Content-Type": CONTENT_TYPE, **self._headers},
             timeout=(self.connect_timeout, timeout),
         )
         if resp.headers.get("Content-Type", "").startswith(CONTENT_TYPE):
             out = deserialize(resp.content)
+            RPC_TRAFFIC.record(
+                self.worker_id,
+                what,
+                len(body),
+                len(resp.content),
+                time.perf_counter() - t0,
+                float(out.get("exec_s", 0.0)) if isinstance(out, dict) else 0.0,
+            )
         else:
             raise RuntimeError(
                 f"Worker {self.worker_id} answered {what} with HTTP {resp.status_code}: {resp.text[:2000]}"
@@ -113,4 +126,5 @@ class RPCClient:
         **kwargs,
     ) -> Any:
         payload = {"method": method, "args": args, "kwargs": kwargs, "engine_name": engine_name}
-        return self._post("/call", payload, method, timeout)
+        what = method if engine_name != STORE_ENGINE else f"store.{method}"
+        return self._post("/call", payload, what, timeout)

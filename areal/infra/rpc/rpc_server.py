@@ -15,7 +15,12 @@ refuses to start without a secret unless ``--insecure-no-auth`` is given.
 - ``POST /call`` ``{"method", "args", "kwargs", "engine_name"}`` runs
   ``engine.method(*args, **kwargs)`` (or reads a non-callable attribute) and returns ``{"ok": True, "result": ...}``, or
   ``{"ok": False, "error_type", "error", "traceback"}`` with HTTP 500 when the engine
-  (its method or constructor) raised.
+  (its method or constructor) raised. Successful calls also carry ``exec_s``, the
+  seconds the engine method ran (the client's traffic counters subtract it from the
+  call's wall time, ``areal.infra.rpc.traffic``).
+  Batches held between calls: ``engine_name="__batch_store__"`` addresses the worker's
+  ``BatchStore`` (put/update/fetch/apply/free/info), and ``StoredBatch`` handles among a
+  call's arguments stand for the batches it holds (``areal.infra.rpc.batch_store``).
 - ``POST /set_env`` JSON ``{"env": {...}}`` updates ``os.environ``.
 
 Client errors never give a 5xx: a body that is not a pickled dict of the right shape
@@ -52,6 +57,7 @@ from typing import Any
 
 from aiohttp import web
 
+from areal.infra.rpc.batch_store import STORE_ENGINE, BatchStore
 from areal.infra.rpc.serialization import CONTENT_TYPE, deserialize, serialize
 from areal.utils import auth, logging
 
@@ -133,6 +139,7 @@ class EngineHost:
         self.engines: dict[str, Any] = {}
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.busy = 0
+        self.store = BatchStore()
 
     def _create(self, payload: dict) -> dict:
         name = _name(payload, "engine_name", "default")
@@ -154,14 +161,20 @@ class EngineHost:
     def _call(self, payload: dict) -> dict:
         name = _name(payload, "engine_name", "default")
         method = _name(payload, "method")
-        if name not in self.engines:
+        args, kwargs = payload.get("args", ()), payload.get("kwargs", {})
+        if name == STORE_ENGINE:
+            target = self.store
+        elif name not in self.engines:
             raise _NotFound(
                 f"No engine named {name!r} in this worker (create_engine first); have {sorted(self.engines)}",
                 "KeyError",
             )
-        args, kwargs = payload.get("args", ()), payload.get("kwargs", {})
+        else:
+            target = self.engines[name]
+        if method.startswith("_") and target is self.store:
+            raise _NotFound(f"BatchStore has no public method {method!r}", "AttributeError")
         try:
-            attr = getattr(self.engines[name], method)
+            attr = getattr(target, method)
         except AttributeError as e:
             raise _NotFound(str(e), "AttributeError") from None
         if not callable(attr):  # a property/attribute such as ``data_parallel_rank``
@@ -171,7 +184,14 @@ class EngineHost:
                 )
             return {"ok": True, "result": attr}
         _check_arguments(attr, args, kwargs, method)
-        return {"ok": True, "result": attr(*args, **kwargs)}
+        handle = None
+        if target is not self.store:
+            args, kwargs, handle = self.store.resolve_args(args, kwargs)
+        t0 = time.perf_counter()
+        result = attr(*args, **kwargs)
+        if handle is not None:
+            result = self.store.keep_result(handle, result)
+        return {"ok": True, "result": result, "exec_s": time.perf_counter() - t0}
 
     def run(self, kind: str, body: bytes) -> tuple[int, bytes]:
         """Runs on the engine thread: decode, execute, encode (errors become payloads)."""
@@ -259,11 +279,11 @@ def build_app(host: EngineHost, secret: Any = _FROM_ENV) -> web.Application:
     async def set_env(request: web.Request) -> web.Response:
         try:
             data = await request.json()
-            if not isinstance(data, dict) or not isinstance(data.get("env", {}), dict):
+            if not isinstance(data, dict) or not isinstance(data.get("env"), dict):
                 raise ValueError('expected {"env": {name: value}}')
         except ValueError as e:  # JSONDecodeError is a ValueError
             return web.json_response({"ok": False, "error": f"bad request: {e}"}, status=400)
-        env = {str(k): str(v) for k, v in data.get("env", {}).items()}
+        env = {str(k): str(v) for k, v in data["env"].items()}
         bad = [k for k, v in env.items() if not k or "=" in k or "\0" in k or "\0" in v]
         if bad:  # os.environ would raise on these
             return web.json_response(

@@ -1,0 +1,114 @@
+"""A trainer's agent wiring: agents become rollout workflows through one proxy.
+
+``PPOTrainer`` owns one :class:`TrainerAgentProxy`. ``wrap(workflow, kwargs)`` returns
+rollout workflows unchanged and wraps an agent (an object, class or import string with
+``async def run(data, **extra_kwargs)``) in an :class:`OpenAIProxyWorkflow` that talks to
+the proxy; the proxy (:class:`ProxyServer`, in front of an :class:`ArealOpenAI` client of
+the rollout engine) is started on first use, in the trainer's process, and stopped by
+``stop()``. In online mode (``rollout.agent.mode='online'``) the training workflow is
+always the online one, and ``online_dataset`` gives the empty rows that stand for the
+episode slots external clients fill.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from areal.experimental.openai.proxy.workflow import OpenAIProxyWorkflow, is_agent
+from areal.utils import logging
+from areal.utils.dynamic_import import import_from_string
+
+logger = logging.getLogger("TrainerAgentProxy")
+
+
+def online_dataset(config: Any) -> list[dict[str, Any]]:
+    """Online mode: empty rows (one per episode slot); episodes come from external clients.
+
+    ``config``: the ``PPOConfig`` (``total_train_steps``, ``total_train_epochs``,
+    ``train_dataset.batch_size``)."""
+    if config.total_train_steps is None:
+        raise ValueError(
+            "rollout.agent.mode='online' without a train_dataset needs total_train_steps"
+        )
+    epochs = max(1, int(config.total_train_epochs or 1))
+    per_epoch = max(1, -(-int(config.total_train_steps) // epochs))
+    return [{} for _ in range(per_epoch * config.train_dataset.batch_size)]
+
+
+class TrainerAgentProxy:
+    """The proxy of one trainer's agent workflows (module doc).
+
+    ``rollout_config``: the trainer's ``InferenceEngineConfig`` (``agent`` settings,
+    ``request_timeout``); ``rollout``: the inference engine the proxy's client generates
+    with; ``tokenizer``: its tokenizer."""
+
+    def __init__(self, rollout_config: Any, rollout: Any, tokenizer: Any):
+        self.rollout_config = rollout_config
+        self.rollout = rollout
+        self.tokenizer = tokenizer
+        self.server: Any = None
+
+    @property
+    def base_url(self) -> str | None:
+        """The proxy's base URL (None until an agent workflow starts it)."""
+        return None if self.server is None else self.server.base_url
+
+    def wrap(
+        self, workflow: Any, workflow_kwargs: dict[str, Any] | None, for_eval: bool = False
+    ) -> tuple[Any, dict[str, Any] | None]:
+        """``(workflow, kwargs)`` to run: an agent wrapped in ``OpenAIProxyWorkflow`` (the
+        agent class instantiated with ``workflow_kwargs``), anything else unchanged."""
+        cfg = self.rollout_config.agent
+        online = cfg.mode == "online" and not for_eval
+        agent = None
+        if not online:
+            obj = import_from_string(workflow) if isinstance(workflow, str) else workflow
+            if not is_agent(obj):
+                return workflow, workflow_kwargs
+            agent = obj(**(workflow_kwargs or {})) if isinstance(obj, type) else obj
+        elif workflow is not None:
+            logger.warning("rollout.agent.mode='online': train(workflow=...) is ignored")
+        mode = "online" if online else ("inline" if cfg.mode == "online" else cfg.mode)
+        wf = OpenAIProxyWorkflow(
+            mode=mode,
+            agent=agent,
+            proxy_addr=self.ensure_started(),
+            admin_api_key=cfg.admin_api_key,
+            discount=cfg.turn_discount,
+            export_style=cfg.export_style,
+            subproc_max_workers=cfg.subproc_max_workers,
+            request_timeout=self.rollout_config.request_timeout,
+        )
+        return wf, None
+
+    def ensure_started(self) -> str:
+        """Start the proxy (once) in this process, in front of the rollout engine."""
+        if self.server is None:
+            # the OpenAI SDK and FastAPI/uvicorn: heavy, only for agent runs
+            from areal.experimental.openai.client import ArealOpenAI
+            from areal.experimental.openai.proxy.server import ProxyServer
+
+            cfg = self.rollout_config.agent
+            client = ArealOpenAI(
+                self.rollout,
+                self.tokenizer,
+                tool_call_parser=cfg.tool_call_parser,
+                reasoning_parser=cfg.reasoning_parser,
+                engine_max_tokens=cfg.engine_max_tokens,
+                chat_template_type=cfg.chat_template_type,
+            )
+            self.server = ProxyServer(
+                client,
+                admin_api_key=cfg.admin_api_key,
+                host=cfg.proxy_host,
+                port=cfg.proxy_port,
+                session_timeout_seconds=cfg.session_timeout_seconds,
+                capacity_control=cfg.mode == "online",
+            ).start()
+            logger.info(f"OpenAI-compatible proxy ({cfg.mode} mode) at {self.server.base_url}")
+        return self.server.base_url
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None

@@ -1,0 +1,75 @@
+"""Run an example script with its training rewards replaced: the claims' controls.
+
+    python benchmarks/claims/reward_control.py --rewards shuffled SCRIPT [ARGS...]
+    python benchmarks/claims/reward_control.py --rewards constant SCRIPT [ARGS...]
+
+What happens, in order:
+
+1. ``PPOTrainer.__enter__`` is wrapped so that, once the trainer is built, its
+   ``actor.compute_advantages`` permutes (``shuffled``) or replaces by a constant
+   (``constant``) the reward of every training batch before the advantages are computed
+   (the same hook as ``examples/vlm/clevr_count_grpo.py --shuffle-rewards``).
+2. ``SCRIPT`` runs unchanged as ``__main__`` with ``ARGS`` (``runpy``): its config, its
+   datasets, its evaluation (always scored against the true answers).
+
+``shuffled`` keeps each batch's reward rate and removes the link between a completion and
+its reward, so whatever the held-out accuracy does then is drift, not learning.
+``constant`` (every reward 1.0) gives every group zero advantage: the deliberate break
+that ``tools/claims.py --break demo`` uses to show the claims fail without a signal.
+"""
+
+import argparse
+import runpy
+import sys
+
+import torch
+
+from areal import PPOTrainer
+
+
+class RewardOverride:
+    """Wraps ``compute_advantages``: each batch's ``rewards`` are permuted or made constant."""
+
+    def __init__(self, compute_advantages, mode: str, seed: int):
+        self.compute_advantages = compute_advantages
+        self.mode = mode
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, batch: dict, *args, **kwargs) -> dict:
+        rewards = batch["rewards"]
+        if self.mode == "shuffled":
+            perm = torch.randperm(rewards.shape[0], generator=self.generator)
+            rewards = rewards[perm]
+        else:
+            rewards = torch.ones_like(rewards)
+        return self.compute_advantages({**batch, "rewards": rewards}, *args, **kwargs)
+
+
+def install(mode: str) -> None:
+    """Make every ``PPOTrainer`` built from now on train on ``mode`` rewards."""
+    enter = PPOTrainer.__enter__
+
+    def entered(trainer):
+        trainer = enter(trainer)
+        trainer.actor.compute_advantages = RewardOverride(
+            trainer.actor.compute_advantages, mode, seed=trainer.config.seed
+        )
+        return trainer
+
+    PPOTrainer.__enter__ = entered
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rewards", choices=("shuffled", "constant"), required=True)
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+    install(ns.rewards)
+    print(f"training rewards: {ns.rewards.upper()} (control)", flush=True)
+    sys.argv = [ns.script, *ns.args]
+    runpy.run_path(ns.script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

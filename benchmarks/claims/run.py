@@ -1,0 +1,283 @@
+"""`make claims`: re-measure every learning figure README.md and docs/ state, briefly.
+
+    python benchmarks/claims/run.py                       # all claims, table + JSON
+    python benchmarks/claims/run.py --only demo,dpo       # some of them
+    python benchmarks/claims/run.py --break demo          # the demo trained on a constant
+                                                          # reward: must fail
+    python benchmarks/claims/run.py --write-docs          # also docs/claims.json + README
+
+What happens, in order:
+
+1. For every claim of ``benchmarks/claims/table.py`` (or ``--only``), its run and then each
+   of its controls run as subprocesses: the example script itself with its YAML, a step
+   count and its own output folder (``OUT/<claim>/<run>/``; ``OUT`` is ``--out``, default
+   ``outputs/claims``; deleted first so that nothing resumes), the controls through the
+   script's own control flag or ``benchmarks/claims/reward_control.py``. Each run's output
+   goes to ``OUT/logs/<claim>-<run>.log``; its wall and CPU time (the whole process tree,
+   from ``os.wait4``) are recorded.
+2. The printed before/after figures are parsed; a claim passes when its run reaches the
+   threshold and every control stays below it.
+3. The table (claim, steps, before, measured, threshold, controls, pass, times) is printed
+   and written to ``OUT/claims.json`` (``--json``); with ``--write-docs`` also to
+   ``docs/claims.json`` and into README.md's claims section (``tools/render_claims.py``).
+4. Exit status 1 when any claim misses its threshold, any control reaches it, or a run
+   fails to print its figure.
+
+``--jobs 2`` (the default) runs two claims side by side, one per core (each claim's own
+runs one after the other). Every run is sized by training steps, so load changes its
+wall time but not its length; what it does change, in the asynchronous runs, is how stale
+the rollouts of each step are (bounded by the YAML's ``max_head_offpolicyness``), so the
+figures are seeded but not bit-for-bit reproducible, in parallel or not; the thresholds
+leave room for that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "tools"))
+
+import render_claims  # noqa: E402
+from table import BY_NAME, CLAIMS, CONTROL_SCRIPT, Claim, Control  # noqa: E402
+
+OUT = ROOT / "outputs" / "claims"
+RUN_TIMEOUT_S = 900
+
+
+def run_one(claim: Claim, label: str, control: Control | None, broken: bool, out: Path) -> dict:
+    """One subprocess run: its parsed figures, wall and CPU seconds, exit status."""
+    slug = "".join(ch if ch.isalnum() else "-" for ch in label).strip("-")
+    run_dir = out / claim.name / slug
+    shutil.rmtree(run_dir, ignore_errors=True)
+    argv = claim.argv(str(run_dir), trial=slug)
+    if control is not None and control.kind == "args":
+        argv += list(control.value)
+    if control is not None and control.kind == "wrap":
+        argv = [CONTROL_SCRIPT, "--rewards", control.value[0], *argv]
+    if broken:
+        argv = [CONTROL_SCRIPT, "--rewards", "constant", *argv]
+    cmd = [sys.executable, *argv]
+    log_path = out / "logs" / f"{claim.name}-{slug}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        deadline = t0 + RUN_TIMEOUT_S
+        status, usage = 0, None
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                os.killpg(proc.pid, signal.SIGTERM)
+                time.sleep(10)
+                os.killpg(proc.pid, signal.SIGKILL)
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.5)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.monotonic() - t0
+    out = log_path.read_text()
+    before, after = claim.parse(out)
+    return {
+        "run": label,
+        "command": " ".join(["python", *argv]),
+        "before": before,
+        "measured": after,
+        "exit_code": proc.returncode,
+        "wall_s": round(wall, 1),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 1) if usage else None,
+        "log": os.path.relpath(log_path, ROOT),
+    }
+
+
+def check(claim: Claim, broken: bool, out: Path, runs: str = "all") -> dict:
+    """The claim's run, then its controls (none when ``broken``: that run must fail alone)."""
+    label = "constant reward, broken on purpose" if broken else "true rewards"
+    main = {"run": label, "before": None, "measured": None, "wall_s": 0.0, "cpu_s": 0.0}
+    if runs != "controls":
+        main = run_one(claim, label, None, broken, out)
+        print(_progress(claim, main), flush=True)
+    controls = []
+    for control in claim.controls if runs != "main" and not broken else ():
+        res = run_one(claim, control.name, control, False, out)
+        print(_progress(claim, res), flush=True)
+        controls.append(res)
+    row = {
+        "claim": claim.name,
+        "stated": claim.stated,
+        "reproduce": claim.reproduce,
+        "metric": claim.metric,
+        "steps": claim.steps,
+        "before": main["before"],
+        "measured": main["measured"],
+        "threshold": claim.threshold,
+        "controls": [{"name": c["run"], "measured": c["measured"]} for c in controls],
+        "pass": None,
+        "wall_s": round(main["wall_s"] + sum(c["wall_s"] for c in controls), 1),
+        "cpu_s": round(sum(r["cpu_s"] or 0.0 for r in [main, *controls]), 1),
+        "runs": [main, *controls],
+    }
+    return judge(row, claim)
+
+
+def judge(row: dict, claim: Claim) -> dict:
+    """``row`` with the claim's threshold and ``pass``: reached by the run, not by a control."""
+    ok = row["measured"] is not None and row["measured"] >= claim.threshold
+    ok = ok and all(
+        c["measured"] is not None and c["measured"] < claim.threshold for c in row["controls"]
+    )
+    return {**row, "threshold": claim.threshold, "pass": ok}
+
+
+def rejudge(path: str) -> dict:
+    """A recorded report with the table's current thresholds applied (no run)."""
+    report = json.loads(Path(path).read_text())
+    report["claims"] = [judge(r, BY_NAME[r["claim"]]) for r in report["claims"]]
+    report["passed"] = all(r["pass"] for r in report["claims"])
+    return report
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _progress(claim: Claim, r: dict) -> str:
+    return (
+        f"  {claim.name:<13} {r['run']:<26} before {_pct(r['before']):>6} "
+        f"after {_pct(r['measured']):>6}  exit {r['exit_code']}  "
+        f"wall {r['wall_s']:.0f} s  cpu {r['cpu_s']} s  ({r['log']})"
+    )
+
+
+def print_table(rows: list[dict]) -> None:
+    head = f"{'claim':<13} {'steps':>5} {'before':>7} {'measured':>8} {'threshold':>9}  "
+    head += f"{'controls (must stay below)':<40} {'pass':<4} {'wall':>6} {'cpu':>6}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        ctl = ", ".join(f"{c['name']} {_pct(c['measured'])}" for c in r["controls"]) or "-"
+        print(
+            f"{r['claim']:<13} {r['steps']:>5} {_pct(r['before']):>7} {_pct(r['measured']):>8} "
+            f"{'>= ' + _pct(r['threshold']):>9}  {ctl:<40} {'yes' if r['pass'] else 'NO':<4} "
+            f"{r['wall_s']:>5.0f}s {r['cpu_s']:>5.0f}s"
+        )
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="", help="comma-separated claim names")
+    parser.add_argument(
+        "--break",
+        dest="broken",
+        default="",
+        help="comma-separated claim names trained on a constant reward (must then fail)",
+    )
+    parser.add_argument(
+        "--out", default=str(OUT), help="run folders and logs (one invocation at a time each)"
+    )
+    parser.add_argument("--json", default=None, help="default: OUT/claims.json")
+    parser.add_argument(
+        "--jobs", type=int, default=2, help="claims run side by side (their runs one by one)"
+    )
+    parser.add_argument(
+        "--write-docs", action="store_true", help="also write docs/claims.json and README.md"
+    )
+    parser.add_argument(
+        "--runs",
+        choices=("all", "main", "controls"),
+        default="all",
+        help="calibration: only the claims' own runs, or only their controls",
+    )
+    parser.add_argument(
+        "--run-timeout", type=float, default=900.0, help="seconds before a run is killed"
+    )
+    parser.add_argument(
+        "--rejudge",
+        metavar="JSON",
+        help="no runs: apply the current thresholds to a recorded report (e.g. after "
+        "changing one), then print / write it as a run would",
+    )
+    ns = parser.parse_args(argv)
+    out = Path(ns.out).resolve()
+    ns.json = ns.json or str(out / "claims.json")
+    names = [n for n in ns.only.split(",") if n] or [c.name for c in CLAIMS]
+    broken = {n for n in ns.broken.split(",") if n}
+    if ns.write_docs and (ns.only or broken or ns.runs != "all"):
+        parser.error("--write-docs records a full run: not with --only, --break, --runs")
+    global RUN_TIMEOUT_S
+    RUN_TIMEOUT_S = ns.run_timeout
+    unknown = [n for n in [*names, *broken] if n not in BY_NAME]
+    if unknown:
+        parser.error(f"unknown claims {unknown}; known: {sorted(BY_NAME)}")
+    if ns.rejudge:
+        return finish(rejudge(ns.rejudge), ns.rejudge, ns.write_docs)
+    t0, c0 = time.monotonic(), os.times()
+    # the claims with the most runs start first, so that none of them is left to run alone
+    order = sorted(names, key=lambda n: -len(BY_NAME[n].controls))
+    with ThreadPoolExecutor(max_workers=ns.jobs) as pool:
+        done = dict(
+            zip(
+                order,
+                pool.map(lambda n: check(BY_NAME[n], n in broken, out, ns.runs), order),
+            )
+        )
+    rows = [done[n] for n in names]
+    c1 = os.times()
+    report = {
+        "command": "make claims",
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "load_average_end": [round(x, 1) for x in os.getloadavg()],
+        "wall_s": round(time.monotonic() - t0, 1),
+        "cpu_s": round(
+            c1.children_user + c1.children_system - c0.children_user - c0.children_system, 1
+        ),
+        "passed": all(r["pass"] for r in rows),
+        "jobs": ns.jobs,
+        "broken": sorted(broken),
+        "claims": rows,
+    }
+    return finish(report, ns.json, ns.write_docs)
+
+
+def finish(report: dict, json_path: str, write_docs: bool) -> int:
+    """Print the table, write the JSON (and docs), return the exit status."""
+    rows = report["claims"]
+    print()
+    print_table(rows)
+    print(
+        f"\nall claims: wall {report['wall_s']:.0f} s, CPU {report['cpu_s']:.0f} s "
+        f"(load average at the end {report['load_average_end']})"
+    )
+    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"JSON: {json_path}")
+    if write_docs:
+        (ROOT / "docs" / "claims.json").write_text(json.dumps(report, indent=2) + "\n")
+        render_claims.write_readme(ROOT / "README.md", report)
+        print("wrote docs/claims.json and README.md's claims section")
+    if not report["passed"]:
+        print("make claims: FAILED: " + ", ".join(r["claim"] for r in rows if not r["pass"]))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

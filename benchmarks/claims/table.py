@@ -1,0 +1,246 @@
+"""The learning claims that README.md and docs/ state, as short seeded runs with thresholds.
+
+Each :class:`Claim` names the figure as the README states it (the longer benchmark run),
+the real entry point that produced it (an example script + its YAML, with overrides that
+only shorten the run and give it its own output folder), the metric its output prints,
+the threshold the short run must reach and the controls that must stay below it.
+
+Runs are sized by training steps (never by seconds), so what they measure does not depend
+on the machine's load. Thresholds were chosen from the measured short-run figures with a
+margin (see ``docs/claims.json`` for the last measurement and the README's "Learning
+claims" section); a control's ceiling is the same threshold: a control that reaches it
+learnt without the reward signal, which means the claim's run does not show what it says.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+# Controls: how a control run differs from the claim's run.
+#   ("wrap", MODE)   benchmarks/claims/reward_control.py --rewards MODE SCRIPT ...
+#                    (each training batch's rewards permuted / made constant)
+#   ("args", [...])  extra arguments of the example script itself (its own control flag)
+CONTROL_SCRIPT = "benchmarks/claims/reward_control.py"
+
+
+@dataclass(frozen=True)
+class Control:
+    name: str  # e.g. "shuffled rewards"
+    kind: str  # "wrap" or "args"
+    value: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    stated: str  # the figure as README.md / docs state it (the longer run)
+    reproduce: str  # the command of the longer run
+    script: str
+    config: str
+    steps: int
+    overrides: tuple[str, ...]
+    metric: str  # what `measured` is
+    parse: Callable[[str], tuple[float | None, float | None]]
+    threshold: float
+    controls: tuple[Control, ...] = field(default=())
+    rl_overrides: bool = True  # the PPOTrainer overrides below apply
+
+    def argv(self, run_dir: str, trial: str) -> list[str]:
+        """The example script's arguments for a run writing under ``run_dir``."""
+        common = [f"total_train_steps={self.steps}", f"cluster.fileroot={run_dir}"]
+        common.append(f"trial_name={trial}")
+        if self.rl_overrides:
+            # one evaluation before and one at the end; no resume from an earlier run
+            common += [f"evaluator.freq_steps={self.steps}", "recover.mode=disabled"]
+            common += ["saver.freq_steps=null"]
+        return [self.script, "--config", self.config, *common, *self.overrides]
+
+
+# ----------------------------------------------------------------------------- parsers
+_FLOAT = r"([0-9]*\.[0-9]+)"
+
+
+def before_after(before_re: str, after_re: str) -> Callable[[str], tuple]:
+    def parse(out: str) -> tuple[float | None, float | None]:
+        b = re.findall(before_re + r"\s*" + _FLOAT, out)
+        a = re.findall(after_re + r"\s*" + _FLOAT, out)
+        return (float(b[-1]) if b else None, float(a[-1]) if a else None)
+
+    return parse
+
+
+def json_line(key: str) -> Callable[[str], tuple]:
+    """The alignment scripts print one JSON line with ``heldout_before`` / ``heldout_after``."""
+
+    def parse(out: str) -> tuple[float | None, float | None]:
+        for line in reversed(out.splitlines()):
+            if line.startswith("{") and "heldout_after" in line:
+                d = json.loads(line)
+                return d["heldout_before"].get(key), d["heldout_after"].get(key)
+        return None, None
+
+    return parse
+
+
+def tool_metric(key: str) -> Callable[[str], tuple]:
+    """``tool_agent.py`` prints ``  KEY   before 0.363  after 0.570`` per metric."""
+
+    def parse(out: str) -> tuple[float | None, float | None]:
+        m = re.findall(rf"^\s+{key}\s+before\s+(\S+)\s+after\s+{_FLOAT}", out, re.M)
+        if not m:
+            return None, None
+        b, a = m[-1]
+        return (None if b == "-" else float(b)), float(a)
+
+    return parse
+
+
+ACCURACY = before_after(r"held-out accuracy before RL:", r"held-out accuracy after  RL:")
+AGENT_ACCURACY = before_after(
+    r"held-out greedy accuracy before RL:", r"held-out greedy accuracy after  RL:"
+)
+MT_SUCCESS = before_after(
+    r"held-out success within \d+ turns before RL:", r"held-out success within \d+ turns after  RL:"
+)
+
+SHUFFLED = Control("shuffled rewards", "wrap", ("shuffled",))
+
+# ----------------------------------------------------------------------------- claims
+CLAIMS: tuple[Claim, ...] = (
+    Claim(
+        name="demo",
+        stated="GRPO on tiny-base, held-out greedy 23.2% -> 97-98% (100 steps)",
+        reproduce="make demo",
+        script="examples/math/gsm8k_rl.py",
+        config="examples/math/gsm8k_grpo_cpu.yaml",
+        steps=15,
+        overrides=(),
+        metric="held-out greedy accuracy (512)",
+        parse=ACCURACY,
+        threshold=0.70,
+        controls=(SHUFFLED,),
+    ),
+    Claim(
+        name="proxy-agent",
+        stated="openai-SDK agent through the proxy, 23.2% -> 94.7% (600 s; shuffled 35.9%)",
+        reproduce="python examples/agent_workflow/math_agent.py "
+        "--config examples/agent_workflow/agent_grpo_cpu.yaml",
+        script="examples/agent_workflow/math_agent.py",
+        config="examples/agent_workflow/agent_grpo_cpu.yaml",
+        steps=10,
+        overrides=(),
+        metric="held-out greedy accuracy (512)",
+        parse=AGENT_ACCURACY,
+        threshold=0.60,
+        controls=(Control("shuffled rewards", "args", ("+shuffle_rewards=true",)),),
+    ),
+    Claim(
+        name="dpo",
+        stated="DPO preference accuracy 23.8% -> 98.0% (60 steps)",
+        reproduce="python examples/alignment/dpo.py --config examples/alignment/dpo_cpu.yaml",
+        script="examples/alignment/dpo.py",
+        config="examples/alignment/dpo_cpu.yaml",
+        steps=15,
+        overrides=(),
+        metric="held-out preference accuracy (256 pairs)",
+        parse=json_line("preference_accuracy"),
+        threshold=0.80,
+        rl_overrides=False,
+    ),
+    Claim(
+        name="rw",
+        stated="reward model pair accuracy 47.3% -> 93.4% (150 steps)",
+        reproduce="python examples/alignment/rw.py --config examples/alignment/rw_cpu.yaml",
+        script="examples/alignment/rw.py",
+        config="examples/alignment/rw_cpu.yaml",
+        steps=100,
+        overrides=(),
+        metric="held-out pair accuracy (256 pairs)",
+        parse=json_line("accuracy"),
+        threshold=0.75,
+        rl_overrides=False,
+    ),
+    Claim(
+        name="distillation",
+        stated="pure on-policy distillation from teacher-rl40, greedy 23.2% -> 92.0% (30 steps)",
+        reproduce="python examples/math/gsm8k_rl.py "
+        "--config examples/distillation/gsm8k_grpo_distill_cpu.yaml",
+        script="examples/math/gsm8k_rl.py",
+        config="examples/distillation/gsm8k_grpo_distill_cpu.yaml",
+        steps=12,
+        overrides=(),
+        metric="held-out greedy accuracy (512)",
+        parse=ACCURACY,
+        threshold=0.70,
+        # the control distils from the base itself: nothing to learn from the teacher
+        controls=(
+            Control("teacher = base", "args", ("teacher.path=areal/models/assets/tiny-base",)),
+        ),
+    ),
+    Claim(
+        name="lora",
+        stated="GRPO with a LoRA adapter, greedy 23.2% -> 92.8% (30 steps)",
+        reproduce="python examples/math/gsm8k_rl.py --config examples/math/gsm8k_grpo_lora.yaml",
+        script="examples/math/gsm8k_rl.py",
+        config="examples/math/gsm8k_grpo_lora.yaml",
+        steps=12,
+        overrides=(),
+        metric="held-out greedy accuracy (512)",
+        parse=ACCURACY,
+        threshold=0.70,
+        controls=(SHUFFLED,),
+    ),
+    Claim(
+        name="vlm",
+        stated="tiny-vlm CLEVR counting, greedy 0% -> 100% (60 steps; shuffled/random 0%)",
+        reproduce="python examples/vlm/clevr_count_grpo.py "
+        "--config examples/vlm/clevr_count_grpo_cpu.yaml",
+        script="examples/vlm/clevr_count_grpo.py",
+        config="examples/vlm/clevr_count_grpo_cpu.yaml",
+        steps=25,
+        overrides=(),
+        metric="held-out greedy accuracy (256 scenes)",
+        parse=ACCURACY,
+        threshold=0.10,
+        controls=(
+            Control("shuffled rewards", "args", ("--shuffle-rewards",)),
+            Control("random rewards", "args", ("--random-rewards",)),
+        ),
+    ),
+    Claim(
+        name="multi-turn",
+        stated="MultiTurnWorkflow, success within 2 turns 31.2% -> 67.2% (15 steps, 64 problems)",
+        reproduce="python examples/multi_turn_math/gsm8k_rl_mt.py "
+        "--config examples/multi_turn_math/gsm8k_grpo_mt_cpu.yaml total_train_steps=15 "
+        "train_dataset.batch_size=8 rollout.max_concurrent_rollouts=16 "
+        "'valid_dataset.path=synthetic://arith?digits=1&steps=2&n=64&seed=12345'",
+        script="examples/multi_turn_math/gsm8k_rl_mt.py",
+        config="examples/multi_turn_math/gsm8k_grpo_mt_cpu.yaml",
+        steps=10,
+        overrides=(),
+        metric="held-out success within 2 turns (256)",
+        parse=MT_SUCCESS,
+        threshold=0.50,
+        controls=(SHUFFLED,),
+    ),
+    Claim(
+        name="tool-agent",
+        stated="openai-agents calculator agent, correct first call 47.3% -> 65.2% / 56.2% "
+        "(41 steps; tool-use success 36.3% -> 57.0% / 37.9%)",
+        reproduce="python examples/agent_workflow/tool_agent.py "
+        "--config examples/agent_workflow/tool_agent_cpu.yaml",
+        script="examples/agent_workflow/tool_agent.py",
+        config="examples/agent_workflow/tool_agent_cpu.yaml",
+        steps=8,
+        overrides=("+max_seconds=100000",),
+        metric="held-out correct first calculator call (256)",
+        parse=tool_metric("expression_correct"),
+        threshold=0.50,
+        controls=(SHUFFLED,),
+    ),
+)
+
+BY_NAME = {c.name: c for c in CLAIMS}

@@ -1,0 +1,84 @@
+"""README.md's learning-claims table is the rendering of docs/claims.json (`make claims`).
+
+Fast: reads files only. The claims themselves run in `make claims`
+(benchmarks/claims/run.py).
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+render_claims = _load("render_claims", ROOT / "tools" / "render_claims.py")
+table = _load("claims_table", ROOT / "benchmarks" / "claims" / "table.py")
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    return json.loads((ROOT / "docs" / "claims.json").read_text())
+
+
+def test_readme_claims_table_matches_docs_claims_json(report):
+    readme = (ROOT / "README.md").read_text()
+    assert render_claims.current_block(readme) == render_claims.render(report), (
+        "README.md's claims table differs from docs/claims.json: run "
+        "`python tools/render_claims.py` (or `make claims CLAIMS_ARGS=--write-docs`)"
+    )
+
+
+def test_docs_claims_json_covers_every_claim_with_its_current_threshold(report):
+    rows = {r["claim"]: r for r in report["claims"]}
+    assert list(rows) == [c.name for c in table.CLAIMS]
+    for claim in table.CLAIMS:
+        row = rows[claim.name]
+        assert row["steps"] == claim.steps, claim.name
+        assert row["threshold"] == claim.threshold, claim.name
+        assert [c["name"] for c in row["controls"]] == [c.name for c in claim.controls]
+
+
+def test_docs_claims_json_pass_column_follows_from_its_figures(report):
+    for row in report["claims"]:
+        ok = row["measured"] is not None and row["measured"] >= row["threshold"]
+        ok = ok and all(
+            c["measured"] is not None and c["measured"] < row["threshold"] for c in row["controls"]
+        )
+        assert row["pass"] == ok, row["claim"]
+    assert report["passed"] == all(r["pass"] for r in report["claims"])
+
+
+def test_render_claims_check_fails_on_an_edited_table(tmp_path, report):
+    readme = tmp_path / "README.md"
+    text = (ROOT / "README.md").read_text()
+    first = report["claims"][0]
+    edited = text.replace(
+        f"**{100 * first['measured']:.1f}%**", f"**{100 * first['measured'] + 1:.1f}%**", 1
+    )
+    assert edited != text
+    readme.write_text(edited)
+    rc = render_claims.main(["--check", "--readme", str(readme)])
+    assert rc == 1
+    readme.write_text(text)
+    assert render_claims.main(["--check", "--readme", str(readme)]) == 0
+
+
+def test_claim_parsers_read_the_example_scripts_output_lines():
+    demo = "held-out accuracy before RL: 0.232\nheld-out accuracy after  RL: 0.971  (100 steps)\n"
+    assert table.ACCURACY(demo) == (0.232, 0.971)
+    tool = "  expression_correct   before 0.473  after 0.652\n  success  before   -    after 0.5\n"
+    assert table.tool_metric("expression_correct")(tool) == (0.473, 0.652)
+    line = json.dumps({"heldout_before": {"accuracy": 0.47}, "heldout_after": {"accuracy": 0.93}})
+    assert table.json_line("accuracy")("noise\n" + line + "\n") == (0.47, 0.93)
+    assert table.ACCURACY("Traceback (most recent call last):\n") == (None, None)
