@@ -194,8 +194,14 @@ def test_trainer_launches_and_speaks_allocation_backend(tmp_path, fake_backends,
         assert resp.output_logprobs == [-0.5, -0.5, -0.5]
         assert resp.output_versions == [0, 0, 0]
         meta = WeightUpdateMeta(type="disk", path=str(tmp_path / "w1"), version=1)
+        # what WeightSynchronizer does around a disk push: pause, load (pending), commit,
+        # continue; the client's load neither pauses nor moves the version itself
+        engine.pause_generation()
         engine.update_weights_from_disk(meta).result(timeout=30)
+        assert engine.get_version() == 0
+        assert engine.commit_weights(1) == []
         assert engine.get_version() == 1
+        engine.continue_generation()
     finally:
         engine.destroy()
         sched.delete_workers(None)
