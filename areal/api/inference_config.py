@@ -197,6 +197,15 @@ def get_py_cmd(module: str, args: dict[str, Any], python: str = "python3") -> li
     return cmd
 
 
+def with_endpoint(args: dict[str, Any], host: str | None, port: int | None) -> dict[str, Any]:
+    """``args`` plus ``host`` and ``port`` where given (the servers' bind address)."""
+    if host is not None:
+        args["host"] = host
+    if port is not None:
+        args["port"] = port
+    return args
+
+
 def split_host_port(addr: str) -> tuple[str, int]:
     """``'host:port'`` (or ``'[v6::addr]:port'``) -> ``(host, port)``; ValueError otherwise."""
     host, sep, port = addr.rpartition(":")
@@ -263,10 +272,7 @@ class vLLMConfig:
             "pipeline_parallel_size": pp_size,
         }
         args.update(conf_as_dict(vllm_config))
-        if port is not None:
-            args["port"] = port
-        if host is not None:
-            args["host"] = host
+        with_endpoint(args, host, port)
         if n_nodes > 1:
             args["nnodes"] = n_nodes
             args["node_rank"] = node_rank
@@ -295,17 +301,11 @@ class vLLMConfig:
         node_rank: int = 0,
     ) -> list[str]:
         """Command line of one vLLM server: ``build_cmd_from_args(build_args(...))``."""
-        args = vLLMConfig.build_args(
-            vllm_config=vllm_config,
-            tp_size=tp_size,
-            pp_size=pp_size,
-            host=host,
-            port=port,
-            dist_init_addr=dist_init_addr,
-            n_nodes=n_nodes,
-            node_rank=node_rank,
+        return vLLMConfig.build_cmd_from_args(
+            vLLMConfig.build_args(
+                vllm_config, tp_size, pp_size, host, port, dist_init_addr, n_nodes, node_rank
+            )
         )
-        return vLLMConfig.build_cmd_from_args(args)
 
 
 @dataclass
@@ -412,11 +412,7 @@ class SGLangConfig:
         args.update(fields_)
         if pp_size > 1:
             args["pp_size"] = pp_size
-        if host is not None:
-            args["host"] = host
-        if port is not None:
-            args["port"] = port
-        return args
+        return with_endpoint(args, host, port)
 
     @staticmethod
     def build_cmd_from_args(args: dict[str, Any], python: str = "python3") -> list[str]:
@@ -436,18 +432,19 @@ class SGLangConfig:
         pp_size: int = 1,
     ) -> list[str]:
         """Command line of one SGLang server: ``build_cmd_from_args(build_args(...))``."""
-        args = SGLangConfig.build_args(
-            sglang_config=sglang_config,
-            tp_size=tp_size,
-            base_gpu_id=base_gpu_id,
-            host=host,
-            port=port,
-            dist_init_addr=dist_init_addr,
-            n_nodes=n_nodes,
-            node_rank=node_rank,
-            pp_size=pp_size,
+        return SGLangConfig.build_cmd_from_args(
+            SGLangConfig.build_args(
+                sglang_config,
+                tp_size,
+                base_gpu_id,
+                host,
+                port,
+                dist_init_addr,
+                n_nodes,
+                node_rank,
+                pp_size,
+            )
         )
-        return SGLangConfig.build_cmd_from_args(args)
 
 
 def _default_agent_scheduling_spec() -> list[SchedulingSpec]:
