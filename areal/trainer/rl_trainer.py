@@ -11,7 +11,8 @@ The trainer starts the workers named by the allocation mode through a scheduler
 (``RemoteInfEngine`` + ``WorkflowExecutor``) in this process, and drives each step:
 
 1. ``server_watchdog.check()`` (dead servers come back) and ``weight_sync.flush()``
-   (a background weight check's verdict);
+   (weight-sync hooks finish work they left running after the last sync; the built-in
+   weight check is not among it: the commit waits for it);
 2. rollout: ``prepare_batch`` (asynchronous) or one batch generated after the last
    update (``_sync_rollout``); batch stats (``areal.trainer.ppo.stats``) and the
    ``consumed.jsonl`` audit line;
@@ -434,7 +435,7 @@ class PPOTrainer:
                 )
                 break
         pbar.close()
-        self.weight_sync.flush()  # the last sync's background weight check
+        self.weight_sync.flush()  # hooks' work left running after the last sync
         self._stop.uninstall()
         if self._stop.requested:  # close() (the caller's with-block) tears children down
             raise SystemExit(128 + self._stop.signum)
@@ -479,7 +480,7 @@ class PPOTrainer:
             return _T()
 
         self.server_watchdog.check()  # dead inference servers come back with current weights
-        self.weight_sync.flush()  # raises a weight mismatch a background check found
+        self.weight_sync.flush()  # raises what a hook's work left running found
         with timed("rollout"):
             # As AReaL: the trainer forms the groups (n_samples runs of the workflow per
             # prompt); the filter sees whole groups.
