@@ -458,3 +458,98 @@ def test_weight_sync_fingerprint_in_update_response_catches_tensor_skipped_by_lo
     assert isinstance(cause, WeightFingerprintMismatch) and cause.version == v + every
     assert cause.server == engine.addresses[0] and len(cause.tensors) == 1
     assert cause.tensors[0].startswith(name) and name in str(ei.value)
+
+
+class _FakeActor:
+    """An actor whose weights move with every ``train()`` (a counter stands for them)."""
+
+    def __init__(self):
+        self.weights = 0
+        self.version = 0
+
+    def train(self):
+        self.weights += 1
+
+    def update_weights(self, meta):  # xccl push: nothing to broadcast to in this test
+        pass
+
+    def set_version(self, version):
+        self.version = version
+
+    def save(self, meta):
+        os.makedirs(meta.path, exist_ok=True)
+        with open(os.path.join(meta.path, "weights.txt"), "w") as f:
+            f.write(str(self.weights))
+
+
+class _FakeRollout:
+    healthy_addresses = ("127.0.0.1:1",)
+
+    def __init__(self):
+        self.version = 0
+        self.readmitted = []
+
+    def get_version(self):
+        return self.version
+
+    def set_version(self, version):
+        self.version = version
+
+    def pause(self):
+        pass
+
+    def resume(self):
+        pass
+
+    def commit_weights(self, version):
+        self.version = version
+        return []
+
+    def rollback_weights(self, previous_path):
+        return []
+
+    def readmit_server(self, address, weights_path, version, replaces=None):
+        with open(os.path.join(weights_path, "weights.txt")) as f:
+            self.readmitted.append((address, version, int(f.read())))
+
+
+class _RefuseOnce(WeightSyncHook):
+    def __init__(self):
+        self.armed = True
+
+    def verify(self, ctx):
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("fingerprint mismatch (test)")
+
+
+def test_weight_sync_xccl_readmit_after_refusal_never_serves_refused_weights(tmp_path):
+    """xccl keeps no copy of a version on disk: after a refusal the actor holds the refused
+    weights, so readmitting a server with "the current version" from the actor would serve
+    them under the old version. It raises instead, and works again after the next commit."""
+    actor, rollout = _FakeActor(), _FakeRollout()
+    meta = WeightUpdateMeta(type="xccl")
+    ws = WeightSynchronizer(
+        actor,
+        rollout,
+        meta,
+        hooks=[_RefuseOnce()],
+        scratch_dir=str(tmp_path / "scratch"),
+        max_consecutive_refusals=None,
+    )
+    actor.train()
+    assert ws.sync(1)["weight_sync/refused"] == 1.0  # refused: servers stay on version 0
+    actor.train()
+    assert "weight_sync/refused" not in ws.sync(1)  # weights 2 are version 1 now
+    assert rollout.get_version() == 1
+    ws.hooks[0].armed = True
+    actor.train()  # weights 3
+    assert ws.sync(2)["weight_sync/refused"] == 1.0
+    assert rollout.get_version() == 1
+    with pytest.raises(RuntimeError, match="refused at the last sync"):
+        ws.readmit("127.0.0.1:2")
+    assert rollout.readmitted == []
+    actor.train()  # weights 4
+    ws.sync(2)
+    ws.readmit("127.0.0.1:2")
+    assert rollout.readmitted == [("127.0.0.1:2", 2, 4)]

@@ -50,7 +50,10 @@ single token and no sample has to be dropped.
 
 ``readmit(address)`` brings a restarted server back with the current weights
 (``ServerWatchdog``): the weights of the current version from the weight-update
-directory (disk mode), else written once per version to ``scratch_dir``. ``sync`` and
+directory (disk mode), else written once per version to ``scratch_dir``. After a refusal
+the actor holds the refused weights, so a version with no copy on disk cannot be
+readmitted from it: ``readmit`` raises (the watchdog counts a failed restart and keeps
+the server out of rotation) until the next sync commits. ``sync`` and
 ``readmit`` hold one lock, so a server readmitted from a background thread can never
 miss a version: it is readmitted either before a sync (and gets it) or after (and loads
 the new weights).
@@ -242,6 +245,9 @@ class WeightSynchronizer:
         self._lock = threading.RLock()
         self._group_members: tuple[str, ...] | None = None  # xccl: servers in the group
         self.group_reforms = 0
+        # after a refusal the actor holds the refused (newer) weights, not the servers'
+        # version: until the next commit, that version can come from disk only
+        self._actor_ahead_of: int | None = None
 
     def add_hook(self, hook: WeightSyncHook) -> None:
         if not isinstance(hook, WeightSyncHook):
@@ -308,6 +314,7 @@ class WeightSynchronizer:
                 self._verify(h, ctx)
             step = "commit"
             transport.commit(ctx)
+            self._actor_ahead_of = None
             self._set_trainer_versions(version)
             self._prune_disk_versions(version)
             step = "after_push"
@@ -369,6 +376,7 @@ class WeightSynchronizer:
             ctx.previous_version,
             self.consecutive_refusals,
         )
+        self._actor_ahead_of = ctx.previous_version
         if step != "export" and transport is not None:  # the servers were touched
             self._rollback(ctx, transport)
         if step == "push" and ctx.meta.type == "xccl" and self._group_members is not None:
@@ -597,6 +605,12 @@ class WeightSynchronizer:
                 f"no weights of version {version} on disk and no actor/scratch_dir to write them"
             )
         path = os.path.join(self.scratch_dir, f"v{version}")
+        if not os.path.isdir(path) and self._actor_ahead_of == version:
+            raise RuntimeError(
+                f"no weights of version {version} on disk, and the actor holds the weights "
+                f"refused at the last sync, not version {version}'s: a server can be "
+                f"readmitted once a sync succeeds"
+            )
         if not os.path.isdir(path):
             if os.path.isdir(self.scratch_dir):  # older versions are of no use any more
                 shutil.rmtree(self.scratch_dir, ignore_errors=True)
