@@ -241,3 +241,25 @@ def test_ppo_step_teacher_receives_batch_once_actor_gets_its_logp(roles):
     calls = {m: t.calls for (w, m), t in RPC_TRAFFIC.snapshot().items() if w == "ref/0"}
     assert calls == {"compute_logp": 1}  # the teacher's workers: the batch, once
     assert all(h["n_batches"] == 0 for h in roles.actor.stored_batches())
+
+
+def test_ppo_step_wrapped_compute_advantages_on_a_plain_copy_reaches_the_update(roles):
+    """User code that wraps ``actor.compute_advantages`` and hands it a modified plain
+    dict (``{**batch, "rewards": ...}``, as the VLM example's and the claims' reward
+    controls do) trains on what the wrapper computed, not on the held batch's rewards."""
+    b = _batch([9, 14, 6, 11])
+    flipped = {**b, "rewards": -b["rewards"]}
+    plain = train_on_batch(roles, b, _config(), 0, _timed, held=False)
+    expected = train_on_batch(roles, flipped, _config(), 0, _timed, held=False)
+    assert plain != pytest.approx(expected)
+    original = roles.actor.compute_advantages
+    roles.actor.compute_advantages = lambda batch, *a, **k: original(
+        {**batch, "rewards": -batch["rewards"]}, *a, **k
+    )
+    try:
+        got = train_on_batch(roles, b, _config(), 0, _timed)
+    finally:
+        del roles.actor.compute_advantages
+    assert got == pytest.approx(expected)
+    for c in (roles.actor, roles.ref, roles.critic):
+        assert all(h["n_batches"] == 0 for h in c.stored_batches()), c.role

@@ -9,7 +9,8 @@ In order (``held=True``, the default: each role's workers receive the batch once
    batch too (``put_batch``) and the values come back; the actor gets these tensors
    (``BatchRef.update``), not the batch again;
 4. the consistency statistics, reduced on the actor's workers (three numbers per rank);
-5. ``compute_advantages`` in place on the actor's workers;
+5. ``compute_advantages`` in place on the actor's workers (a user's wrapper that returns a
+   plain dict, computed on a copy it read, has that dict written back to the workers);
 6. ``ppo_update`` (only its stats come back) and the LR step; the critic gets the
    actor's ``returns`` and updates on the batch it holds;
 7. every held batch is freed, also when a step fails.
@@ -100,7 +101,11 @@ def _held_step(roles, batch, config, version, timed) -> dict[str, float]:
         if prox:
             stats.update(combine_consistency(actor_ref.apply(consistency_partials, version)))
         with timed("compute_advantages"):
-            roles.actor.compute_advantages(actor_ref)
+            out = roles.actor.compute_advantages(actor_ref)
+            if isinstance(out, dict):
+                # a wrapper of compute_advantages (e.g. a reward control) ran it on a plain
+                # copy of the batch it read from the workers: that result is the batch now
+                actor_ref.update(out)
         with timed("train_step"):
             train_stats = flatten_stats(roles.actor.ppo_update(actor_ref))
             roles.actor.step_lr_scheduler()
