@@ -15,7 +15,7 @@ What happens, in order:
 ``shuffled`` keeps each batch's reward rate and removes the link between a completion and
 its reward, so whatever the held-out accuracy does then is drift, not learning.
 ``constant`` (every reward 1.0) gives every group zero advantage: the deliberate break
-that ``tools/claims.py --break demo`` uses to show the claims fail without a signal.
+that ``benchmarks/claims/run.py --break demo`` uses to show the claims fail without a signal.
 """
 
 import argparse

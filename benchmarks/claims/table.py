@@ -226,21 +226,6 @@ CLAIMS: tuple[Claim, ...] = (
         threshold=0.50,
         controls=(SHUFFLED,),
     ),
-    Claim(
-        name="tool-agent",
-        stated="openai-agents calculator agent, correct first call 47.3% -> 65.2% / 56.2% "
-        "(41 steps; tool-use success 36.3% -> 57.0% / 37.9%)",
-        reproduce="python examples/agent_workflow/tool_agent.py "
-        "--config examples/agent_workflow/tool_agent_cpu.yaml",
-        script="examples/agent_workflow/tool_agent.py",
-        config="examples/agent_workflow/tool_agent_cpu.yaml",
-        steps=8,
-        overrides=("+max_seconds=100000",),
-        metric="held-out correct first calculator call (256)",
-        parse=tool_metric("expression_correct"),
-        threshold=0.50,
-        controls=(SHUFFLED,),
-    ),
 )
 
 BY_NAME = {c.name: c for c in CLAIMS}
