@@ -50,7 +50,13 @@ from areal.api.actor_config import (
     legacy_rejection_sampling,
 )
 from areal.api.config_common import (
+    NOT_ACTED,
+    WARNED,
+    cfield,
+    check_choice,
+    check_range,
     conf_as_dict,
+    warn_once,
 )
 from areal.api.config_loader import (
     build_config,
@@ -81,6 +87,7 @@ from areal.api.engine_config import (
     SchedulingStrategy,
     SchedulingStrategyType,
     TrainEngineConfig,
+    default_scheduling_spec,
 )
 from areal.api.experiment_config import (
     NOT_ACTED_ON,
@@ -91,7 +98,9 @@ from areal.api.experiment_config import (
     RWConfig,
     SFTConfig,
     apply_cpu_fallbacks,
+    field_default,
     not_acted_on_settings,
+    walk_dataclasses,
     warn_not_acted_on,
 )
 from areal.api.inference_config import (
@@ -106,6 +115,7 @@ from areal.api.inference_config import (
     get_py_cmd,
     split_host_port,
     vLLMConfig,
+    with_endpoint,
 )
 from areal.api.utils_config import (
     ClusterSpecConfig,
@@ -206,4 +216,14 @@ __all__ = [
     "to_structured_cfg",
     "vLLMConfig",
     "warn_not_acted_on",
+    "NOT_ACTED",
+    "WARNED",
+    "cfield",
+    "check_choice",
+    "check_range",
+    "warn_once",
+    "default_scheduling_spec",
+    "field_default",
+    "walk_dataclasses",
+    "with_endpoint",
 ]
