@@ -137,6 +137,7 @@ def test_watchdog_killed_server_restarted_with_current_disk_weights(tmp_path):
         eng.initialize(addrs)
         try:
             eng.update_weights_from_disk(meta.with_version(3)).result(timeout=60)
+            assert eng.commit_weights(3) == []  # pending until the commit (WeightSynchronizer's)
             dog = ServerWatchdog(sched, eng, weight_update_meta=meta)
             assert dog.check() == 0
             os.kill(sched.worker_pids("rollout")[1], signal.SIGKILL)

@@ -177,6 +177,7 @@ def test_weight_update_leaves_out_hung_server_instead_of_waiting(two_servers, tm
 
     t0 = time.monotonic()
     eng.update_weights_from_disk(meta.with_version(1)).result(timeout=120)
+    assert eng.commit_weights(1) == []  # the load is pending until the commit
 
     assert time.monotonic() - t0 < 60  # bounded by the health deadline, not request_timeout
     assert eng.hung_addresses == [addrs[1]]
@@ -200,6 +201,7 @@ def test_live_server_out_of_rotation_readmitted_with_missed_weights_without_rest
     pid = sched.worker_pids("rollout")[1]
     eng.exclude_server(addrs[1], "test: connection dropped during a weight update")
     eng.update_weights_from_disk(meta.with_version(1)).result(timeout=120)
+    assert eng.commit_weights(1) == []  # WeightSynchronizer's commit: addrs[0] only
     assert requests.get(f"http://{addrs[1]}/version", timeout=5).json()["version"] == 0
 
     assert dog.check() == 0

@@ -86,10 +86,12 @@ def test_vllm_greedy_pause_reload_matches_hf(tmp_path, tie):
         assert resp.output_tokens == ref0
         torch.testing.assert_close(torch.tensor(resp.output_logprobs), ref0_lp, atol=1e-4, rtol=0)
         assert set(resp.output_versions) == {0}
-        # pause -> reload other weights -> continue; the version is bookkept by the client
+        # reload other weights, then commit the version (WeightSynchronizer's order; the
+        # client's load neither pauses nor moves the version)
         eng.update_weights_from_disk(WeightUpdateMeta(type="disk", path=v1, version=1)).result(
             timeout=300
         )
+        assert eng.commit_weights(1) == []
         assert not eng.is_paused()
         resp = asyncio.run(eng.agenerate(ModelRequest(input_ids=prompt, gconfig=g)))
         assert resp.output_tokens == ref1 and set(resp.output_versions) == {1}
