@@ -47,6 +47,13 @@ def _cpu_overrides(tmp_path) -> list[str]:
     ]
 
 
+def token_parity_reward_fn(prompt, completions, prompt_ids, completion_ids, **kwargs) -> float:
+    """1.0 when the completion's token ids sum to an odd number: rewards that differ within
+    a group even on a random model (whose GSM8K reward is 0 everywhere, which gives every
+    group zero advantage and so a zero gradient), so the update is exercised for real."""
+    return float(sum(int(t) for t in completion_ids) % 2)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=pytest.mark.ci_slow) if n in IN_CI else n for n in PRESETS]
@@ -68,7 +75,7 @@ def test_preset_runs_two_training_steps_on_tiny_model(name, tiny_lm_dir, tmp_pat
         res = trainer.train(
             workflow="areal.workflow.rlvr.RLVRWorkflow",
             workflow_kwargs=dict(
-                reward_fn="areal.reward.gsm8k.gsm8k_reward_fn",
+                reward_fn="tests.test_presets_train.token_parity_reward_fn",
                 gconfig=cfg.gconfig,
                 tokenizer=cfg.tokenizer_path,
             ),
