@@ -75,7 +75,7 @@ def test_preset_runs_two_training_steps_on_tiny_model(name, tiny_lm_dir, tmp_pat
         res = trainer.train(
             workflow="areal.workflow.rlvr.RLVRWorkflow",
             workflow_kwargs=dict(
-                reward_fn="tests.test_presets_train.token_parity_reward_fn",
+                reward_fn=token_parity_reward_fn,
                 gconfig=cfg.gconfig,
                 tokenizer=cfg.tokenizer_path,
             ),
