@@ -223,7 +223,7 @@ CLAIMS: tuple[Claim, ...] = (
         overrides=(),
         metric="held-out success within 2 turns (256)",
         parse=MT_SUCCESS,
-        threshold=0.50,
+        threshold=0.55,
         controls=(SHUFFLED,),
     ),
 )
