@@ -199,12 +199,7 @@ class FSDPCheckpointMixin:
             return
         import torch.distributed.checkpoint as dcp
 
-        msd, osd = self._dcp_state()
-        state: dict[str, Any] = {"model": msd}
-        if meta.with_optim:
-            if self.optimizer is None:
-                raise ValueError("SaveLoadMeta.with_optim=True but this engine has no optimizer")
-            state["optim"] = osd
+        state = self._dcp_target(meta)
         os.makedirs(meta.path, exist_ok=True)
         dcp.save(state, checkpoint_id=meta.path)
         if dist.get_rank() == 0:
@@ -216,6 +211,17 @@ class FSDPCheckpointMixin:
             meta.tokenizer.save_pretrained(meta.path)
         dist.barrier(group=self.data_parallel_group)
 
+    def _dcp_target(self, meta: SaveLoadMeta) -> dict[str, Any]:
+        """What a DCP save or load covers: the sharded model, plus the optimizer with
+        ``with_optim``."""
+        msd, osd = self._dcp_state()
+        state: dict[str, Any] = {"model": msd}
+        if meta.with_optim:
+            if self.optimizer is None:
+                raise ValueError("SaveLoadMeta.with_optim=True but this engine has no optimizer")
+            state["optim"] = osd
+        return state
+
     def load(self, meta: SaveLoadMeta) -> None:
         if not os.path.isdir(meta.path):
             raise FileNotFoundError(f"SaveLoadMeta.path={meta.path!r} does not exist")
@@ -226,12 +232,7 @@ class FSDPCheckpointMixin:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
-        msd, osd = self._dcp_state()
-        state: dict[str, Any] = {"model": msd}
-        if meta.with_optim:
-            if self.optimizer is None:
-                raise ValueError("SaveLoadMeta.with_optim=True but this engine has no optimizer")
-            state["optim"] = osd
+        state = self._dcp_target(meta)
         dcp.load(state, checkpoint_id=meta.path)
         model = self._require_model()
         if meta.with_optim:
