@@ -82,3 +82,18 @@ def test_claim_parsers_read_the_example_scripts_output_lines():
     line = json.dumps({"heldout_before": {"accuracy": 0.47}, "heldout_after": {"accuracy": 0.93}})
     assert table.json_line("accuracy")("noise\n" + line + "\n") == (0.47, 0.93)
     assert table.ACCURACY("Traceback (most recent call last):\n") == (None, None)
+
+
+def test_controls_skip_the_evaluation_before_training_and_the_claims_run_keeps_it():
+    # the claim's own run measures "before"; a control (same base, seed, held-out set)
+    # would only repeat it
+    for claim in table.CLAIMS:
+        main = claim.argv("out/x", trial="true-rewards")
+        control = claim.argv("out/y", trial="shuffled", control=True)
+        assert "evaluator.eval_before_train=false" not in main
+        if claim.rl_overrides:
+            assert "evaluator.eval_before_train=false" in control
+            yaml_text = (ROOT / claim.config).read_text()
+            assert "eval_before_train: true" in yaml_text, claim.name
+        else:  # DPO/RW: no evaluator settings, no controls
+            assert not claim.controls

@@ -12,7 +12,9 @@ What happens, in order:
    of its controls run as subprocesses: the example script itself with its YAML, a step
    count and its own output folder (``OUT/<claim>/<run>/``; ``OUT`` is ``--out``, default
    ``outputs/claims``; deleted first so that nothing resumes), the controls through the
-   script's own control flag or ``benchmarks/claims/reward_control.py``. Each run's output
+   script's own control flag or ``benchmarks/claims/reward_control.py``; a control skips
+   the evaluation before training (same base, seed and held-out set as the claim's own
+   run, whose "before" the table shows). Each run's output
    goes to ``OUT/logs/<claim>-<run>.log``; its wall and CPU time (the whole process tree,
    from ``os.wait4``) are recorded.
 2. The printed before/after figures are parsed; a claim passes when its run reaches the
@@ -61,7 +63,7 @@ def run_one(claim: Claim, label: str, control: Control | None, broken: bool, out
     slug = "".join(ch if ch.isalnum() else "-" for ch in label).strip("-")
     run_dir = out / claim.name / slug
     shutil.rmtree(run_dir, ignore_errors=True)
-    argv = claim.argv(str(run_dir), trial=slug)
+    argv = claim.argv(str(run_dir), trial=slug, control=control is not None)
     if control is not None and control.kind == "args":
         argv += list(control.value)
     if control is not None and control.kind == "wrap":
