@@ -464,17 +464,18 @@ class FSDPEngine(
         return shifted[:, 0], shifted[:, 1]
 
     def _shared_prefix_plan(
-        self, keys: torch.Tensor, cu: torch.Tensor, positions: torch.Tensor
+        self, keys: torch.Tensor, cu: torch.Tensor, positions: torch.Tensor | None = None
     ) -> Any:
         """The shared-prefix layout of a packed micro-batch, or None (off, not our CPU
         attention, too little shared, or positions that differ inside a shared prefix).
 
         ``keys`` are the token ids (text) or :func:`pack_images`' keys (VLM: equal only
-        where the tokens and the images are)."""
+        where the tokens and the images are); ``positions`` (VLM: ``[3, 1, N]``) are checked
+        to agree inside every shared prefix when given (the engine always gives them)."""
         if not self.share_prefixes or self._attn_impl != VARLEN_SDPA:
             return None
         plan = plan_shared_prefixes(keys, cu)
-        if plan is not None and self.is_vlm:
+        if plan is not None and self.is_vlm and positions is not None:
             # M-RoPE positions depend on the images before a token: a shared row must
             # have the same position in every member (guaranteed by the keys; checked)
             if not torch.equal(positions.index_select(-1, plan.src)[..., plan.back], positions):
