@@ -82,3 +82,74 @@ def test_claim_parsers_read_the_example_scripts_output_lines():
     line = json.dumps({"heldout_before": {"accuracy": 0.47}, "heldout_after": {"accuracy": 0.93}})
     assert table.json_line("accuracy")("noise\n" + line + "\n") == (0.47, 0.93)
     assert table.ACCURACY("Traceback (most recent call last):\n") == (None, None)
+
+
+def test_controls_skip_the_evaluation_before_training_and_the_claims_run_keeps_it():
+    # the claim's own run measures "before"; a control (same base, seed, held-out set)
+    # would only repeat it
+    for claim in table.CLAIMS:
+        main = claim.argv("out/x", trial="true-rewards")
+        control = claim.argv("out/y", trial="shuffled", control=True)
+        assert "evaluator.eval_before_train=false" not in main
+        if claim.rl_overrides:
+            assert "evaluator.eval_before_train=false" in control
+            yaml_text = (ROOT / claim.config).read_text()
+            assert "eval_before_train: true" in yaml_text, claim.name
+        else:  # DPO/RW: no evaluator settings, no controls
+            assert not claim.controls
+
+
+def test_runs_are_scheduled_one_by_one_and_assembled_back_into_their_claims(monkeypatch):
+    run = _load("claims_run", ROOT / "benchmarks" / "claims" / "run.py")
+    started = []
+
+    def fake_run_one(claim, label, control, broken, out):
+        started.append((claim.name, label))
+        passed = control is None and not broken
+        return {
+            "run": label,
+            "before": 0.2 if control is None else None,
+            "measured": 0.99 if passed else 0.0,
+            "exit_code": 0,
+            "wall_s": 1.0,
+            "cpu_s": 1.0,
+            "command": "x",
+            "log": "x",
+        }
+
+    monkeypatch.setattr(run, "run_one", fake_run_one)
+    monkeypatch.setattr(run, "finish", lambda report, path, write: report)
+    report = run.main(
+        [
+            "--only",
+            "demo,vlm,dpo",
+            "--break",
+            "dpo",
+            "--jobs",
+            "1",
+            "--out",
+            "/nonexistent-claims-out",
+        ]
+    )
+    # a run never recorded (the broken one) goes first, then the longest recorded (one
+    # of the VLM's); every run once
+    walls = run.last_walls()
+    assert started[0] == ("dpo", "constant reward, broken on purpose")
+    assert started[1] == max(started[1:], key=lambda t: walls[t])
+    assert started[1][0] == "vlm"
+    assert sorted(started) == sorted(
+        [
+            ("demo", "true rewards"),
+            ("demo", "shuffled rewards"),
+            ("vlm", "true rewards"),
+            ("vlm", "shuffled rewards"),
+            ("vlm", "random rewards"),
+            ("dpo", "constant reward, broken on purpose"),
+        ]
+    )
+    rows = {r["claim"]: r for r in report["claims"]}
+    assert [r["claim"] for r in report["claims"]] == ["demo", "vlm", "dpo"]
+    assert rows["vlm"]["before"] == 0.2 and rows["vlm"]["measured"] == 0.99
+    assert [c["name"] for c in rows["vlm"]["controls"]] == ["shuffled rewards", "random rewards"]
+    assert rows["demo"]["pass"] and rows["vlm"]["pass"]
+    assert not rows["dpo"]["pass"] and rows["dpo"]["controls"] == []  # broken: fails alone

@@ -12,7 +12,9 @@ What happens, in order:
    of its controls run as subprocesses: the example script itself with its YAML, a step
    count and its own output folder (``OUT/<claim>/<run>/``; ``OUT`` is ``--out``, default
    ``outputs/claims``; deleted first so that nothing resumes), the controls through the
-   script's own control flag or ``benchmarks/claims/reward_control.py``. Each run's output
+   script's own control flag or ``benchmarks/claims/reward_control.py``; a control skips
+   the evaluation before training (same base, seed and held-out set as the claim's own
+   run, whose "before" the table shows). Each run's output
    goes to ``OUT/logs/<claim>-<run>.log``; its wall and CPU time (the whole process tree,
    from ``os.wait4``) are recorded.
 2. The printed before/after figures are parsed; a claim passes when its run reaches the
@@ -23,8 +25,10 @@ What happens, in order:
 4. Exit status 1 when any claim misses its threshold, any control reaches it, or a run
    fails to print its figure.
 
-``--jobs 2`` (the default) runs two claims side by side, one per core (each claim's own
-runs one after the other). Every run is sized by training steps, so load changes its
+``--jobs 3`` (the default) runs three runs side by side, of any claim, the longest (by the
+last recorded run, ``docs/claims.json``) first: one run keeps about three quarters of a
+core busy (its server and trainer wait on each other), so three fill two cores. Every run
+is sized by training steps, so load changes its
 wall time but not its length; what it does change, in the asynchronous runs, is how stale
 the rollouts of each step are (bounded by the YAML's ``max_head_offpolicyness``), so the
 figures are seeded but not bit-for-bit reproducible, in parallel or not; the thresholds
@@ -61,7 +65,7 @@ def run_one(claim: Claim, label: str, control: Control | None, broken: bool, out
     slug = "".join(ch if ch.isalnum() else "-" for ch in label).strip("-")
     run_dir = out / claim.name / slug
     shutil.rmtree(run_dir, ignore_errors=True)
-    argv = claim.argv(str(run_dir), trial=slug)
+    argv = claim.argv(str(run_dir), trial=slug, control=control is not None)
     if control is not None and control.kind == "args":
         argv += list(control.value)
     if control is not None and control.kind == "wrap":
@@ -108,18 +112,22 @@ def run_one(claim: Claim, label: str, control: Control | None, broken: bool, out
     }
 
 
-def check(claim: Claim, broken: bool, out: Path, runs: str = "all") -> dict:
-    """The claim's run, then its controls (none when ``broken``: that run must fail alone)."""
+def plan(claim: Claim, broken: bool, runs: str = "all") -> list[tuple[str, Control | None]]:
+    """The runs of one claim: (label, control); none of the controls when ``broken``."""
     label = "constant reward, broken on purpose" if broken else "true rewards"
-    main = {"run": label, "before": None, "measured": None, "wall_s": 0.0, "cpu_s": 0.0}
-    if runs != "controls":
-        main = run_one(claim, label, None, broken, out)
-        print(_progress(claim, main), flush=True)
-    controls = []
-    for control in claim.controls if runs != "main" and not broken else ():
-        res = run_one(claim, control.name, control, False, out)
-        print(_progress(claim, res), flush=True)
-        controls.append(res)
+    todo: list[tuple[str, Control | None]] = [] if runs == "controls" else [(label, None)]
+    if runs != "main" and not broken:
+        todo += [(c.name, c) for c in claim.controls]
+    return todo
+
+
+def row_of(claim: Claim, results: list[dict]) -> dict:
+    """The table row of one claim from its runs' results (the claim's own run first)."""
+    main = {"run": "true rewards", "before": None, "measured": None, "wall_s": 0.0}
+    main["cpu_s"] = 0.0
+    controls = list(results)
+    if results and results[0]["run"] not in {c.name for c in claim.controls}:
+        main, controls = results[0], results[1:]
     row = {
         "claim": claim.name,
         "stated": claim.stated,
@@ -136,6 +144,15 @@ def check(claim: Claim, broken: bool, out: Path, runs: str = "all") -> dict:
         "runs": [main, *controls],
     }
     return judge(row, claim)
+
+
+def last_walls(path: Path = ROOT / "docs" / "claims.json") -> dict[tuple[str, str], float]:
+    """(claim, run) -> wall seconds of the last recorded full run (for the run order)."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {(r["claim"], run["run"]): run["wall_s"] for r in report["claims"] for run in r["runs"]}
 
 
 def judge(row: dict, claim: Claim) -> dict:
@@ -195,7 +212,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--json", default=None, help="default: OUT/claims.json")
     parser.add_argument(
-        "--jobs", type=int, default=2, help="claims run side by side (their runs one by one)"
+        "--jobs", type=int, default=3, help="runs side by side (any claim's, longest first)"
     )
     parser.add_argument(
         "--write-docs", action="store_true", help="also write docs/claims.json and README.md"
@@ -230,16 +247,21 @@ def main(argv: list[str]) -> int:
     if ns.rejudge:
         return finish(rejudge(ns.rejudge), ns.rejudge, ns.write_docs)
     t0, c0 = time.monotonic(), os.times()
-    # the claims with the most runs start first, so that none of them is left to run alone
-    order = sorted(names, key=lambda n: -len(BY_NAME[n].controls))
+    # every run of every claim is its own job; the longest (last recorded wall) start
+    # first, so that no long run is left to run alone at the end
+    tasks = [(n, *r) for n in names for r in plan(BY_NAME[n], n in broken, ns.runs)]
+    walls = last_walls()
+    order = sorted(tasks, key=lambda t: -walls.get((t[0], t[1]), 1e9))
+
+    def run_task(task: tuple[str, str, Control | None]) -> dict:
+        name, label, control = task
+        res = run_one(BY_NAME[name], label, control, name in broken and control is None, out)
+        print(_progress(BY_NAME[name], res), flush=True)
+        return res
+
     with ThreadPoolExecutor(max_workers=ns.jobs) as pool:
-        done = dict(
-            zip(
-                order,
-                pool.map(lambda n: check(BY_NAME[n], n in broken, out, ns.runs), order),
-            )
-        )
-    rows = [done[n] for n in names]
+        done = dict(zip(order, pool.map(run_task, order)))
+    rows = [row_of(BY_NAME[n], [done[t] for t in tasks if t[0] == n]) for n in names]
     c1 = os.times()
     report = {
         "command": "make claims",

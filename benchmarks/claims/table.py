@@ -48,14 +48,22 @@ class Claim:
     controls: tuple[Control, ...] = field(default=())
     rl_overrides: bool = True  # the PPOTrainer overrides below apply
 
-    def argv(self, run_dir: str, trial: str) -> list[str]:
-        """The example script's arguments for a run writing under ``run_dir``."""
+    def argv(self, run_dir: str, trial: str, control: bool = False) -> list[str]:
+        """The example script's arguments for a run writing under ``run_dir``.
+
+        A control run (``control``) skips the evaluation before training: it starts from
+        the same base model with the same seed and held-out set as the claim's own run,
+        whose "before" figure the table reports.
+        """
         common = [f"total_train_steps={self.steps}", f"cluster.fileroot={run_dir}"]
         common.append(f"trial_name={trial}")
         if self.rl_overrides:
-            # one evaluation before and one at the end; no resume from an earlier run
+            # one evaluation at the end (and one before, in the claim's own run);
+            # no resume from an earlier run
             common += [f"evaluator.freq_steps={self.steps}", "recover.mode=disabled"]
             common += ["saver.freq_steps=null"]
+            if control:
+                common.append("evaluator.eval_before_train=false")
         return [self.script, "--config", self.config, *common, *self.overrides]
 
 
