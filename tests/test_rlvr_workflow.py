@@ -223,12 +223,11 @@ async def test_reward_stats_recorded_in_rollout_scope(tokenizer):
 
 def test_rlvr_through_executor_with_import_strings(tokenizer_dir, tokenizer):
     """Workflow and reward given as import strings, tokenizer as a path (trainer style)."""
-    from types import SimpleNamespace
-
+    from areal.api.cli_args import InferenceEngineConfig
     from areal.infra.workflow_executor import WorkflowExecutor
 
     engine = ScriptedEngine(tokenizer, ["#### 42", "#### 3"] * 4, version=0)
-    cfg = SimpleNamespace(
+    cfg = InferenceEngineConfig(
         consumer_batch_size=2,
         max_concurrent_rollouts=2,
         max_head_offpolicyness=0,
