@@ -161,7 +161,7 @@ KNOWN_VIOLATIONS_TO_FIX: dict[str, set] = {
     "except_importerror": {},
     # (file, call source) of getattr(<typed config>, "field", default)
     "config_getattr": {
-        # helper "weights"
+        # FSDP engine (helper "perf" works in these files)
         ("areal/engine/fsdp/engine.py", "getattr(config, 'is_critic', False)"),
         ("areal/engine/fsdp/engine.py", "getattr(config, 'temperature', 1.0)"),
         ("areal/engine/fsdp/engine.py", "getattr(self.config, 'attn_impl', 'flash_attention_2')"),
@@ -180,72 +180,6 @@ KNOWN_VIOLATIONS_TO_FIX: dict[str, set] = {
         ("areal/engine/fsdp/engine.py", "getattr(self.config, 'seed', 1)"),
         ("areal/engine/fsdp/engine.py", "getattr(self.config, 'use_lora', False)"),
         ("areal/engine/fsdp/engine.py", "getattr(self.config.optimizer, 'gradient_clipping', 0.0)"),
-        # helper "inference"
-        ("areal/engine/local_remote.py", "getattr(config, 'actor', None)"),
-        ("areal/engine/local_remote.py", "getattr(config, 'seed', 1)"),
-        # helper "weights"
-        ("areal/engine/lora.py", "getattr(config, 'target_modules', None)"),
-        # helper "inference"
-        ("areal/engine/sglang_remote.py", "getattr(config, 'actor', None)"),
-        ("areal/engine/sglang_remote.py", "getattr(config, 'sglang', None)"),
-        # helper "inference"
-        ("areal/engine/vllm_remote.py", "getattr(config, 'actor', None)"),
-        ("areal/engine/vllm_remote.py", "getattr(config, 'cluster', None)"),
-        ("areal/engine/vllm_remote.py", "getattr(config, 'vllm', None)"),
-        # helper "batch"
-        (
-            "areal/infra/controller/rollout_controller.py",
-            "getattr(self.config, 'scheduling_spec', None)",
-        ),
-        # helper "batch"
-        ("areal/infra/controller/train_controller.py", "getattr(config, 'group_size', None)"),
-        ("areal/infra/controller/train_controller.py", "getattr(self.config, 'mb_spec', None)"),
-        (
-            "areal/infra/controller/train_controller.py",
-            "getattr(self.config, 'scheduling_spec', None)",
-        ),
-        # helper "inference"
-        ("areal/infra/rollout/trajectory_dump.py", "getattr(cfg, 'experiment_name', None)"),
-        ("areal/infra/rollout/trajectory_dump.py", "getattr(cfg, 'fileroot', None)"),
-        ("areal/infra/rollout/trajectory_dump.py", "getattr(cfg, 'tokenizer_path', None)"),
-        ("areal/infra/rollout/trajectory_dump.py", "getattr(cfg, 'trial_name', None)"),
-        (
-            "areal/infra/rollout/workflow_executor.py",
-            "getattr(config, 'check_trajectory_format', False)",
-        ),
-        ("areal/infra/rollout/workflow_executor.py", "getattr(config, 'consumer_batch_size', 1)"),
-        ("areal/infra/rollout/workflow_executor.py", "getattr(config, 'dump_to_file', False)"),
-        (
-            "areal/infra/rollout/workflow_executor.py",
-            "getattr(config, 'enable_rollout_tracing', False)",
-        ),
-        (
-            "areal/infra/rollout/workflow_executor.py",
-            "getattr(config, 'max_concurrent_rollouts', None)",
-        ),
-        (
-            "areal/infra/rollout/workflow_executor.py",
-            "getattr(config, 'max_head_offpolicyness', 0)",
-        ),
-        ("areal/infra/rollout/workflow_executor.py", "getattr(config, 'queue_size', None)"),
-        # helper "algos"
-        ("areal/trainer/ppo/actor.py", "getattr(cfg, 'm2_threshold', None)"),
-        ("areal/trainer/ppo/actor.py", "getattr(cfg, 'sapo_tau_neg', 1.05)"),
-        ("areal/trainer/ppo/actor.py", "getattr(cfg, 'sapo_tau_pos', 1.0)"),
-        ("areal/trainer/ppo/actor.py", "getattr(cfg, 'use_sapo_loss', False)"),
-        ("areal/trainer/ppo/actor.py", "getattr(config, 'loss_agg_mode', 'token-mean')"),
-        ("areal/trainer/ppo/actor.py", "getattr(config, 'loss_norm_constant', None)"),
-        ("areal/trainer/ppo/actor.py", "getattr(config, 'prox_logp_method', 'recompute')"),
-        ("areal/trainer/ppo/actor.py", "getattr(config, 'rejection_sampling', None)"),
-        ("areal/trainer/ppo/actor.py", "getattr(config, 'use_sapo_loss', False)"),
-        # helper "batch"
-        ("areal/trainer/rl_trainer.py", "getattr(config, 'cluster', None)"),
-        ("areal/trainer/rl_trainer.py", "getattr(config.actor, 'backend', '')"),
-        ("areal/trainer/rl_trainer.py", "getattr(config.actor, 'dynamic_sampling', False)"),
-        ("areal/trainer/rl_trainer.py", "getattr(config.actor, 'group_size', 1)"),
-        ("areal/trainer/rl_trainer.py", "getattr(config.actor, 'use_lora', False)"),
-        ("areal/trainer/rl_trainer.py", "getattr(config.rollout, 'backend', '')"),
-        # helper "algos"
     },
 }
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from areal.api.cli_args import GenerationHyperparameters
+from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
 from areal.api.io_struct import ModelRequest, ModelResponse
 from areal.workflow.grouped import GroupedRolloutWorkflow
 from areal.workflow.rlvr import RLVRWorkflow
@@ -223,12 +223,10 @@ async def test_reward_stats_recorded_in_rollout_scope(tokenizer):
 
 def test_rlvr_through_executor_with_import_strings(tokenizer_dir, tokenizer):
     """Workflow and reward given as import strings, tokenizer as a path (trainer style)."""
-    from types import SimpleNamespace
-
     from areal.infra.workflow_executor import WorkflowExecutor
 
     engine = ScriptedEngine(tokenizer, ["#### 42", "#### 3"] * 4, version=0)
-    cfg = SimpleNamespace(
+    cfg = InferenceEngineConfig(
         consumer_batch_size=2,
         max_concurrent_rollouts=2,
         max_head_offpolicyness=0,
