@@ -160,27 +160,7 @@ KNOWN_VIOLATIONS_TO_FIX: dict[str, set] = {
     # (file, imported areal module) inside a try whose handler catches ImportError
     "except_importerror": {},
     # (file, call source) of getattr(<typed config>, "field", default)
-    "config_getattr": {
-        # FSDP engine (helper "perf" works in these files)
-        ("areal/engine/fsdp/engine.py", "getattr(config, 'is_critic', False)"),
-        ("areal/engine/fsdp/engine.py", "getattr(config, 'temperature', 1.0)"),
-        ("areal/engine/fsdp/engine.py", "getattr(self.config, 'attn_impl', 'flash_attention_2')"),
-        ("areal/engine/fsdp/engine.py", "getattr(self.config, 'disable_dropout', False)"),
-        ("areal/engine/fsdp/engine.py", "getattr(self.config, 'dtype', 'float32')"),
-        ("areal/engine/fsdp/weight_export.py", "getattr(self.config, 'dtype', 'float32')"),
-        ("areal/engine/fsdp/engine.py", "getattr(self.config, 'freeze_vision_tower', False)"),
-        ("areal/engine/fsdp/engine.py", "getattr(self.config, 'fsdp', None)"),
-        ("areal/engine/fsdp/engine.py", "getattr(self.config, 'grad_reduce_dtype', 'float32')"),
-        ("areal/engine/fsdp/engine.py", "getattr(self.config, 'gradient_checkpointing', False)"),
-        ("areal/engine/fsdp/engine.py", "getattr(self.config, 'init_from_scratch', False)"),
-        ("areal/engine/fsdp/engine.py", "getattr(self.config, 'mb_spec', None)"),
-        ("areal/engine/fsdp/engine.py", "getattr(self.config, 'num_threads', 1)"),
-        ("areal/engine/fsdp/engine.py", "getattr(self.config, 'optimizer', None)"),
-        ("areal/engine/fsdp/engine.py", "getattr(self.config, 'path', '')"),
-        ("areal/engine/fsdp/engine.py", "getattr(self.config, 'seed', 1)"),
-        ("areal/engine/fsdp/engine.py", "getattr(self.config, 'use_lora', False)"),
-        ("areal/engine/fsdp/engine.py", "getattr(self.config.optimizer, 'gradient_clipping', 0.0)"),
-    },
+    "config_getattr": set(),
 }
 
 
