@@ -176,7 +176,10 @@ def test_sigterm_stops_at_step_boundary_writes_checkpoint_leaves_no_child(tmp_pa
             os.killpg(proc.pid, signal.SIGKILL)
     last = _rows(root, "stats.jsonl")[-1]["global_step"]
     assert last < STEPS - 1  # stopped early, at a step boundary
-    assert f"Stopped by SIGTERM after step {last}" in text
+    # at the end of a step, or (more likely) while waiting for the next step's batch
+    assert f"Stopped by SIGTERM after step {last}" in text or (
+        f"while waiting for the batch of step {last + 1} (recover checkpoint of step {last}" in text
+    ), text[-3000:]
     from areal.utils.recover import list_complete_checkpoints, verify_checkpoint
 
     ckpts = list_complete_checkpoints(

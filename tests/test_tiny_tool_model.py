@@ -174,6 +174,23 @@ def test_answer_reward_uses_last_number():
     assert run_calculator_call({"expr": "1"}).startswith("error")
 
 
+def test_context_holds_4096_positions_and_short_prompt_outputs_are_unchanged(model, tokenizer):
+    """4,096 positions (agent SDK prompts with tool schemas fit); RoPE has no position
+    table, so the same weights under the old 1,024 give identical logits on short prompts."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    assert model.config.max_position_embeddings >= 4096
+    assert tokenizer.model_max_length >= 4096
+    cfg = AutoConfig.from_pretrained(get_tiny_tool_path())
+    cfg.max_position_embeddings = 1024
+    old = AutoModelForCausalLM.from_pretrained(
+        get_tiny_tool_path(), config=cfg, dtype=torch.float32
+    ).eval()
+    ids = torch.tensor([_prompt(tokenizer, [{"role": "user", "content": HELD_OUT[1]["question"]}])])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, old(ids).logits)
+
+
 @pytest.fixture(scope="module")
 def tool_engine():
     from _local_engine import local_engine
@@ -230,3 +247,19 @@ async def test_tool_round_trip_through_areal_openai_on_real_server(tokenizer, to
     assert tokenizer.decode(ids[r1.input_len : r1.input_len + r1.output_len]).startswith(
         "<tool_call>"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_real_server_accepts_a_prompt_past_the_old_1024_positions(tokenizer, tool_engine):
+    """A 2,000-token prompt (the openai-agents SDK's with tool schemas: ~1,134) is
+    generated on, not refused."""
+    from areal.api.cli_args import GenerationHyperparameters
+    from areal.api.io_struct import ModelRequest
+
+    ids = _prompt(tokenizer, [{"role": "user", "content": "1 + 2 " * 700 + "= ?"}])
+    assert 1500 < len(ids) < 4000, len(ids)
+    resp = await tool_engine.agenerate(
+        ModelRequest(input_ids=ids, gconfig=GenerationHyperparameters(max_new_tokens=4))
+    )
+    assert len(resp.output_tokens) >= 1

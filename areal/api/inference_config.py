@@ -628,6 +628,25 @@ class InferenceEngineConfig:
         "refusals in a row the run stops with an error naming the version, the server and "
         "the tensor. 0: stop at the first refusal; null: never stop; >= 0.",
     )
+    max_consecutive_episode_failures: int | None = cfield(
+        64,
+        "The run stops with RolloutFailureError (quoting the most common failure and how "
+        "often it occurred) when this many episodes in a row failed: the workflow raised "
+        "(its own exception, or an HTTP error of a server, e.g. 400 for a prompt longer than "
+        "the context), returned a malformed trajectory, or the accept filter raised. "
+        "Rejections (a workflow returning None, dynamic-sampling filtering, stale results) "
+        "are not failures. The same for evaluation episodes. null: never stop for this; >= 1.",
+    )
+    max_episode_failure_ratio: float | None = cfield(
+        0.5,
+        "The run stops (RolloutFailureError) when more than this share of the last "
+        "episode_failure_window finished episodes failed (checked once that many "
+        "finished); occasional failures are counted in rollout/n_failed. null: never stop "
+        "for this; in (0, 1].",
+    )
+    episode_failure_window: int = cfield(
+        256, "Finished episodes over which max_episode_failure_ratio is measured; >= 1."
+    )
     generation_api_key_env: str = cfield(
         "",
         "Name of a controller environment variable holding an API key the built-in servers "
@@ -703,6 +722,22 @@ class InferenceEngineConfig:
             ge=0,
             optional=True,
         )
+        check_range(
+            owner,
+            "max_consecutive_episode_failures",
+            self.max_consecutive_episode_failures,
+            ge=1,
+            optional=True,
+        )
+        check_range(
+            owner,
+            "max_episode_failure_ratio",
+            self.max_episode_failure_ratio,
+            gt=0,
+            le=1,
+            optional=True,
+        )
+        check_range(owner, "episode_failure_window", self.episode_failure_window, ge=1)
         if len(self.scheduling_spec) not in (1, 2):
             raise ValueError(
                 f"{owner}.scheduling_spec has {len(self.scheduling_spec)} entries; must have 1 or 2"

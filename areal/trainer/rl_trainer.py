@@ -15,7 +15,10 @@ The trainer starts the workers named by the allocation mode through a scheduler
    weight check is not among it: the commit waits for it);
 2. rollout: ``prepare_batch`` (asynchronous) or one batch generated after the last
    update (``_sync_rollout``); batch stats (``areal.trainer.ppo.stats``) and the
-   ``consumed.jsonl`` audit line;
+   ``consumed.jsonl`` audit line. Episodes that keep failing end the wait with
+   ``RolloutFailureError`` (``areal.infra.rollout.failure_monitor``); a SIGTERM/SIGINT
+   ends it with ``WaitInterrupted``: the recover checkpoint of the last completed step is
+   written and the run exits 128 + signal (``_stop_during_wait``);
 3. the training half on the workers (``areal.trainer.rl_step.train_on_batch``): the
    batch crosses to each role's workers once; proximal logprobs, reference / teacher
    logprobs, values, advantages, ``ppo_update``, LR step; held batches freed;
@@ -49,6 +52,8 @@ from areal.infra.grouped_workflow import (
     interactions_to_tensor_dict,
     is_interaction_dict,
 )
+from areal.infra.rollout.failure_monitor import EpisodeFailureMonitor
+from areal.infra.rollout.rollout_results import WaitInterrupted
 from areal.trainer.common import make_scheduler, setup_run, teardown_run
 from areal.trainer.ppo.stats import batch_stats
 from areal.trainer.rl_step import PPORoles, train_on_batch
@@ -361,8 +366,12 @@ class PPOTrainer:
         self._t_run, self._eval_seconds = t_run, 0.0
         from areal.utils.stop_signals import StopOnSignal
 
-        # SIGTERM/SIGINT: finish the step, write a recover checkpoint, stop (exit 128+sig)
+        # SIGTERM/SIGINT: a wait for a batch ends at once (WaitInterrupted), a step past its
+        # rollout finishes; the recover checkpoint of the last completed step is written and
+        # the run stops (exit 128+sig)
         self._stop = StopOnSignal().install()
+        self.rollout.workflow_executor.interrupt_waits_on(self._stop.event)
+        last_dumped = self.start_step - 1 if recover_info is not None else None
         for global_step in range(self.start_step, total_steps):
             epoch = global_step // steps_per_epoch
             step = global_step % steps_per_epoch
@@ -372,7 +381,11 @@ class PPOTrainer:
                 global_step=global_step,
                 steps_per_epoch=steps_per_epoch,
             )
-            stats = self._train_step(step_info, workflow, workflow_kwargs, dynamic_filter_fn)
+            try:
+                stats = self._train_step(step_info, workflow, workflow_kwargs, dynamic_filter_fn)
+            except WaitInterrupted:
+                self._stop_during_wait(global_step, last_dumped)
+                break
 
             with stats_tracker.record_timing("checkpoint_for_recover"):
                 dumped = self.recover_handler.dump(
@@ -386,6 +399,8 @@ class PPOTrainer:
                     tokenizer=self.tokenizer,
                     force=self._stop.requested,
                 )
+            if dumped is not None:
+                last_dumped = global_step
             self.rollout.resume()
 
             evaluated = None
@@ -453,6 +468,42 @@ class PPOTrainer:
         result["total_steps"] = self.start_step + result.get("steps_done", 0)
         result["log_dir"] = self.log_dir
         return result
+
+    def _stop_during_wait(self, global_step: int, last_dumped: int | None) -> None:
+        """A stop signal ended the wait for step ``global_step``'s batch: write the recover
+        checkpoint of the last completed step (unless it exists), from which a rerun
+        resumes (the rows drawn since are stored as pending and re-run)."""
+        self.rollout.pause()
+        done = global_step - 1
+        if done < 0:
+            logger.warning(
+                f"Stopped by {self._stop.name} while waiting for the first batch: no step "
+                "completed, no recover checkpoint written"
+            )
+            return
+        if last_dumped != done:
+            spe = self.ft_spec.steps_per_epoch
+            with stats_tracker.record_timing("checkpoint_for_recover"):
+                self.recover_handler.dump(
+                    self.actor,
+                    StepInfo(
+                        epoch=done // spe,
+                        epoch_step=done % spe,
+                        global_step=done,
+                        steps_per_epoch=spe,
+                    ),
+                    self.saver,
+                    self.evaluator,
+                    self.stats_logger,
+                    self.train_dataloader,
+                    inference_engine=self.rollout,
+                    tokenizer=self.tokenizer,
+                    force=True,
+                )
+        logger.warning(
+            f"Stopped by {self._stop.name} while waiting for the batch of step {global_step} "
+            f"(recover checkpoint of step {done} written; a rerun resumes from it)"
+        )
 
     def training_seconds(self) -> float:
         """Wall time of the current ``train()`` call since its first step, minus the time
@@ -615,11 +666,19 @@ class PPOTrainer:
             out = await wf.arun_episode(self.rollout, item)
             return interactions_to_tensor_dict(out) if is_interaction_dict(out) else out
 
+        rc = self.config.rollout
         res = run_evaluation(
             episode,
             [self.valid_dataset[i] for i in range(len(self.valid_dataset))],
-            max_concurrent=int(self.config.rollout.max_concurrent_rollouts or 64),
+            max_concurrent=int(rc.max_concurrent_rollouts or 64),
             global_step=global_step,
+            # failing evaluation episodes stop the run as training ones do
+            failure_monitor=EpisodeFailureMonitor(
+                "evaluation",
+                max_consecutive=rc.max_consecutive_episode_failures,
+                window=rc.episode_failure_window,
+                max_ratio=rc.max_episode_failure_ratio,
+            ),
         )
         self.eval_history.append({"global_step": global_step, **res})
         return res

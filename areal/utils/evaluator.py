@@ -6,6 +6,10 @@ time), counts the episodes that raised, and reduces the rewards to ``eval/accura
 (share of rewards > 0), ``eval/reward``, ``eval/n``, ``eval/n_failed`` and ``time/eval``.
 The caller says how one row becomes an episode (``PPOTrainer``: its evaluation workflow
 run against the inference servers, outside the training rollouts' staleness bound).
+With a ``failure_monitor`` (``PPOTrainer``: an ``EpisodeFailureMonitor`` with the
+``rollout`` limits) every finished episode is recorded in it; once it trips no further
+episode starts, and the evaluation raises its error (``RolloutFailureError``), as it does
+when every episode of the evaluation failed.
 """
 
 from __future__ import annotations
@@ -30,9 +34,14 @@ def run_evaluation(
     *,
     max_concurrent: int = 64,
     global_step: int = 0,
+    failure_monitor: Any = None,
 ) -> dict[str, float]:
     """Run ``run_episode(row)`` for every row; an episode's result is a dict with a
-    ``rewards`` tensor (anything else is ignored). Returns the ``eval/*`` stats."""
+    ``rewards`` tensor (anything else is ignored). Returns the ``eval/*`` stats.
+
+    ``failure_monitor``: an object with ``tripped``, ``record_ok()``,
+    ``record_failure(exc)``, ``raise_if_tripped()`` and ``raise_if_all_failed()`` (module
+    docstring)."""
     t0 = time.monotonic()
     limit = max(1, int(max_concurrent))
 
@@ -41,11 +50,24 @@ def run_evaluation(
 
         async def one(item):
             async with sem:
-                return await run_episode(item)
+                if failure_monitor is None:
+                    return await run_episode(item)
+                if failure_monitor.tripped:
+                    return None
+                try:
+                    out = await run_episode(item)
+                except Exception as e:
+                    failure_monitor.record_failure(e)
+                    raise
+                failure_monitor.record_ok()
+                return out
 
         return await asyncio.gather(*(one(x) for x in rows), return_exceptions=True)
 
     outs = asyncio.run(run_all())
+    if failure_monitor is not None:
+        failure_monitor.raise_if_tripped()
+        failure_monitor.raise_if_all_failed()
     rewards = [o["rewards"].float().reshape(-1) for o in outs if isinstance(o, dict)]
     n_failed = sum(isinstance(o, BaseException) for o in outs)
     if n_failed:

@@ -59,6 +59,7 @@ from areal.models.tiny_tool import (
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "areal/models/assets/tiny-tool"
 SPEC = dict(digits=2, steps=2, ops=("add", "sub"))
+CONTEXT_LENGTH = 4096  # positions (max_position_embeddings, tokenizer model_max_length)
 _LINE_RE = re.compile(r"^(\d+) ([+\-*]) (\d+) = (\d+)$")
 TOOLS = [CALCULATOR_TOOL]
 
@@ -177,6 +178,7 @@ def build_tokenizer(seed: int, vocab_size: int):
     tok = build_tiny_tokenizer(None, corpus, vocab_size=vocab_size)
     tok.add_tokens(TOOL_TOKENS)  # non-special: decoding keeps them
     tok.chat_template = TOOL_CHAT_TEMPLATE
+    tok.model_max_length = CONTEXT_LENGTH
     return tok
 
 
@@ -324,7 +326,11 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    model = AutoModelForCausalLM.from_config(tiny_model_config(len(tokenizer)))
+    # 4,096 positions: agent SDK prompts with tool schemas (openai-agents: ~1,134 tokens)
+    # fit; RoPE has no position table, so the count changes no weight and no short output.
+    model = AutoModelForCausalLM.from_config(
+        tiny_model_config(len(tokenizer), max_position_embeddings=CONTEXT_LENGTH)
+    )
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, args.warmup, args.steps))
@@ -396,7 +402,8 @@ def readme_text(r: dict) -> str:
     return f"""# tiny-tool: a tiny tool-calling model for CPU tests and demos
 
 A {r["n_params"]:,}-parameter Qwen2 decoder (hidden 128, 4 layers, 4 heads, 2 KV heads,
-tied embeddings, fp32; the shape of `tiny-base`) with a {r["vocab_size"]}-token byte-level BPE
+tied embeddings, fp32; the shape of `tiny-base`, with 4,096 positions: agent SDK prompts
+with tool schemas fit) with a {r["vocab_size"]}-token byte-level BPE
 tokenizer (every digit one token; `<tool_call>` and `</tool_call>` single non-special
 tokens) and a ChatML chat template that renders `tools=`, assistant `tool_calls` and `tool`
 messages (`areal.models.tiny_tool.TOOL_CHAT_TEMPLATE`). Rebuilt by

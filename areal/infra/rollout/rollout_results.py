@@ -10,11 +10,16 @@
   statistics in ``stats_tracker``, ``last_submit_versions``) and return one padded batch
   (``concat_padded_tensors``) or the list of results;
 - a wait that has not returned after 5 s logs, every 10 s (``areal.infra.wait_log``), what
-  it waits for (``_describe_wait_locked``).
+  it waits for (``_describe_wait_locked``);
+- every slice of every wait (0.1 s) first checks (``_check_alive_locked``) that the loop
+  is alive, that episodes are not failing past the limits (``RolloutFailureError``, from
+  ``failure_monitor``) and that no stop was requested (``interrupt_waits_on``: the event is
+  set, e.g. by the trainer's SIGTERM handler: ``WaitInterrupted``, results stay queued).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -30,7 +35,7 @@ from areal.utils.batch import concat_padded_tensors
 if TYPE_CHECKING:
     from areal.api.workflow_api import RolloutWorkflow
 
-__all__ = ["ResultCollectionMixin", "RolloutResult", "is_tensor_dict"]
+__all__ = ["ResultCollectionMixin", "RolloutResult", "WaitInterrupted", "is_tensor_dict"]
 
 # Slice used by blocking waits so that thread death / staleness are noticed.
 _WAIT_SLICE_S = 0.1
@@ -38,6 +43,10 @@ _WAIT_SLICE_S = 0.1
 _NO_PROGRESS_WARN_S = 60.0
 # wait() warns this often when queued rollouts can never start at the current version.
 _STALL_WARN_S = 30.0
+
+
+class WaitInterrupted(Exception):
+    """A wait ended early because the event given to ``interrupt_waits_on`` was set."""
 
 
 @dataclass
@@ -63,11 +72,17 @@ class ResultCollectionMixin:
 
     Uses the executor's ``_cv`` (the condition guarding its queues), ``_results``,
     ``_pending``, ``_inflight``, ``_rejected_since_export``, ``_dynamic_rejected``,
-    ``_eval_running``, ``_shutdown``, ``staleness_manager``, ``consumer_batch_size``,
+    ``_eval_running``, ``_shutdown``, ``_interrupt``, ``failures``, ``eval_failures``,
+    ``staleness_manager``, ``consumer_batch_size``,
     ``max_staleness``, ``inference_engine``, the submission side (``submit``,
     ``_top_up``, ``_drop_stale_locked``, ``_resolve_workflow``: ``rollout_submission``)
     and ``_get_version``/``_raise_if_dead``/``_require_initialized``.
     """
+
+    def interrupt_waits_on(self, event: threading.Event | None) -> None:
+        """While ``event`` is set, every wait raises ``WaitInterrupted`` within a slice
+        (0.1 s); results stay queued. ``None``: waits are not interruptible."""
+        self._interrupt = event
 
     def wait(
         self, count: int, timeout: float | None = None, raise_timeout: bool = True
@@ -285,7 +300,9 @@ class ResultCollectionMixin:
         train = [r for r in taken if not r.is_eval]
         tracker = stats_tracker.DEFAULT_TRACKER
         with tracker.disable_scope(), tracker.scope("rollout"):
-            tracker.scalar(n_accepted=len(train), n_rejected=rejected)
+            tracker.scalar(
+                n_accepted=len(train), n_rejected=rejected, n_failed=self.failures.take_failed()
+            )
             if train:
                 lags = [version - r.submit_version for r in train]
                 tracker.scalar(
@@ -296,10 +313,15 @@ class ResultCollectionMixin:
 
     # ------------------------------------------------------------------ shared by the waits
     def _check_alive_locked(self) -> None:
-        """Raise if the background loop died or the executor was destroyed."""
+        """Raise if the background loop died or the executor was destroyed, if episodes
+        keep failing (``RolloutFailureError``) or a stop was requested (``WaitInterrupted``)."""
         self._raise_if_dead()
         if self._shutdown.is_set():
             raise RuntimeError("WorkflowExecutor was destroyed while waiting")
+        self.failures.raise_if_tripped()
+        self.eval_failures.raise_if_tripped()
+        if self._interrupt is not None and self._interrupt.is_set():
+            raise WaitInterrupted("a stop was requested while waiting for rollouts")
 
     def _wait_slice_locked(self, remaining: float | None) -> None:
         """Block on the condition for one slice (at most ``remaining`` seconds)."""

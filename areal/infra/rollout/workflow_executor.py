@@ -21,7 +21,14 @@ A workflow that raises is logged with its traceback and counted as rejected (one
 raises ``NoHealthyServerError``, no server in rotation for a moment, is counted as
 ``reason="no_server"`` and its row re-queued, as a stale one's); a workflow
 returning ``None`` or a result refused by ``should_accept_fn`` is counted as rejected. The
-executor itself keeps running.
+executor itself keeps running, but not forever: raised exceptions, malformed trajectories
+and a raising ``should_accept_fn`` are *failures*, recorded (with every other finished
+episode) by an ``EpisodeFailureMonitor`` (``failure_monitor``; one for training, one for
+evaluation episodes); once all of the last ``max_consecutive_episode_failures`` episodes
+failed, or more than ``max_episode_failure_ratio`` of the last
+``episode_failure_window``, the loop starts no more rollouts and every wait raises
+``RolloutFailureError`` quoting the most common failure. Failures since the last batch are
+the ``rollout/n_failed`` stat.
 
 Groups: with ``group_size = n`` the workflow is wrapped in
 :class:`~areal.infra.rollout.grouped_workflow.GroupedRolloutWorkflow` (run ``n`` times per data item,
@@ -71,6 +78,7 @@ import torch
 
 from areal.api.inference_protocol import NoHealthyServerError
 from areal.infra.rollout import workflow_context
+from areal.infra.rollout.failure_monitor import EpisodeFailureMonitor
 from areal.infra.rollout.grouped_workflow import (
     interactions_to_tensor_dict,
     is_interaction_dict,
@@ -149,6 +157,11 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
         # Training rejections not yet counted by a dynamic_bs batch.
         self._dynamic_rejected = 0
         self._eval_running = 0
+        # failed episodes (exceptions, HTTP errors) vs finished ones, per kind
+        self.failures = self._failure_monitor("training", config)
+        self.eval_failures = self._failure_monitor("evaluation", config)
+        # set (e.g. by a SIGTERM handler) to end a wait at once: WaitInterrupted
+        self._interrupt: threading.Event | None = None
         self._paused = threading.Event()
         self._shutdown = threading.Event()
         self._thread: threading.Thread | None = None
@@ -165,6 +178,15 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
         self.last_submit_versions: list[int] = []
         #: version at which the latest ``wait`` returned
         self.last_consume_version: int | None = None
+
+    @staticmethod
+    def _failure_monitor(kind: str, config: InferenceEngineConfig) -> EpisodeFailureMonitor:
+        return EpisodeFailureMonitor(
+            kind,
+            max_consecutive=config.max_consecutive_episode_failures,
+            window=config.episode_failure_window,
+            max_ratio=config.max_episode_failure_ratio,
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -333,6 +355,8 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
 
     def _start_ready_tasks(self) -> bool:
         """Start queued tasks while capacity allows; True if some wait for capacity."""
+        if self.failures.tripped or self.eval_failures.tripped:
+            return False  # the waits raise RolloutFailureError; nothing new starts
         if self.is_paused:
             with self._cv:
                 return bool(self._pending)
@@ -371,6 +395,7 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
 
     async def _run_one(self, task: RolloutTask, submit_version: int) -> None:
         reason: str | None = None
+        failure: BaseException | None = None  # the episode failed (not merely rejected)
         traj = None
         workflow_context.set(
             workflow_context.WorkflowContext(is_eval=task.is_eval, task_id=task.task_id)
@@ -396,7 +421,7 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
                 )
                 await asyncio.sleep(1.0)
             else:
-                reason = "error"
+                reason, failure = "error", e
                 self.logger.error(
                     "Rollout %d: workflow %s raised; counted as rejected:\n%s",
                     task.task_id,
@@ -411,14 +436,14 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
             try:
                 check_trajectory_format(traj)
             except ValueError as e:
-                reason = "invalid"
+                reason, failure = "invalid", e
                 self.logger.error("Rollout %d returned a malformed trajectory: %s", task.task_id, e)
         if reason is None and task.should_accept_fn is not None:
             try:
                 if not task.should_accept_fn(traj):
                     reason = "filtered"
-            except Exception:
-                reason = "error"
+            except Exception as e:
+                reason, failure = "error", e
                 self.logger.error(
                     "Rollout %d: should_accept_fn raised; counted as rejected:\n%s",
                     task.task_id,
@@ -427,6 +452,18 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
         version = self._get_version()
         if reason is None and not task.is_eval and version - submit_version > self.max_staleness:
             reason = "stale"
+        monitor = self.eval_failures if task.is_eval else self.failures
+        if failure is not None:
+            was_tripped = monitor.tripped
+            monitor.record_failure(failure)
+            if monitor.tripped and not was_tripped:
+                self.logger.error(
+                    "%s episodes keep failing: no more rollouts start; the waits raise "
+                    "RolloutFailureError",
+                    monitor.kind,
+                )
+        elif reason not in ("cancelled", "no_server"):
+            monitor.record_ok()
         sm = self.staleness_manager
         with self._cv:
             self._inflight.pop(task.task_id, None)
