@@ -388,17 +388,7 @@ class PPOTrainer:
                 break
 
             with stats_tracker.record_timing("checkpoint_for_recover"):
-                dumped = self.recover_handler.dump(
-                    self.actor,
-                    step_info,
-                    self.saver,
-                    self.evaluator,
-                    self.stats_logger,
-                    self.train_dataloader,
-                    inference_engine=self.rollout,
-                    tokenizer=self.tokenizer,
-                    force=self._stop.requested,
-                )
+                dumped = self._dump_recover(step_info, force=self._stop.requested)
             if dumped is not None:
                 last_dumped = global_step
             self.rollout.resume()
@@ -427,17 +417,7 @@ class PPOTrainer:
             result["steps_done"] = global_step + 1 - self.start_step
             if self._stop.requested:
                 if dumped is None:  # the signal came after this step's (skipped) dump
-                    self.recover_handler.dump(
-                        self.actor,
-                        step_info,
-                        self.saver,
-                        self.evaluator,
-                        self.stats_logger,
-                        self.train_dataloader,
-                        inference_engine=self.rollout,
-                        tokenizer=self.tokenizer,
-                        force=True,
-                    )
+                    self._dump_recover(step_info, force=True)
                 logger.warning(
                     f"Stopped by {self._stop.name} after step {global_step} "
                     "(recover checkpoint written; a rerun resumes from it)"
@@ -469,6 +449,21 @@ class PPOTrainer:
         result["log_dir"] = self.log_dir
         return result
 
+    def _dump_recover(self, step_info: StepInfo, force: bool) -> Any:
+        """The recover checkpoint of ``step_info`` (actor, saver, evaluator, stats logger,
+        dataloader, rollout state, tokenizer); ``force``: also when it is not due."""
+        return self.recover_handler.dump(
+            self.actor,
+            step_info,
+            self.saver,
+            self.evaluator,
+            self.stats_logger,
+            self.train_dataloader,
+            inference_engine=self.rollout,
+            tokenizer=self.tokenizer,
+            force=force,
+        )
+
     def _stop_during_wait(self, global_step: int, last_dumped: int | None) -> None:
         """A stop signal ended the wait for step ``global_step``'s batch: write the recover
         checkpoint of the last completed step (unless it exists), from which a rerun
@@ -484,22 +479,10 @@ class PPOTrainer:
         if last_dumped != done:
             spe = self.ft_spec.steps_per_epoch
             with stats_tracker.record_timing("checkpoint_for_recover"):
-                self.recover_handler.dump(
-                    self.actor,
-                    StepInfo(
-                        epoch=done // spe,
-                        epoch_step=done % spe,
-                        global_step=done,
-                        steps_per_epoch=spe,
-                    ),
-                    self.saver,
-                    self.evaluator,
-                    self.stats_logger,
-                    self.train_dataloader,
-                    inference_engine=self.rollout,
-                    tokenizer=self.tokenizer,
-                    force=True,
+                step = StepInfo(
+                    epoch=done // spe, epoch_step=done % spe, global_step=done, steps_per_epoch=spe
                 )
+                self._dump_recover(step, force=True)
         logger.warning(
             f"Stopped by {self._stop.name} while waiting for the batch of step {global_step} "
             f"(recover checkpoint of step {done} written; a rerun resumes from it)"
