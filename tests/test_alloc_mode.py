@@ -22,7 +22,7 @@ def test_sglang_with_tp_parses_instance_size():
 
 
 def test_vllm_with_train_tensor_parallel():
-    mode = AllocationMode.from_str("vllm:d2+fsdp:d2t2")
+    mode = AllocationMode.from_str("vllm:d2+archon:d2t2")
     assert mode.gen_backend == "vllm" and mode.train.tp_size == 2 and mode.train_world_size == 4
 
 
@@ -91,7 +91,7 @@ def test_unknown_backend_error_lists_allowed():
 
 
 def test_parse_backend_requires_single_prefixed_component():
-    alloc = ParallelStrategy.parse_backend("fsdp:d2t2")
+    alloc = ParallelStrategy.parse_backend("archon:d2t2")
     assert isinstance(alloc, ModelAllocation) and alloc.world_size == 4
     with pytest.raises(ValueError, match="backend prefix"):
         ParallelStrategy.parse_backend("d2")

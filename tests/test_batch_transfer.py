@@ -248,8 +248,8 @@ def test_ppo_step_teacher_receives_batch_once_actor_gets_its_logp(roles):
 
 def test_ppo_step_wrapped_compute_advantages_on_a_plain_copy_reaches_the_update(roles):
     """User code that wraps ``actor.compute_advantages`` and hands it a modified plain
-    dict (``{**batch, "rewards": ...}``, as the VLM example's and the claims' reward
-    controls do) trains on what the wrapper computed, not on the held batch's rewards."""
+    dict (``{**batch, "rewards": ...}``) trains on what the wrapper computed, not on the
+    held batch's rewards."""
     b = _batch([9, 14, 6, 11])
     flipped = {**b, "rewards": -b["rewards"]}
     plain = train_on_batch(roles, b, _config(), 0, _timed, held=False)
@@ -266,3 +266,33 @@ def test_ppo_step_wrapped_compute_advantages_on_a_plain_copy_reaches_the_update(
     assert got == pytest.approx(expected)
     for c in (roles.actor, roles.ref, roles.critic):
         assert all(h["n_batches"] == 0 for h in c.stored_batches()), c.role
+
+
+def test_ppo_step_wrapper_replacing_rewards_on_the_held_batch_moves_only_the_rewards(roles):
+    """A wrapper that reads and replaces ``rewards`` on the ``BatchRef`` (the VLM example's
+    and the claims' reward controls) trains on the new rewards, and moves less than one
+    that copies the batch into a plain dict (which fetches every key and sends it back)."""
+    b = _batch([9, 14, 6, 11])
+    expected = train_on_batch(
+        roles, {**b, "rewards": -b["rewards"]}, _config(), 0, _timed, held=False
+    )
+    original = roles.actor.compute_advantages
+
+    def on_the_ref(batch, *a, **k):
+        batch["rewards"] = -batch["rewards"]
+        return original(batch, *a, **k)
+
+    def on_a_copy(batch, *a, **k):
+        return original({**batch, "rewards": -batch["rewards"]}, *a, **k)
+
+    moved = {}
+    for name, wrapper in (("ref", on_the_ref), ("copy", on_a_copy)):
+        roles.actor.compute_advantages = wrapper
+        RPC_TRAFFIC.reset()
+        try:
+            got = train_on_batch(roles, b, _config(), 0, _timed)
+        finally:
+            del roles.actor.compute_advantages
+        assert got == pytest.approx(expected), name
+        moved[name] = sum(t.bytes_sent + t.bytes_received for t in RPC_TRAFFIC.snapshot().values())
+    assert moved["ref"] < moved["copy"]

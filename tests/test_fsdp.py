@@ -126,6 +126,8 @@ def test_varlen_sdpa_attention_shared_prefix_plan_equals_per_sequence_values_and
     ids, lens = _grouped_ids(seed=3)
     cu = _cu(lens)
     plan = fsdp.plan_shared_prefixes(ids, cu, min_shared=4, min_saving=0.0)
+    # members of different own lengths: several padded attention calls (length buckets)
+    assert len(plan.member_rows) > 1
     qc, kc, vc = _qkv([plan.n_tokens], seed=4)
     out, _ = fsdp.varlen_sdpa_attention(
         _Attn(), qc, kc, vc, None, cu_seq_lens_q=torch.tensor(plan.seg_cu),

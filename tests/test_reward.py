@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from areal.api.reward_api import AsyncRewardWrapper
+from areal.api.reward_api import AsyncRewardWrapper, RewardFunctionError
 from areal.reward import extract_answer, parse_number
 from areal.reward.gsm8k import gsm8k_reward_fn
 
@@ -215,3 +215,31 @@ def test_async_reward_wrapper_works_across_successive_event_loops(wrapper_cleanu
     w = AsyncRewardWrapper(ok_reward, timeout_seconds=30, max_workers=1)
     for i in range(3):
         assert asyncio.run(w(i)) == float(i)
+
+
+def sometimes_raising_reward(x):
+    if x < 0:
+        raise ValueError(f"negative {x}")
+    return float(x)
+
+
+async def test_async_reward_wrapper_raises_once_every_call_keeps_failing(wrapper_cleanup):
+    """0.0 for the first ``max_consecutive_errors`` failures in a row; the next raises a
+    RewardFunctionError naming the function and the last failure (an episode that fails,
+    which the executor's failure monitor counts); one success resets the count."""
+    w = AsyncRewardWrapper(
+        sometimes_raising_reward, timeout_seconds=30, max_workers=1, max_consecutive_errors=3
+    )
+    assert [await w(-1) for _ in range(3)] == [0.0, 0.0, 0.0]
+    with pytest.raises(RewardFunctionError, match=r"sometimes_raising_reward failed on 4 calls"):
+        await w(-2)
+    with pytest.raises(RewardFunctionError, match=r"negative -3"):
+        await w(-3)
+    assert await w(5) == 5.0  # a success: the count starts again
+    assert [await w(-1) for _ in range(3)] == [0.0, 0.0, 0.0]
+    unlimited = AsyncRewardWrapper(
+        raising_reward, timeout_seconds=30, max_workers=1, max_consecutive_errors=None
+    )
+    assert [await unlimited(i) for i in range(5)] == [0.0] * 5
+    with pytest.raises(ValueError, match="max_consecutive_errors"):
+        AsyncRewardWrapper(ok_reward, max_consecutive_errors=0)

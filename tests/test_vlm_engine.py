@@ -8,7 +8,11 @@ on its results:
   computed by the model itself);
 - gradients of the same loss through the packed path equal the padded path's;
 - one train step on a mixed text+image batch changes vision-tower and text parameters;
-  with ``freeze_vision_tower`` the vision tower stays bit-identical.
+  with ``freeze_vision_tower`` the vision tower stays bit-identical;
+- on a GRPO-shaped batch (several samples of each image prompt, each with its own copy of
+  the pixels, plus text-only rows), the fast path (``dedup_images``: each distinct image
+  through the vision tower once, shared prefixes packed once) gives the old path's
+  logprobs, loss and gradients, and both equal transformers on the padded batch.
 """
 
 from __future__ import annotations
@@ -52,6 +56,55 @@ def make_mm_batch(path: str) -> dict:
             entries.append({})
         ans = tok.encode(answers[i], add_special_tokens=False) + [tok.eos_token_id]
         seqs.append((ids, ans))
+    width = max(len(p) + len(a) for p, a in seqs)
+    b = len(seqs)
+    input_ids = torch.zeros((b, width), dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.long)
+    loss_mask = torch.zeros((b, width), dtype=torch.long)
+    for i, (p, a) in enumerate(seqs):
+        input_ids[i, : len(p) + len(a)] = torch.tensor(p + a)
+        mask[i, : len(p) + len(a)] = 1
+        loss_mask[i, len(p) : len(p) + len(a)] = 1
+    return {
+        "input_ids": input_ids,
+        "attention_mask": mask,
+        "loss_mask": loss_mask,
+        "multi_modal_input": entries,
+    }
+
+
+def make_grpo_batch(path: str) -> dict:
+    """2 image prompts x 3 samples (each sample its own processor output) and one text
+    prompt x 2 samples, completions of different lengths; right-padded."""
+    from areal.dataset.synthetic_clevr import ClevrSpec, generate_clevr_rows
+    from areal.utils.vlm import load_vlm_processor
+
+    proc = load_vlm_processor(path)
+    tok = proc.tokenizer
+    rows = generate_clevr_rows(ClevrSpec(n=2, seed=5), "train")
+    seqs, entries = [], []
+    answers = ["[1]", "[3] x", "[2]", "[4]", "[1] [1]", "[0]"]
+    for g, r in enumerate(rows):
+        msgs = [
+            {
+                "role": "user",
+                "content": [{"type": "image"}, {"type": "text", "text": r["problem"][7:]}],
+            }
+        ]
+        text = proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        for k in range(3):
+            enc = proc(text=[text], images=r["images"])
+            ans = tok.encode(answers[3 * g + k], add_special_tokens=False) + [tok.eos_token_id]
+            seqs.append((enc["input_ids"][0].tolist(), ans))
+            entries.append(
+                {"pixel_values": enc["pixel_values"], "image_grid_thw": enc["image_grid_thw"]}
+            )
+    msgs = [{"role": "user", "content": "what is 1 + 1 + 1 + 1 + 1 + 1?"}]
+    text = proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    for ans in ("[6]", "[5] no"):
+        ids = tok.encode(text, add_special_tokens=False)
+        seqs.append((ids, tok.encode(ans, add_special_tokens=False) + [tok.eos_token_id]))
+        entries.append({})
     width = max(len(p) + len(a) for p, a in seqs)
     b = len(seqs)
     input_ids = torch.zeros((b, width), dtype=torch.long)
@@ -172,7 +225,44 @@ def _session(rank, world_size, path):
     after = frozen._full_state_dict()
     res["changed_frozen"] = {k: not torch.equal(before[k], after[k]) for k in before}
     res["mask"] = batch["attention_mask"]
+    res["fast"] = _fast_vs_old(_engine(path), path)  # a fresh engine: no earlier backward
     return res
+
+
+def _packed_grads(eng, batch: dict) -> tuple[torch.Tensor, float, dict[str, torch.Tensor]]:
+    """Logprobs [B, T] (forward_batch), and the loss and gradients of one packed
+    micro-batch holding every row."""
+    logp_all = eng.forward_batch(batch)
+    eng.model.zero_grad(set_to_none=True)
+    mb = eng._split(batch).packed()[0]
+    logp, _ = eng._forward_packed(mb)
+    loss = loss_fn(logp, None, mb)
+    loss.backward()
+    grads = {
+        n.replace("lm_head.head.", "lm_head."): _full(p.grad).clone()
+        for n, p in eng.model.named_parameters()
+        if p.grad is not None
+    }
+    eng.model.zero_grad(set_to_none=True)
+    return logp_all, float(loss), grads
+
+
+def _fast_vs_old(eng, path: str) -> dict:
+    from areal.engine.fsdp.vision_inputs import pack_images
+
+    batch = make_grpo_batch(path)
+    out: dict = {"mask": batch["attention_mask"]}
+    out["ref"] = _reference(path, batch)
+    eng.dedup_images, eng.share_prefixes = False, False
+    out["old"] = _packed_grads(eng, batch)
+    eng.dedup_images, eng.share_prefixes = True, True
+    out["new"] = _packed_grads(eng, batch)
+    mb = eng._split(batch).packed()[0]
+    images = pack_images(eng.model, mb["input_ids"], mb["cu_seqlens"], mb["multi_modal_input"])
+    out["n_images"] = int(images.image_grid_thw.shape[0])
+    plan = eng._shared_prefix_plan(images.keys, mb["cu_seqlens"].long(), images.position_ids)
+    out["plan_tokens"] = (plan.n_tokens if plan is not None else None, mb["input_ids"].numel())
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +311,37 @@ def test_vlm_mixed_batch_step_changes_vision_and_text_params(vlm_session):
     frozen = vlm_session["changed_frozen"]
     assert not any(frozen[k] for k in frozen if "visual" in k)
     assert any(frozen[k] for k in frozen if "language_model" in k)
+
+
+@pytest.mark.slow
+@pytest.mark.ci_slow
+def test_vlm_fast_path_equals_old_path_and_padded_hf(vlm_session):
+    r = vlm_session["fast"]
+    # 6 image rows with 2 distinct images; the shared prompts are packed once
+    assert r["n_images"] == 2
+    n_plan, n_tokens = r["plan_tokens"]
+    assert n_plan is not None and n_plan < 0.6 * n_tokens
+    mask = r["mask"].bool()
+    first = torch.zeros_like(mask)
+    first[:, 0] = True
+    sel = mask & ~first
+    old_logp, old_loss, old_grads = r["old"]
+    new_logp, new_loss, new_grads = r["new"]
+    ref_logp, ref_loss, ref_grads = r["ref"]
+    torch.testing.assert_close(new_logp[sel], old_logp[sel], atol=1e-5, rtol=0)
+    torch.testing.assert_close(new_logp[sel], ref_logp[sel], atol=ATOL, rtol=0)
+    assert abs(new_loss - old_loss) < 1e-5 and abs(new_loss - ref_loss) < ATOL
+    assert sorted(new_grads) == sorted(old_grads)
+    assert any("visual" in n for n in new_grads)
+    for name in old_grads:
+        torch.testing.assert_close(
+            new_grads[name],
+            old_grads[name],
+            atol=1e-6,
+            rtol=1e-4,
+            msg=lambda m, n=name: f"{n}: {m}",
+        )
+        if name in ref_grads:
+            torch.testing.assert_close(
+                new_grads[name], ref_grads[name], atol=1e-5, rtol=1e-4, msg=name
+            )

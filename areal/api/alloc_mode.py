@@ -4,7 +4,7 @@ Syntax (AReaL's, with this project's built-in ``local`` inference server)::
 
     local:d1+fsdp:d2          inference on 1 device, FSDP training on 2 others
     sglang:d4p1t2+fsdp:d4     4 SGLang replicas of tensor-parallel 2, FSDP data-parallel 4
-    vllm:d2+fsdp:d2t2         decoupled inference and training
+    vllm:d2+archon:d2t2       decoupled inference and training (archon: tensor parallel)
     sglang.d4+fsdp.d4         the older '.' separator is accepted as well as ':'
     vllm:d2|fsdp:d2           '|' : training and inference share the same devices
     d4                        training only (SFT), FSDP by default
@@ -14,6 +14,12 @@ Syntax (AReaL's, with this project's built-in ``local`` inference server)::
 A component is ``backend:dims`` where dims is a sequence of ``<letter><size>`` with
 letters d (data), t (tensor), p (pipeline), c (context) and e (expert parallel), each at
 most once, each size >= 1; omitted letters mean 1.
+
+Which dimensions a training backend accepts is checked here, at parse time, before any
+process starts (``check_train_dims``): ``fsdp`` takes only ``d``; ``archon`` takes ``d``,
+``t``, ``c`` and ``e`` (``p``, pipeline stages, is not yet supported); ``megatron`` is
+refused everywhere (no Megatron engine exists here; ``archon`` is the PyTorch-native
+engine for tensor, context and expert parallelism).
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ _DIM_LETTERS = {
     "c": "context_parallel_size",
     "e": "expert_parallel_size",
 }
+# Dimensions (letter -> size field) each training backend accepts beyond ``d``.
+TRAIN_BACKEND_DIMS = {"fsdp": ("d",), "archon": ("d", "t", "c", "e")}
+_DIM_NAMES = {"d": "data", "t": "tensor", "p": "pipeline", "c": "context", "e": "expert"}
 _COMPONENT_RE = re.compile(
     r"^(?P<backend>[A-Za-z_]+)(?:\[(?P<name1>[\w-]+)\]|\((?P<name2>[\w-]+)\))?(?P<sep>[:.])(?P<dims>.*)$"
 )
@@ -47,6 +56,38 @@ class AllocationValidationError(ValueError):
 
 class InvalidAllocationModeError(ValueError):
     """An allocation string that cannot be parsed."""
+
+
+def check_train_dims(backend: str, parallel: ParallelStrategy, context: str) -> None:
+    """Refuse a training component whose backend cannot build the layout it names."""
+    if backend == "megatron":
+        raise AllocationValidationError(
+            f"{context}: backend 'megatron' is not available (this project has no "
+            "Megatron-LM engine); use 'archon', the PyTorch-native engine with tensor, "
+            f"context and expert parallelism, e.g. 'archon:{parallel}'"
+        )
+    allowed = TRAIN_BACKEND_DIMS.get(backend)
+    if allowed is None:
+        return
+    for letter, name in _DIM_LETTERS.items():
+        size = getattr(parallel, name)
+        if size == 1 or letter in allowed:
+            continue
+        dims = ", ".join(f"{x} ({_DIM_NAMES[x]})" for x in allowed)
+        if backend == "archon" and letter == "p":
+            raise AllocationValidationError(
+                f"{context}: pipeline parallelism (p{size}) is not yet supported by the "
+                f"archon engine; allowed dimensions now: {dims}; use p1"
+            )
+        hint = (
+            f"; for {_DIM_NAMES[letter]} parallelism use 'archon:{parallel}'"
+            if backend == "fsdp" and letter in TRAIN_BACKEND_DIMS["archon"]
+            else ""
+        )
+        raise AllocationValidationError(
+            f"{context}: the {backend} engine does not support {_DIM_NAMES[letter]} "
+            f"parallelism ({letter}{size}); allowed dimensions: {dims}{hint}"
+        )
 
 
 class AllocationType(enum.Enum):
@@ -245,11 +286,9 @@ class ModelAllocation:
                 f"{context}: unknown backend {backend!r}; allowed: {list(allowed)}"
             )
         name = m.group("name1") or m.group("name2")
-        return cls(
-            backend=backend,
-            parallel=ParallelStrategy.from_dims(m.group("dims"), context=context),
-            name=name,
-        )
+        parallel = ParallelStrategy.from_dims(m.group("dims"), context=context)
+        check_train_dims(backend, parallel, context)
+        return cls(backend=backend, parallel=parallel, name=name)
 
     def __str__(self) -> str:
         head = self.backend or "fsdp"
@@ -285,6 +324,7 @@ class AllocationMode:
         for a in trains:
             if a.backend is None:
                 a.backend = "fsdp"
+                check_train_dims(a.backend, a.parallel, context)
         if len(gens) > 1:
             raise AllocationValidationError(
                 f"{context}: {len(gens)} inference components; at most one of {list(INFERENCE_BACKENDS)} is allowed"

@@ -223,7 +223,8 @@ class FP8EngineConfig:
 
 @dataclass
 class ArchonFP8Config:
-    """FP8 options of the Archon backend. This project accepts it so AReaL YAMLs load, but does not act on it (no Archon / FP8 hardware)."""
+    """FP8 options of the Archon backend. Only ``mode='disabled'`` runs here; with an
+    ``archon`` backend any other mode is refused when the config is parsed."""
 
     mode: str = cfield(
         "disabled",
@@ -243,7 +244,12 @@ class ArchonFP8Config:
 
 @dataclass
 class ArchonEngineConfig:
-    """Archon training backend options. This project accepts it so AReaL YAMLs load, but does not act on it (no Archon backend)."""
+    """Archon training backend options (``backend='archon:...'``, ``areal.engine.archon``).
+
+    With an ``archon`` backend every field is acted on or, set to a value this engine
+    does not support, refused by name when the config is parsed (``refusals``): FP8,
+    parameter offload, torch.compile, tree attention, ZeroBubble pipeline schedules,
+    op-level selective and memory-budget activation checkpointing, AC debugging."""
 
     attn_type: str = cfield(
         "varlen", "'varlen', 'sdpa' or 'tree'.", choices=["varlen", "sdpa", "tree"]
@@ -275,6 +281,54 @@ class ArchonEngineConfig:
     moe_router_dtype: str | None = cfield(
         "fp32", "Dtype of the MoE router GEMM ('fp32' or None).", choices=["fp32", None]
     )
+
+    def refusals(self, gradient_checkpointing: bool = False) -> list[str]:
+        """One line per field set to a value the archon engine here does not support."""
+        out = []
+        if self.fp8_config.mode != "disabled":
+            out.append(
+                f"archon.fp8_config.mode={self.fp8_config.mode!r}: FP8 training is not "
+                "supported by this engine; allowed: 'disabled'"
+            )
+        if self.offload_params:
+            out.append("archon.offload_params=True: parameter offload is not supported; use False")
+        if self.enable_compile:
+            out.append("archon.enable_compile=True: torch.compile is not supported; use False")
+        if self.attn_type == "tree":
+            out.append(
+                "archon.attn_type='tree': tree attention is not supported; allowed: 'varlen', 'sdpa'"
+            )
+        if "ZeroBubble" in self.pp_schedule:
+            out.append(
+                f"archon.pp_schedule={self.pp_schedule!r}: ZeroBubble schedules are not "
+                "supported; allowed: '1F1B', 'Interleaved1F1B'"
+            )
+        if self.ac_debug:
+            out.append(
+                "archon.ac_debug=True: activation-checkpointing debug capture is not supported; use False"
+            )
+        if gradient_checkpointing and self.ac_mode == "memory_budget":
+            out.append(
+                "archon.ac_mode='memory_budget' needs torch.compile, which is not supported; "
+                "allowed: 'none', 'full', 'selective' with selective_ac_option an integer"
+            )
+        if (
+            gradient_checkpointing
+            and self.ac_mode == "selective"
+            and not str(self.selective_ac_option).isdigit()
+        ):
+            out.append(
+                f"archon.selective_ac_option={self.selective_ac_option!r}: op-level selective "
+                "checkpointing is not supported; allowed: an integer string N (every N-th "
+                "block), or ac_mode='full'"
+            )
+        return out
+
+    def refuse_unsupported(self, owner: str, gradient_checkpointing: bool = False) -> None:
+        """Raise ``ValueError`` naming every unsupported field (see ``refusals``)."""
+        found = self.refusals(gradient_checkpointing)
+        if found:
+            raise ValueError(f"{owner} with an archon backend: " + "; ".join(found))
 
 
 @dataclass
@@ -514,7 +568,9 @@ class TrainEngineConfig:
         help="Megatron backend options. " + NOT_ACTED, factory=MegatronEngineConfig
     )
     archon: ArchonEngineConfig = cfield(
-        help="Archon backend options. " + NOT_ACTED, factory=ArchonEngineConfig
+        help="Archon backend options (used with backend 'archon:...'; unsupported values "
+        "are refused by name).",
+        factory=ArchonEngineConfig,
     )
     offload: bool = cfield(
         False, "Offload parameters and optimizer states to CPU between uses (GPU). " + NOT_ACTED
@@ -566,4 +622,6 @@ class TrainEngineConfig:
         if self.backend:
             from areal.api.alloc_mode import ParallelStrategy
 
-            ParallelStrategy.parse_backend(self.backend, field_name=f"{owner}.backend")
+            alloc = ParallelStrategy.parse_backend(self.backend, field_name=f"{owner}.backend")
+            if alloc.backend == "archon":
+                self.archon.refuse_unsupported(owner, self.gradient_checkpointing)

@@ -95,7 +95,15 @@ class BaseExperimentConfig:
         if self.allocation_mode:
             from areal.api.alloc_mode import AllocationMode
 
-            AllocationMode.from_str(self.allocation_mode)
+            mode = AllocationMode.from_str(self.allocation_mode)
+            if mode.train_backend == "archon":
+                # every trained/forward-only model of this run is built by the archon engine
+                for f in fields(self):
+                    value = getattr(self, f.name)
+                    if isinstance(value, TrainEngineConfig):
+                        value.archon.refuse_unsupported(
+                            f"{owner}.{f.name}", value.gradient_checkpointing
+                        )
 
 
 @dataclass
@@ -200,9 +208,6 @@ class GRPOConfig(PPOConfig):
 _MEGATRON = "the Megatron-LM training backend"
 
 
-_ARCHON = "the Archon training backend"
-
-
 _CUDA = "CUDA GPUs"
 
 
@@ -218,7 +223,6 @@ _LORA_SELECT = "per-request LoRA adapter selection (our LoRA sync names and appl
 # renders this list.
 NOT_ACTED_ON: tuple[tuple[str, str, str], ...] = (
     ("TrainEngineConfig", "megatron", _MEGATRON),
-    ("TrainEngineConfig", "archon", _ARCHON),
     ("TrainEngineConfig", "offload", f"{_CUDA} (torch_memory_saver)"),
     ("TrainEngineConfig", "use_kernels", f"{_CUDA} (HuggingFace kernels)"),
     ("TrainEngineConfig", "enable_tree_training", f"{_CUDA} (flex-attention tree training)"),

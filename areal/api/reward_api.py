@@ -11,7 +11,11 @@ unsafe with threads and torch) shared by all wrappers with the same ``max_worker
 worker exits on its own when the process that created it dies (even by ``kill -9``), so
 a crashed controller leaves no reward workers behind. It never blocks the event loop and never raises for a bad
 reward: a timeout, an exception in the reward function, or a crashed worker gives 0.0,
-a logged warning and a counted event (:meth:`AsyncRewardWrapper.stats`).
+a logged warning and a counted event (:meth:`AsyncRewardWrapper.stats`). A reward
+function that fails on every call is not a run's reward signal: after
+``max_consecutive_errors`` failed calls in a row (no success between them) the next
+failure raises :class:`RewardFunctionError` instead, so the episode fails, and the
+executor's failure monitor stops the run quoting it.
 
 The timeout measures the reward function's own run, not time spent waiting for a free
 worker: at most ``max_workers`` calls per event loop are handed to the pool at once (the
@@ -98,6 +102,10 @@ def _default_max_workers() -> int:
     return max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
+class RewardFunctionError(RuntimeError):
+    """A reward function failed on ``max_consecutive_errors`` calls in a row."""
+
+
 class AsyncRewardWrapper:
     """Awaitable wrapper around a synchronous reward function.
 
@@ -108,6 +116,9 @@ class AsyncRewardWrapper:
         max_retries: retries after a broken pool (a worker killed or crashed).
         startup_timeout_seconds: limit for a new pool to start a worker and import the
             reward function's module.
+        max_consecutive_errors: failed calls in a row (timeouts, exceptions, crashed
+            workers, non-numbers) scored 0.0 before a failure raises
+            :class:`RewardFunctionError`; ``None``: always 0.0.
     """
 
     _pools: dict[int, ProcessPoolExecutor] = {}
@@ -123,7 +134,14 @@ class AsyncRewardWrapper:
         max_workers: int | None = None,
         max_retries: int = 2,
         startup_timeout_seconds: float = 300,
+        max_consecutive_errors: int | None = 32,
     ):
+        if max_consecutive_errors is not None and max_consecutive_errors < 1:
+            raise ValueError(
+                f"max_consecutive_errors must be >= 1 or None, got {max_consecutive_errors}"
+            )
+        self.max_consecutive_errors = max_consecutive_errors
+        self._n_errors_in_a_row = 0
         if isinstance(reward_fn, str):
             reward_fn = _import_callable(reward_fn)
         if not callable(reward_fn):
@@ -267,11 +285,8 @@ class AsyncRewardWrapper:
                 result = await asyncio.wait_for(fut, timeout=self.timeout_seconds)
             except TimeoutError:
                 self._count("_n_timeouts")
-                logger.warning(
-                    "Reward %s timed out after %.1fs; reward 0.0", name, self.timeout_seconds
-                )
                 self._replace_pool(pool, f"a call to {name} timed out")
-                return 0.0
+                return self._failed(name, f"timed out after {self.timeout_seconds:.1f}s")
             except BrokenProcessPool as e:
                 last_error = e
                 self._replace_pool(pool, f"broken pool ({e})")
@@ -288,8 +303,7 @@ class AsyncRewardWrapper:
                     last_error = e
                     continue
                 self._count("_n_errors")
-                logger.warning("Reward %s raised %r; reward 0.0", name, e)
-                return 0.0
+                return self._failed(name, f"raised {e!r}")
             except asyncio.CancelledError as e:
                 task = asyncio.current_task()
                 if (task is not None and task.cancelling()) or attempt >= self.max_retries:
@@ -300,24 +314,30 @@ class AsyncRewardWrapper:
                 continue
             except Exception as e:
                 self._count("_n_errors")
-                logger.warning("Reward %s raised %r; reward 0.0", name, e)
-                return 0.0
+                return self._failed(name, f"raised {e!r}")
             try:
-                return float(result)
+                value = float(result)
             except (TypeError, ValueError) as e:
                 self._count("_n_errors")
-                logger.warning(
-                    "Reward %s returned %r, which is not a number (%s); reward 0.0",
-                    name,
-                    result,
-                    e,
-                )
-                return 0.0
+                return self._failed(name, f"returned {result!r}, which is not a number ({e})")
+            with self._stat_lock:
+                self._n_errors_in_a_row = 0
+            return value
         self._count("_n_errors")
-        logger.warning(
-            "Reward %s failed after %d attempts (%r); reward 0.0",
-            name,
-            self.max_retries + 1,
-            last_error,
-        )
+        return self._failed(name, f"failed after {self.max_retries + 1} attempts ({last_error!r})")
+
+    def _failed(self, name: str, what: str) -> float:
+        """0.0 for a failed call (logged), or :class:`RewardFunctionError` once
+        ``max_consecutive_errors`` calls in a row have failed."""
+        with self._stat_lock:
+            self._n_errors_in_a_row += 1
+            in_a_row = self._n_errors_in_a_row
+        limit = self.max_consecutive_errors
+        if limit is not None and in_a_row > limit:
+            raise RewardFunctionError(
+                f"reward function {name} failed on {in_a_row} calls in a row, the last "
+                f"{what}; a reward that always fails gives no signal to train on (fix it, "
+                f"or raise AsyncRewardWrapper's max_consecutive_errors)"
+            )
+        logger.warning("Reward %s %s; reward 0.0", name, what)
         return 0.0

@@ -7,6 +7,7 @@ imported lazily so that ``import areal.engine`` stays light:
   built-in / vLLM / SGLang servers (``as_controller(config, scheduler)`` starts servers
   through a scheduler);
 - ``FSDPEngine``: the FSDP2 training engine;
+- ``ArchonEngine``: the parallel (FSDP2 x tensor x context) training engine;
 - ``inference_backends``: the registry backend name -> engine, adapter, server command.
 """
 
@@ -19,6 +20,7 @@ _LAZY = {
     "RemotevLLMEngine": "areal.engine.vllm_remote",
     "RemoteSGLangEngine": "areal.engine.sglang_remote",
     "FSDPEngine": "areal.engine.fsdp_engine",
+    "ArchonEngine": "areal.engine.archon",
 }
 
 __all__ = [*_LAZY, "inference_backends"]

@@ -55,6 +55,7 @@ from areal.infra.grouped_workflow import (
 from areal.infra.rollout.failure_monitor import EpisodeFailureMonitor
 from areal.infra.rollout.rollout_results import WaitInterrupted
 from areal.trainer.common import make_scheduler, setup_run, teardown_run
+from areal.trainer.engine_select import select_engine
 from areal.trainer.ppo.stats import batch_stats
 from areal.trainer.rl_step import PPORoles, train_on_batch
 from areal.utils import logging, stats_tracker
@@ -164,6 +165,7 @@ class PPOTrainer:
         """The started ``TrainController`` of ``role`` (None when ``role_config`` is None)."""
         if role_config is None:
             return None
+        engine = select_engine(engine, role_config, self.alloc_mode)  # fsdp or archon
         return start_train_controller(
             engine,
             role_config,

@@ -26,6 +26,7 @@ from areal.api.alloc_mode import AllocationMode
 from areal.api.io_struct import SaveLoadMeta
 from areal.infra.controller.train_controller import TrainController
 from areal.trainer.common import attach_services, make_scheduler, setup_run, teardown_run
+from areal.trainer.engine_select import select_engine
 from areal.utils.dataloader import create_dataloader
 
 __all__ = ["SupervisedTrainer"]
@@ -64,9 +65,8 @@ class SupervisedTrainer:
         self.controller: TrainController | None = None
         try:
             self.scheduler = make_scheduler(config)
-            self.controller = self.controller_class(
-                self.engine_class, engine_config, self.scheduler
-            )
+            engine_class = select_engine(self.engine_class, engine_config, self.alloc_mode)
+            self.controller = self.controller_class(engine_class, engine_config, self.scheduler)
             self.controller.initialize(
                 role=self.role,
                 alloc_mode=self.alloc_mode,

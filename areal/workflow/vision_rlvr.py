@@ -6,7 +6,9 @@ but multimodal:
 1. the processor renders the row's ``messages`` (user ``content`` with ``{"type": "image"}``
    parts, see :mod:`areal.dataset.vision`; a pre-rendered string is used as is) with the
    chat template, then turns text + ``images`` into ``input_ids`` (each image placeholder
-   expanded to its pad tokens), ``pixel_values`` and ``image_grid_thw``;
+   expanded to its pad tokens), ``pixel_values`` and ``image_grid_thw``; the samples of
+   one prompt (run concurrently by the trainer) share ONE encoding, tensors included
+   (keyed by the text and the images' pixels; the batch then pickles each image once);
 2. one generation request carrying the images (``ModelRequest.image_data``: base64 PNG,
    one per image) and the chat messages with ``image_url`` parts
    (``vision_msg_vllm``, for backends that take images through chat completions);
@@ -24,7 +26,10 @@ paths (:func:`areal.utils.vlm.load_image`).
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +49,17 @@ logger = logging.getLogger("VisionRLVRWorkflow")
 
 # Data fields not forwarded to the reward function (big, and not what rewards read).
 _NOT_FOR_REWARD = ("prompt", "completions", "prompt_ids", "completion_ids", "images", "messages")
+# Encodings kept for the samples of the prompts in flight (a group's samples share one).
+_ENCODING_CACHE_SIZE = 128
+
+
+def _encoding_key(text: str, images: list) -> str:
+    """The text and every image's mode, size and pixels, hashed."""
+    h = hashlib.blake2b(text.encode(), digest_size=16)
+    for im in images:
+        h.update(f"|{im.mode}|{im.size}|".encode())
+        h.update(im.tobytes())
+    return h.hexdigest()
 
 
 def _load_processor(path: str, tokenizer: Any = None) -> Any:
@@ -110,6 +126,40 @@ class VisionRLVRWorkflow(RLVRWorkflow):
         if isinstance(processor, str):
             processor = _load_processor(processor, self.tokenizer)
         self.processor = processor
+        self._encodings: OrderedDict[str, asyncio.Future] = OrderedDict()
+        self._encodings_loop: asyncio.AbstractEventLoop | None = None
+
+    def _encode_sync(self, text: str, images: list) -> dict[str, Any]:
+        enc = self.processor(text=[text], images=images, return_tensors="pt")
+        return {
+            "input_ids": [int(t) for t in enc["input_ids"][0].tolist()],
+            "pixel_values": enc["pixel_values"],
+            "image_grid_thw": enc["image_grid_thw"],
+            "image_data": [image_to_base64(im) for im in images],
+        }
+
+    async def _encode(self, text: str, images: list) -> dict[str, Any]:
+        """The processor's output for (text, images), computed once for concurrent and
+        repeated calls (image decoding / preprocessing runs off the event loop)."""
+        loop = asyncio.get_running_loop()
+        if self._encodings_loop is not loop:  # futures belong to one loop
+            self._encodings.clear()
+            self._encodings_loop = loop
+        key = _encoding_key(text, images)
+        fut = self._encodings.get(key)
+        if fut is None:
+            fut = asyncio.ensure_future(asyncio.to_thread(self._encode_sync, text, images))
+            self._encodings[key] = fut
+            while len(self._encodings) > _ENCODING_CACHE_SIZE:
+                self._encodings.popitem(last=False)
+        else:
+            self._encodings.move_to_end(key)
+        try:
+            return await asyncio.shield(fut)
+        except BaseException:
+            if fut.done() and self._encodings.get(key) is fut:
+                del self._encodings[key]  # a failed encoding is not kept
+            raise
 
     def _render(self, data: dict[str, Any]) -> str:
         messages = self.data_extract_prompt_fn(data)
@@ -123,18 +173,13 @@ class VisionRLVRWorkflow(RLVRWorkflow):
     async def arun_episode(
         self, engine: InferenceEngine, data: dict[str, Any]
     ) -> dict[str, Any] | None:
-        import asyncio
-
         if "images" not in data:
             raise KeyError(f"VisionRLVRWorkflow: data has no 'images' field (keys: {sorted(data)})")
         images = load_images(data["images"])
         text = self._render(data)
-        # image decoding / preprocessing is CPU work: keep it off the event loop
-        enc = await asyncio.to_thread(
-            self.processor, text=[text], images=images, return_tensors="pt"
-        )
-        input_ids = [int(t) for t in enc["input_ids"][0].tolist()]
-        image_data = [image_to_base64(im) for im in images]
+        enc = await self._encode(text, images)
+        input_ids = list(enc["input_ids"])
+        image_data = list(enc["image_data"])
         ctx = workflow_context.get()
         version = engine.get_version() if hasattr(engine, "get_version") else 0
         req = ModelRequest(

@@ -35,14 +35,17 @@ class RewardOverride:
         self.mode = mode
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, batch: dict, *args, **kwargs) -> dict:
-        rewards = batch["rewards"]
+    def __call__(self, batch, *args, **kwargs):
+        rewards = batch["rewards"]  # on a BatchRef: fetches this one tensor from the workers
         if self.mode == "shuffled":
             perm = torch.randperm(rewards.shape[0], generator=self.generator)
             rewards = rewards[perm]
         else:
             rewards = torch.ones_like(rewards)
-        return self.compute_advantages({**batch, "rewards": rewards}, *args, **kwargs)
+        if isinstance(batch, dict):
+            return self.compute_advantages({**batch, "rewards": rewards}, *args, **kwargs)
+        batch["rewards"] = rewards  # a BatchRef: only the rewards go back to the workers
+        return self.compute_advantages(batch, *args, **kwargs)
 
 
 def install(mode: str) -> None:

@@ -45,11 +45,18 @@ def random_reward_fn(prompt, completions, prompt_ids, completion_ids, **kwargs) 
     return 1.0 if random.random() < RANDOM_REWARD_RATE else 0.0
 
 
-def permute_rewards(batch: dict, generator: torch.Generator) -> dict:
-    """``batch`` with its ``rewards`` permuted across the samples (the shuffled-reward control)."""
+def permute_rewards(batch, generator: torch.Generator):
+    """``batch`` with its ``rewards`` permuted across the samples (the shuffled-reward control).
+
+    A plain dict is copied; a ``BatchRef`` (the batch held on the actor's workers) has only
+    its ``rewards`` fetched and replaced, so the images never travel back and forth.
+    """
     rewards = batch["rewards"]
     perm = torch.randperm(rewards.shape[0], generator=generator)
-    return {**batch, "rewards": rewards[perm]}
+    if isinstance(batch, dict):
+        return {**batch, "rewards": rewards[perm]}
+    batch["rewards"] = rewards[perm]
+    return batch
 
 
 class ShuffledRewardAdvantages:
@@ -63,7 +70,7 @@ class ShuffledRewardAdvantages:
         self.compute_advantages = compute_advantages
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, batch: dict, *args, **kwargs) -> dict:
+    def __call__(self, batch, *args, **kwargs):
         return self.compute_advantages(permute_rewards(batch, self.generator), *args, **kwargs)
 
 

@@ -17,6 +17,9 @@ VARLEN_SDPA = "areal_varlen_sdpa"
 # A padded batch may cost at most this many times the attention work of the sequences
 # alone (sum of L^2): above it (lengths too uneven) each sequence runs on its own.
 PADDED_ATTN_MAX_WASTE = 2.0
+# Members of a shared-prefix group whose own lengths are within this ratio share one padded
+# SDPA call (see SharedPrefixPlan).
+MEMBER_BUCKET_RATIO = 0.75
 _PAD_INDEX: dict[tuple, tuple[torch.Tensor, int, int]] = {}
 
 
@@ -53,12 +56,16 @@ class SharedPrefixPlan:
     ``src`` ``[Nc]``: the original packed index of each token of the compressed layout;
     ``back`` ``[N]``: the compressed row holding each original token (prefix tokens of
     every member map to the group's one copy); ``seg_cu``/``seg_len``: segment bounds in
-    the compressed layout and the longest segment. Attention runs as two padded SDPA
-    calls: ``prefix_rows`` ``[G, P]`` (each group's prefix, causal) and ``member_rows``
-    ``[M, L]`` (each member's own tokens) against ``member_keys`` ``[M, P + L]`` (its
-    group's prefix, then its own tokens) under ``member_mask`` ``[M, 1, L, P + L]``;
-    index ``Nc`` is a zero padding row. ``out_index`` ``[Nc]``: where each compressed
-    row's output sits in the concatenated ``[G * P + M * L]`` outputs.
+    the compressed layout and the longest segment. Attention runs as padded SDPA calls:
+    ``prefix_rows`` ``[G, P]`` (each group's prefix, causal), then per *bucket* of
+    members of similar own lengths (:data:`MEMBER_BUCKET_RATIO`: a bucket's shortest
+    member has at least that fraction of its longest one's tokens, so padding stays
+    small when lengths spread, e.g. one- and two-turn samples) ``member_rows[k]``
+    ``[M_k, L_k]`` (each member's own tokens) against ``member_keys[k]`` ``[M_k, P_k +
+    L_k]`` (its group's prefix, then its own tokens) under ``member_mask[k]`` ``[M_k, 1,
+    L_k, P_k + L_k]``; index ``Nc`` is a zero padding row. ``out_index`` ``[Nc]``: where
+    each compressed row's output sits in the concatenated outputs (prefixes, then the
+    buckets in order).
     """
 
     def __init__(self, **fields: Any):
@@ -67,14 +74,27 @@ class SharedPrefixPlan:
         self.seg_cu: tuple[int, ...] = fields["seg_cu"]
         self.seg_len: int = fields["seg_len"]
         self.prefix_rows: torch.Tensor = fields["prefix_rows"]
-        self.member_rows: torch.Tensor = fields["member_rows"]
-        self.member_keys: torch.Tensor = fields["member_keys"]
-        self.member_mask: torch.Tensor = fields["member_mask"]
+        self.member_rows: list[torch.Tensor] = fields["member_rows"]
+        self.member_keys: list[torch.Tensor] = fields["member_keys"]
+        self.member_mask: list[torch.Tensor] = fields["member_mask"]
         self.out_index: torch.Tensor = fields["out_index"]
 
     @property
     def n_tokens(self) -> int:
         return int(self.src.numel())
+
+
+def _length_buckets(lengths: list[int]) -> list[list[int]]:
+    """Indices of ``lengths`` in buckets, longest first; within a bucket the shortest is
+    at least ``MEMBER_BUCKET_RATIO`` of the longest."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    buckets: list[list[int]] = []
+    for i in order:
+        if buckets and lengths[i] >= MEMBER_BUCKET_RATIO * lengths[buckets[-1][0]]:
+            buckets[-1].append(i)
+        else:
+            buckets.append([i])
+    return buckets
 
 
 def plan_shared_prefixes(
@@ -153,31 +173,40 @@ def plan_shared_prefixes(
     src = torch.cat(src_parts)
     nc = int(src.numel())  # row nc: an all-zero row for padding
     pmax = max(p for _, p in prefixes)
-    lb = max(m for _, m, _ in branches)
-    t_p, t_b = torch.arange(pmax), torch.arange(lb)
+    t_p = torch.arange(pmax)
     p_start = torch.tensor([r for r, _ in prefixes])
     p_len = torch.tensor([p for _, p in prefixes])
     pq = torch.where(t_p < p_len[:, None], p_start[:, None] + t_p, nc)  # [G, pmax]
-    b_start = torch.tensor([r for r, _, _ in branches])
-    b_len = torch.tensor([m for _, m, _ in branches])
-    b_grp = torch.tensor([g for _, _, g in branches])
-    bq = torch.where(t_b < b_len[:, None], b_start[:, None] + t_b, nc)  # [NB, lb]
-    bkv = torch.cat([pq[b_grp], bq], dim=1)  # [NB, pmax + lb]
-    # a member's query sees its group's real prefix keys and its own earlier tokens
-    # (padding query rows see their own row's earlier keys: never an empty row, no NaN)
-    bmask = torch.cat(
-        [
-            (t_p < p_len[b_grp][:, None])[:, None, :].expand(-1, lb, -1),
-            torch.ones(lb, lb, dtype=torch.bool).tril().expand(len(branches), -1, -1),
-        ],
-        dim=2,
-    )
-    # where each compressed row's output sits in [prefix outputs, member outputs]
+    # where each compressed row's output sits in [prefix outputs, bucket 1 outputs, ...]
     out_idx = torch.empty(nc, dtype=torch.long)
     flat_p = pq.reshape(-1)
     out_idx[flat_p[flat_p < nc]] = torch.nonzero(flat_p < nc)[:, 0]
-    flat_b = bq.reshape(-1)
-    out_idx[flat_b[flat_b < nc]] = flat_p.numel() + torch.nonzero(flat_b < nc)[:, 0]
+    offset = flat_p.numel()
+    rows_k, keys_k, mask_k = [], [], []
+    for bucket in _length_buckets([m for _, m, _ in branches]):
+        b_start = torch.tensor([branches[i][0] for i in bucket])
+        b_len = torch.tensor([branches[i][1] for i in bucket])
+        b_grp = torch.tensor([branches[i][2] for i in bucket])
+        lb = int(b_len.max())
+        pk = int(p_len[b_grp].max())  # the longest prefix these members attend to
+        t_b = torch.arange(lb)
+        bq = torch.where(t_b < b_len[:, None], b_start[:, None] + t_b, nc)  # [M_k, lb]
+        bkv = torch.cat([pq[b_grp, :pk], bq], dim=1)  # [M_k, pk + lb]
+        # a member's query sees its group's real prefix keys and its own earlier tokens
+        # (padding query rows see their own row's earlier keys: never an empty row, no NaN)
+        bmask = torch.cat(
+            [
+                (t_p[:pk] < p_len[b_grp][:, None])[:, None, :].expand(-1, lb, -1),
+                torch.ones(lb, lb, dtype=torch.bool).tril().expand(len(bucket), -1, -1),
+            ],
+            dim=2,
+        )
+        flat_b = bq.reshape(-1)
+        out_idx[flat_b[flat_b < nc]] = offset + torch.nonzero(flat_b < nc)[:, 0]
+        offset += flat_b.numel()
+        rows_k.append(bq)
+        keys_k.append(bkv)
+        mask_k.append(bmask[:, None])
     dev = input_ids.device
     return SharedPrefixPlan(
         src=src.to(dev),
@@ -185,9 +214,9 @@ def plan_shared_prefixes(
         seg_cu=tuple(seg),
         seg_len=max(e - s for s, e in zip(seg[:-1], seg[1:])),
         prefix_rows=pq.to(dev),
-        member_rows=bq.to(dev),
-        member_keys=bkv.to(dev),
-        member_mask=bmask[:, None].to(dev),
+        member_rows=[t.to(dev) for t in rows_k],
+        member_keys=[t.to(dev) for t in keys_k],
+        member_mask=[t.to(dev) for t in mask_k],
         out_index=out_idx.to(dev),
     )
 
@@ -204,25 +233,29 @@ def _shared_prefix_attention(
     """Attention over a :class:`SharedPrefixPlan`'s compressed layout: ``[1, H, Nc, D]``
     inputs -> ``[1, Nc, H, D]``."""
 
+    def padded(x: torch.Tensor) -> torch.Tensor:  # [1, H, Nc, D] -> [Nc + 1, H, D]
+        x = x[0].transpose(0, 1)
+        return torch.cat([x, x.new_zeros(1, x.shape[1], x.shape[2])])
+
     def rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:  # -> [n, H, k, D]
-        x = x[0].transpose(0, 1)  # [Nc, H, D]
-        x = torch.cat([x, x.new_zeros(1, x.shape[1], x.shape[2])])
         n, k = idx.shape
         return x.index_select(0, idx.reshape(-1)).view(n, k, x.shape[1], x.shape[2]).transpose(1, 2)
 
-    pr, mr, mk = plan.prefix_rows, plan.member_rows, plan.member_keys
+    query, key, value = padded(query), padded(key), padded(value)
+    pr = plan.prefix_rows
     out_p = F.scaled_dot_product_attention(
         rows(query, pr), rows(key, pr), rows(value, pr), dropout_p=dropout, is_causal=True,
         scale=scaling, enable_gqa=gqa,
     )  # fmt: skip
-    out_m = F.scaled_dot_product_attention(
-        rows(query, mr), rows(key, mk), rows(value, mk), attn_mask=plan.member_mask,
-        dropout_p=dropout, scale=scaling, enable_gqa=gqa,
-    )  # fmt: skip
     h, d = out_p.shape[1], out_p.shape[3]
-    flat = torch.cat(
-        [out_p.transpose(1, 2).reshape(-1, h, d), out_m.transpose(1, 2).reshape(-1, h, d)]
-    )
+    parts = [out_p.transpose(1, 2).reshape(-1, h, d)]
+    for mr, mk, mask in zip(plan.member_rows, plan.member_keys, plan.member_mask, strict=True):
+        out_m = F.scaled_dot_product_attention(
+            rows(query, mr), rows(key, mk), rows(value, mk), attn_mask=mask,
+            dropout_p=dropout, scale=scaling, enable_gqa=gqa,
+        )  # fmt: skip
+        parts.append(out_m.transpose(1, 2).reshape(-1, h, d))
+    flat = torch.cat(parts)
     return flat.index_select(0, plan.out_index)[None]
 
 

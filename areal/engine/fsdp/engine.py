@@ -32,6 +32,10 @@ latter, sequences of a micro-batch that start with the same tokens (GRPO's sampl
 one prompt) run their shared prefix once (``plan_shared_prefixes``: exact, 1.8x less
 CPU per ``train_batch`` on the demo's batches; ``engine.share_prefixes = False`` turns
 it off).
+Qwen2-VL-family actors (``engine.dedup_images``, on by default) run each distinct image
+of a micro-batch through the vision tower once (GRPO's samples of one prompt carry equal
+copies) and pack shared prefixes with their images once too (``vision_inputs.py``:
+exact; ``dedup_images = False`` is the old path, every copy through the tower).
 Logprobs are computed inside the model's forward by ``ChunkedLogprobHead`` (which
 replaces ``lm_head`` and keeps its weight), so no ``[tokens, vocab]`` logits tensor is
 held for long micro-batches.
@@ -58,6 +62,7 @@ from areal.engine.fsdp.checkpoint import FSDPCheckpointMixin
 from areal.engine.fsdp.fingerprints import FSDPFingerprintMixin
 from areal.engine.fsdp.logprob_head import ChunkedLogprobHead
 from areal.engine.fsdp.parallelize import apply_fsdp2, lr_lambda
+from areal.engine.fsdp.vision_inputs import VisionFeatureInjector, language_model_of, pack_images
 from areal.engine.fsdp.weight_export import DTYPES as _DTYPES
 from areal.engine.fsdp.weight_export import FSDPWeightExportMixin
 from areal.engine.fsdp.weight_push import FSDPWeightPushMixin
@@ -113,6 +118,11 @@ class FSDPEngine(
         # Pack the leading tokens that sequences of a micro-batch share once (GRPO's
         # samples of one prompt): exact, used with the CPU packed attention only.
         self.share_prefixes = True
+        # VLM actors: each distinct image of a micro-batch through the vision tower once,
+        # and shared prefixes (images included) packed once (vision_inputs.py); False:
+        # every sample's copy through the tower, no prefix sharing (the old path).
+        self.dedup_images = True
+        self._vision_inputs: VisionFeatureInjector | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def create_process_group(self, parallel_strategy: Any = None) -> None:
@@ -247,6 +257,11 @@ class FSDPEngine(
         self.model_config = model.config
         if self.is_vlm:
             mm.use_sdpa_in_vision_tower(model)
+            if not self.is_critic:
+                self._vision_inputs = VisionFeatureInjector(mm.vision_tower(model))
+                language_model_of(model).register_forward_pre_hook(
+                    self._vision_inputs, with_kwargs=True
+                )
             if self.config.freeze_vision_tower:
                 n_frozen = mm.freeze_vision_tower(model)
                 logger.info("vision tower frozen (%d parameters)", n_frozen)
@@ -391,18 +406,27 @@ class FSDPEngine(
             max_length_k=int(mb["max_seqlen"]),
         )
         extra: dict[str, Any] = {"position_ids": pos[None]}
+        images = None  # the fast VLM path's distinct images (vision_inputs.pack_images)
         if self.is_vlm:
             from areal.engine.multimodal import MM_KEY, packed_multimodal_kwargs
 
             entries = mb.get(MM_KEY) or [{}] * (cu.numel() - 1)
-            extra = packed_multimodal_kwargs(model, ids, cu, entries)
+            if self.dedup_images and not self.is_critic:
+                images = pack_images(model, ids, cu, entries)
+                extra = {"position_ids": images.position_ids}
+            else:
+                extra = packed_multimodal_kwargs(model, ids, cu, entries)
         if self.is_critic:
             out = model(input_ids=ids[None], use_cache=False, **extra, **varlen)
             return out.logits[0, :, 0].float(), None
         cu = cu.long()
         labels = torch.roll(ids, shifts=-1)
-        plan = self._shared_prefix_plan(ids, cu)
+        positions = extra["position_ids"]  # [1, N] (text) or [3, 1, N] (M-RoPE)
+        plan = None
+        if images is not None or not self.is_vlm:
+            plan = self._shared_prefix_plan(ids if images is None else images.keys, cu, positions)
         pick = None
+        token_rows = images.token_rows if images is not None else None
         if plan is None:
             self._head.request(labels, self.temperature)
             inputs = ids[None]
@@ -414,15 +438,21 @@ class FSDPEngine(
             self._head.request(uniq % v, self.temperature, rows=uniq // v)
             inputs = ids.index_select(0, plan.src)[None]
             seg = torch.tensor(plan.seg_cu, dtype=torch.int32, device=ids.device)
-            extra = {"position_ids": pos.index_select(0, plan.src)[None]}
+            extra = {"position_ids": positions.index_select(-1, plan.src)}
+            if token_rows is not None:
+                token_rows = token_rows.index_select(0, plan.src)
             varlen = dict(
                 cu_seq_lens_q=seg, cu_seq_lens_k=seg, max_length_q=plan.seg_len,
                 max_length_k=plan.seg_len, shared_prefix_plan=plan,
             )  # fmt: skip
+        if images is not None:
+            self._vision_inputs.request(images.pixel_values, images.image_grid_thw, token_rows)
         try:
             out = model(input_ids=inputs, use_cache=False, **extra, **varlen)
         finally:
             self._head.request(None)
+            if images is not None:
+                self._vision_inputs.request(None, None, None)
         pred = out.logits[0]  # [N, 2]: row i scores token i + 1
         if pick is not None:
             pred = pred.index_select(0, pick)
@@ -432,12 +462,24 @@ class FSDPEngine(
         shifted = torch.where(is_first[:, None], torch.zeros_like(shifted), shifted)
         return shifted[:, 0], shifted[:, 1]
 
-    def _shared_prefix_plan(self, ids: torch.Tensor, cu: torch.Tensor) -> Any:
-        """The shared-prefix layout of a packed text micro-batch, or None (off, not our
-        CPU attention, or too little shared)."""
-        if not self.share_prefixes or self.is_vlm or self._attn_impl != VARLEN_SDPA:
+    def _shared_prefix_plan(
+        self, keys: torch.Tensor, cu: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> Any:
+        """The shared-prefix layout of a packed micro-batch, or None (off, not our CPU
+        attention, too little shared, or positions that differ inside a shared prefix).
+
+        ``keys`` are the token ids (text) or :func:`pack_images`' keys (VLM: equal only
+        where the tokens and the images are); ``positions`` (VLM: ``[3, 1, N]``) are checked
+        to agree inside every shared prefix when given (the engine always gives them)."""
+        if not self.share_prefixes or self._attn_impl != VARLEN_SDPA:
             return None
-        return plan_shared_prefixes(ids, cu)
+        plan = plan_shared_prefixes(keys, cu)
+        if plan is not None and self.is_vlm and positions is not None:
+            # M-RoPE positions depend on the images before a token: a shared row must
+            # have the same position in every member (guaranteed by the keys; checked)
+            if not torch.equal(positions.index_select(-1, plan.src)[..., plan.back], positions):
+                return None
+        return plan
 
     def _all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.data_parallel_world_size > 1:

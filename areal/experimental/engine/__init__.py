@@ -1,0 +1,1 @@
+"""AReaL's ``areal.experimental.engine`` path: the archon engine (``archon_engine``)."""

@@ -1,0 +1,1 @@
+"""AReaL's ``areal.experimental.models`` path: the archon model families (``archon``)."""

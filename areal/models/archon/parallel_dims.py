@@ -1,0 +1,144 @@
+"""``ArchonParallelDims``: the sizes of the archon engine's parallel dimensions and the
+``DeviceMesh`` built from them.
+
+Dimensions (AReaL's names): ``dp_shard`` (FSDP data-parallel shard), ``cp`` (context,
+Ulysses sequence parallel), ``tp`` (tensor), ``pp`` (pipeline), ``ep`` (expert), ``etp``
+(expert tensor, 1 or ``tp``); ``dp_replicate`` (HSDP) must be 1. The mesh is
+``(pp, dp_shard, cp, tp)`` with the flattened ``dp_shard_cp`` dimension that FSDP shards
+over (context-parallel ranks hold different tokens of the same sequences, so their
+gradients are reduced like data-parallel ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+__all__ = ["ArchonParallelDims"]
+
+_MESH_DIMS = ("pp", "dp_shard", "cp", "tp")
+
+
+@dataclass
+class ArchonParallelDims:
+    """Sizes of the parallel dimensions; ``dp_shard=-1`` takes what the others leave."""
+
+    dp_replicate: int = 1
+    dp_shard: int = -1
+    cp: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    etp: int = 1
+    world_size: int = 1
+    device_type: str = "cuda"
+    _world_mesh: DeviceMesh | None = field(default=None, repr=False)
+    _flat: dict[str, DeviceMesh] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        for name in ("dp_replicate", "cp", "tp", "pp", "ep", "etp", "world_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ArchonParallelDims.{name}={value!r}; must be an int >= 1")
+        if self.dp_replicate != 1:
+            raise ValueError(
+                f"ArchonParallelDims.dp_replicate={self.dp_replicate}: HSDP replication is not "
+                "supported; allowed: 1"
+            )
+        others = self.cp * self.tp * self.pp
+        if self.dp_shard == -1:
+            if self.world_size % others:
+                raise ValueError(
+                    f"ArchonParallelDims: world_size={self.world_size} is not divisible by "
+                    f"cp*tp*pp={others}"
+                )
+            self.dp_shard = self.world_size // others
+        if not isinstance(self.dp_shard, int) or self.dp_shard < 1:
+            raise ValueError(f"ArchonParallelDims.dp_shard={self.dp_shard!r}; must be -1 or >= 1")
+        if self.dp_shard * others != self.world_size:
+            raise ValueError(
+                f"ArchonParallelDims: dp_shard*cp*tp*pp = {self.dp_shard}*{self.cp}*{self.tp}"
+                f"*{self.pp} = {self.dp_shard * others} != world_size={self.world_size}"
+            )
+        if self.etp not in (1, self.tp):
+            raise ValueError(f"ArchonParallelDims.etp={self.etp}; allowed: 1 or tp={self.tp}")
+        if self.ep > 1 and (self.dp_shard * self.cp * self.tp) % self.ep:
+            raise ValueError(
+                f"ArchonParallelDims.ep={self.ep} must divide dp_shard*cp*tp="
+                f"{self.dp_shard * self.cp * self.tp}"
+            )
+
+    # ---- mesh
+    def build_mesh(self) -> DeviceMesh:
+        """The ``(pp, dp_shard, cp, tp)`` mesh plus ``dp_shard_cp`` (needs the default group)."""
+        if self.ep > 1:
+            raise ValueError(
+                "ArchonParallelDims.ep > 1: expert-parallel meshes need an MoE model, which "
+                "this engine does not support yet"
+            )
+        mesh = init_device_mesh(
+            self.device_type,
+            (self.pp, self.dp_shard, self.cp, self.tp),
+            mesh_dim_names=_MESH_DIMS,
+        )
+        self._flat = {"dp_shard_cp": mesh["dp_shard", "cp"]._flatten("dp_shard_cp")}
+        self._world_mesh = mesh
+        return mesh
+
+    @property
+    def world_mesh(self) -> DeviceMesh:
+        if self._world_mesh is None:
+            self.build_mesh()
+        return self._world_mesh
+
+    def get_mesh(self, name: str) -> DeviceMesh:
+        """A named 1-D sub-mesh: 'pp', 'dp_shard', 'cp', 'tp' or 'dp_shard_cp'."""
+        mesh = self.world_mesh
+        return self._flat[name] if name in self._flat else mesh[name]
+
+    def get_group(self, name: str) -> dist.ProcessGroup:
+        return self.get_mesh(name).get_group()
+
+    # ---- what is on
+    @property
+    def dp_shard_enabled(self) -> bool:
+        return self.dp_shard > 1
+
+    @property
+    def dp_enabled(self) -> bool:
+        return self.dp_shard > 1
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        return self.dp_shard * self.cp > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self.cp > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    @property
+    def ep_enabled(self) -> bool:
+        return self.ep > 1
+
+    @property
+    def etp_enabled(self) -> bool:
+        return self.etp > 1
+
+    @property
+    def seq_len_divisor(self) -> int:
+        """A packed micro-batch is padded to a multiple of this (each cp rank an equal part)."""
+        return self.cp
+
+    @property
+    def context_and_model_parallel_size(self) -> int:
+        return self.cp * self.tp * self.pp

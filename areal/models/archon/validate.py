@@ -1,0 +1,61 @@
+"""``check_layout``: refuse a parallel layout the model cannot be split into, naming the
+dimension and the allowed values (before any process starts, and again in the engine)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["allowed_sizes", "check_layout"]
+
+
+def allowed_sizes(n: int) -> list[int]:
+    """The divisors of ``n`` (the sizes that split ``n`` heads evenly)."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_layout(hf_config: Any, *, tp: int = 1, cp: int = 1, ep: int = 1, pp: int = 1) -> None:
+    """ValueError when tp does not divide the attention or KV heads, cp does not divide
+    the heads each tp rank holds, ep > 1 on a dense model, or pp > 1 (tied embeddings
+    named when they are the reason)."""
+    heads = int(hf_config.num_attention_heads)
+    kv = int(getattr(hf_config, "num_key_value_heads", None) or heads)
+    mtype = getattr(hf_config, "model_type", "?")
+    if heads % tp:
+        raise ValueError(
+            f"tensor parallel t{tp} does not divide the {heads} attention heads of this "
+            f"{mtype} model; allowed t: {allowed_sizes(heads)}"
+        )
+    if kv % tp:
+        raise ValueError(
+            f"tensor parallel t{tp} does not divide the {kv} key/value heads of this "
+            f"{mtype} model; allowed t: {[d for d in allowed_sizes(kv) if heads % d == 0]}"
+        )
+    if (heads // tp) % cp:
+        raise ValueError(
+            f"context parallel c{cp} does not divide the {heads // tp} attention heads per "
+            f"tensor-parallel rank (heads {heads} / t{tp}); allowed c: "
+            f"{allowed_sizes(heads // tp)}"
+        )
+    n_experts = int(getattr(hf_config, "num_experts", 0) or 0)
+    if ep > 1 and n_experts == 0:
+        raise ValueError(
+            f"expert parallel e{ep} needs a mixture-of-experts model; this {mtype} model is "
+            "dense; allowed e: [1]"
+        )
+    if ep > 1:
+        raise ValueError(
+            f"expert parallel e{ep}: mixture-of-experts models are not yet supported by the "
+            "archon engine; allowed e: [1]"
+        )
+    if pp > 1:
+        tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        why = (
+            "a model with tied embeddings (tie_word_embeddings=True) cannot be split into "
+            "pipeline stages (the first and the last stage would share the weight); "
+            if tied
+            else ""
+        )
+        raise ValueError(
+            f"pipeline parallel p{pp}: {why}pipeline parallelism is not yet supported by the "
+            "archon engine; allowed p: [1]"
+        )

@@ -1,0 +1,211 @@
+"""Layouts and archon options this project cannot run are refused when the config or
+allocation is parsed (before any process starts), each error naming the dimension or
+field and the allowed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from areal.api.alloc_mode import AllocationMode, ParallelStrategy
+
+
+@pytest.mark.parametrize(
+    ("text", "dim", "letter"),
+    [
+        ("fsdp:d2t2", "tensor", "t2"),
+        ("local:d1+fsdp:d2c2", "context", "c2"),
+        ("vllm:d2+fsdp:d2e2", "expert", "e2"),
+        ("fsdp:d1p2", "pipeline", "p2"),
+        ("d2t2", "tensor", "t2"),  # a bare training component is FSDP
+    ],
+)
+def test_fsdp_refuses_model_parallel_dims(text, dim, letter):
+    with pytest.raises(ValueError) as info:
+        AllocationMode.from_str(text)
+    msg = str(info.value)
+    assert f"fsdp engine does not support {dim} parallelism ({letter})" in msg
+    assert "allowed dimensions: d (data)" in msg and repr(text) in msg
+    if dim != "pipeline":
+        assert "archon:" in msg  # points to the engine that has the dimension
+
+
+def test_fsdp_backend_field_refused_too():
+    from areal.api.cli_args import TrainEngineConfig
+
+    with pytest.raises(ValueError, match="tensor parallelism"):
+        ParallelStrategy.parse_backend("fsdp:d2t2")
+    with pytest.raises(ValueError, match=r"TrainEngineConfig.backend='fsdp:d1t2'"):
+        TrainEngineConfig(backend="fsdp:d1t2")
+
+
+@pytest.mark.parametrize("text", ["megatron:d4", "local:d1+megatron:d2t2", "vllm:d2|megatron:d2"])
+def test_megatron_refused_everywhere_naming_archon(text):
+    with pytest.raises(ValueError) as info:
+        AllocationMode.from_str(text)
+    msg = str(info.value)
+    assert "'megatron' is not available" in msg and "use 'archon'" in msg
+
+
+def test_megatron_actor_backend_refused():
+    from areal.api.cli_args import TrainEngineConfig
+
+    with pytest.raises(ValueError, match="use 'archon'"):
+        TrainEngineConfig(backend="megatron:d2")
+
+
+def test_archon_pipeline_not_yet_supported():
+    with pytest.raises(ValueError) as info:
+        AllocationMode.from_str("local:d1+archon:d2p2")
+    msg = str(info.value)
+    assert "pipeline parallelism (p2) is not yet supported by the archon engine" in msg
+    assert "d (data), t (tensor), c (context), e (expert)" in msg
+
+
+def test_archon_layouts_parse():
+    mode = AllocationMode.from_str("local:d1+archon:d2t2")
+    assert mode.train_backend == "archon" and mode.train_world_size == 4
+    assert mode.train.dp_size == 2 and mode.train.tp_size == 2
+    assert ParallelStrategy.parse_backend("archon:d1c2").world_size == 2
+
+
+class _Cfg:
+    def __init__(self, heads=4, kv=2, experts=0, tie=False):
+        self.num_attention_heads = heads
+        self.num_key_value_heads = kv
+        self.num_experts = experts
+        self.tie_word_embeddings = tie
+        self.model_type = "qwen2"
+
+
+def test_check_layout_names_dimension_and_allowed_values():
+    from areal.models.archon import check_layout
+
+    check_layout(_Cfg(), tp=2, cp=2)
+    with pytest.raises(
+        ValueError, match=r"t3 does not divide the 4 attention heads.*allowed t: \[1, 2, 4\]"
+    ):
+        check_layout(_Cfg(), tp=3)
+    with pytest.raises(
+        ValueError, match=r"t4 does not divide the 2 key/value heads.*allowed t: \[1, 2\]"
+    ):
+        check_layout(_Cfg(), tp=4)
+    with pytest.raises(
+        ValueError, match=r"c4 does not divide the 2 attention heads per.*allowed c: \[1, 2\]"
+    ):
+        check_layout(_Cfg(), tp=2, cp=4)
+    with pytest.raises(
+        ValueError, match=r"e2 needs a mixture-of-experts model.*dense.*allowed e: \[1\]"
+    ):
+        check_layout(_Cfg(), ep=2)
+    with pytest.raises(ValueError, match=r"tied embeddings.*allowed p: \[1\]"):
+        check_layout(_Cfg(tie=True), pp=2)
+    with pytest.raises(ValueError, match=r"not yet supported.*allowed p: \[1\]"):
+        check_layout(_Cfg(), pp=2)
+
+
+def test_parallel_dims_world_size_mismatch_refused():
+    from areal.models.archon import ArchonParallelDims
+
+    dims = ArchonParallelDims(dp_shard=-1, tp=2, cp=2, world_size=8)
+    assert dims.dp_shard == 2 and dims.fsdp_enabled and dims.tp_enabled
+    with pytest.raises(ValueError, match=r"= 4 != world_size=8"):
+        ArchonParallelDims(dp_shard=2, tp=2, world_size=8)
+    with pytest.raises(ValueError, match="not divisible by cp\\*tp\\*pp=4"):
+        ArchonParallelDims(dp_shard=-1, tp=4, world_size=6)
+    with pytest.raises(ValueError, match="dp_replicate=2"):
+        ArchonParallelDims(dp_replicate=2, world_size=2)
+    with pytest.raises(ValueError, match="etp=3"):
+        ArchonParallelDims(tp=2, etp=3, world_size=2)
+
+
+def test_engine_layout_world_size_mismatch_refused():
+    from areal.api.cli_args import TrainEngineConfig
+    from areal.engine.archon import archon_layout
+
+    assert archon_layout(TrainEngineConfig(backend="archon:d2t2"), 4).tp_size == 2
+    with pytest.raises(ValueError, match=r"needs d\*t\*c\*p = 4 processes.*world_size=2"):
+        archon_layout(TrainEngineConfig(backend="archon:d2t2"), 2)
+    with pytest.raises(ValueError, match="needs an 'archon:...' backend"):
+        archon_layout(TrainEngineConfig(backend="fsdp:d2"), 2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"offload_params": True}, "archon.offload_params=True: parameter offload"),
+        ({"enable_compile": True}, "archon.enable_compile=True"),
+        ({"attn_type": "tree"}, "archon.attn_type='tree'"),
+        ({"pp_schedule": "ZBVZeroBubble"}, "archon.pp_schedule='ZBVZeroBubble': ZeroBubble"),
+        ({"pp_schedule": "InterleavedZeroBubble"}, "allowed: '1F1B', 'Interleaved1F1B'"),
+        ({"ac_debug": True}, "archon.ac_debug=True"),
+        ({"fp8": "blockwise"}, "archon.fp8_config.mode='blockwise': FP8"),
+    ],
+)
+def test_archon_options_refused_by_name(kwargs, fragment):
+    from areal.api.cli_args import ArchonEngineConfig, ArchonFP8Config, TrainEngineConfig
+
+    if "fp8" in kwargs:
+        kwargs = {"fp8_config": ArchonFP8Config(mode=kwargs.pop("fp8"))}
+    archon = ArchonEngineConfig(**kwargs)
+    TrainEngineConfig(backend="fsdp:d1", archon=archon)  # not the archon engine: inert
+    with pytest.raises(ValueError) as info:
+        TrainEngineConfig(backend="archon:d1", archon=archon)
+    assert fragment in str(info.value)
+
+
+def test_archon_activation_checkpointing_modes():
+    from areal.api.cli_args import ArchonEngineConfig, TrainEngineConfig
+
+    for ok in (
+        ArchonEngineConfig(ac_mode="full"),
+        ArchonEngineConfig(ac_mode="selective", selective_ac_option="2"),
+        ArchonEngineConfig(ac_mode="none"),
+    ):
+        TrainEngineConfig(backend="archon:d1", gradient_checkpointing=True, archon=ok)
+    # the default (op-level selective) only matters with gradient checkpointing on
+    TrainEngineConfig(backend="archon:d1", archon=ArchonEngineConfig())
+    with pytest.raises(ValueError, match="selective_ac_option='op': op-level"):
+        TrainEngineConfig(backend="archon:d1", gradient_checkpointing=True)
+    with pytest.raises(ValueError, match="ac_mode='memory_budget' needs torch.compile"):
+        TrainEngineConfig(
+            backend="archon:d1",
+            gradient_checkpointing=True,
+            archon=ArchonEngineConfig(ac_mode="memory_budget"),
+        )
+
+
+def test_experiment_allocation_archon_checks_every_model():
+    from areal.api.cli_args import ArchonEngineConfig, SFTConfig, TrainEngineConfig
+
+    SFTConfig(experiment_name="e", trial_name="t", allocation_mode="archon:d1")
+    with pytest.raises(
+        ValueError, match=r"SFTConfig.actor with an archon backend: archon.enable_compile"
+    ):
+        SFTConfig(
+            experiment_name="e",
+            trial_name="t",
+            allocation_mode="archon:d2",
+            actor=TrainEngineConfig(archon=ArchonEngineConfig(enable_compile=True)),
+        )
+
+
+def test_select_engine_picks_archon_class_fills_backend_and_checks_heads(tmp_path):
+    from conftest import build_tiny_qwen2
+
+    from areal.api.cli_args import TrainEngineConfig
+    from areal.trainer.engine_select import engine_class_for, select_engine
+
+    path = build_tiny_qwen2(str(tmp_path / "m"))  # 4 heads, 2 KV heads
+    fsdp = "areal.trainer.ppo.actor.FSDPPPOActor"
+    cfg = TrainEngineConfig(path=path)
+    assert select_engine(fsdp, cfg, AllocationMode.from_str("local:d1+fsdp:d2")) == fsdp
+    cfg = TrainEngineConfig(path=path)
+    got = select_engine(fsdp, cfg, AllocationMode.from_str("local:d1+archon:d1t2"))
+    assert got == "areal.trainer.archon_hosts.ArchonPPOActor" and cfg.backend == "archon:d1t2"
+    with pytest.raises(ValueError, match=r"t4 does not divide the 2 key/value heads"):
+        select_engine(fsdp, TrainEngineConfig(path=path), AllocationMode.from_str("archon:d1t4"))
+    with pytest.raises(ValueError, match="no engine here"):
+        engine_class_for(fsdp, "megatron")
+    from areal.utils.dynamic_import import import_from_string
+
+    assert import_from_string(got).__name__ == "ArchonPPOActor"
