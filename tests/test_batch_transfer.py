@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from areal.api.cli_args import PPOConfig, TeacherConfig
 from areal.api.scheduler_api import RemoteCallError
 from areal.infra.controller import BatchRef, start_train_controller
 from areal.infra.rpc.batch_store import STORE_ENGINE, BatchStore, StoredBatch
@@ -178,8 +178,11 @@ def roles(sched):
         c.destroy()
 
 
-def _config():
-    return SimpleNamespace(actor=SimpleNamespace(should_compute_prox_logp=lambda: True))
+def _config() -> PPOConfig:
+    config = PPOConfig()
+    config.actor.recompute_logprob = True  # the actor recomputes the proximal logprobs
+    assert config.actor.should_compute_prox_logp()
+    return config
 
 
 def _timed(_name):
@@ -229,7 +232,7 @@ def test_ppo_step_teacher_receives_batch_once_actor_gets_its_logp(roles):
     b = _batch([9, 14, 6, 11])
     teacher_roles = PPORoles(roles.actor, teacher=roles.ref)  # the stub scores like a teacher
     config = _config()
-    config.teacher = SimpleNamespace(rl_loss_weight=1.0, distill_loss_weight=0.5)
+    config.teacher = TeacherConfig(rl_loss_weight=1.0, distill_loss_weight=0.5)
     roles.actor.configure({"needs": ["prox_logp", "teacher_logp", "distill_loss_weight"]})
     try:
         shipped = train_on_batch(teacher_roles, b, config, 0, _timed, held=False)

@@ -119,8 +119,6 @@ def test_sft_trainer_twenty_steps_lowers_loss(tiny_lm_dir, tmp_path):
 
 
 def test_limit_cpu_controller_threads_cpu_run_one_thread_gpu_run_unchanged():
-    import types
-
     import torch
 
     from areal.trainer.rl_trainer import limit_cpu_controller_threads
@@ -128,10 +126,12 @@ def test_limit_cpu_controller_threads_cpu_run_one_thread_gpu_run_unchanged():
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        gpu = types.SimpleNamespace(cluster=types.SimpleNamespace(n_gpus_per_node=8))
+        gpu = GRPOConfig()
+        gpu.cluster.n_gpus_per_node = 8
         assert limit_cpu_controller_threads(gpu) is False
         assert torch.get_num_threads() == 2
-        cpu = types.SimpleNamespace(cluster=types.SimpleNamespace(n_gpus_per_node=0))
+        cpu = GRPOConfig()
+        cpu.cluster.n_gpus_per_node = 0
         assert limit_cpu_controller_threads(cpu) is True
         assert torch.get_num_threads() == 1
         assert limit_cpu_controller_threads(cpu) is False  # already one thread

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from areal.api.cli_args import GenerationHyperparameters
+from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
 from areal.api.io_struct import ModelRequest, ModelResponse
 from areal.workflow.grouped import GroupedRolloutWorkflow
 from areal.workflow.rlvr import RLVRWorkflow
@@ -223,7 +223,6 @@ async def test_reward_stats_recorded_in_rollout_scope(tokenizer):
 
 def test_rlvr_through_executor_with_import_strings(tokenizer_dir, tokenizer):
     """Workflow and reward given as import strings, tokenizer as a path (trainer style)."""
-    from areal.api.cli_args import InferenceEngineConfig
     from areal.infra.workflow_executor import WorkflowExecutor
 
     engine = ScriptedEngine(tokenizer, ["#### 42", "#### 3"] * 4, version=0)

@@ -15,20 +15,16 @@ import os
 import pytest
 import requests
 import torch
+from _weight_sync_stack import PROMPT, actor_stack, train_step
 
 from areal.api.cli_args import (
     GenerationHyperparameters,
     InferenceEngineConfig,
-    MicroBatchSpec,
-    OptimizerConfig,
-    TrainEngineConfig,
 )
-from areal.api.io_struct import FinetuneSpec, ModelRequest, SaveLoadMeta, WeightUpdateMeta
+from areal.api.io_struct import ModelRequest, SaveLoadMeta, WeightUpdateMeta
 from areal.infra.weight_sync import WeightSyncError, WeightSyncHook, WeightSynchronizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.ci_slow, pytest.mark.timeout(400)]
-
-PROMPT = [11, 52, 7, 300, 41]
 
 
 class _Spy:
@@ -76,55 +72,20 @@ class _RecordingHook(WeightSyncHook):
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, tiny_model_dir):
     from areal.engine.local_remote import RemoteLocalEngine
-    from areal.infra.controller.train_controller import TrainController
-    from areal.infra.scheduler.local import LocalScheduler
-
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
-    old_pp = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, old_pp]))
-    from _rpc_engines import sft_loss_fn, sft_loss_weight_fn
 
     root = tmp_path_factory.mktemp("wsync")
-    config = TrainEngineConfig(
-        experiment_name="ws",
-        trial_name="t",
-        path=tiny_model_dir,
-        dtype="float32",
-        optimizer=OptimizerConfig(lr=1e-2, weight_decay=0.0, warmup_steps_proportion=0.0),
-        mb_spec=MicroBatchSpec(max_tokens_per_mb=None),
-        num_threads=1,
-    )
-    sched = LocalScheduler(fileroot=str(root), startup_timeout=180, call_timeout=180)
-    actor = TrainController("areal.engine.fsdp_engine.FSDPEngine", config, sched)
-    engine = RemoteLocalEngine(InferenceEngineConfig(setup_timeout=180, request_timeout=60))
-    try:
-        actor.initialize(
-            "actor",
-            world_size=1,
-            ft_spec=FinetuneSpec(total_train_epochs=1, dataset_size=10, train_batch_size=1),
-        )
-        engine.launch_server({"model_path": tiny_model_dir, "num_servers": 1})
-        engine.initialize(train_data_parallel_size=1)
-        meta = WeightUpdateMeta.from_disk("ws", "t", str(root))
-        actor.connect_engine(engine, meta)
-        # One SFT step so the actor's weights differ from what the server loaded.
-        ids = torch.tensor([PROMPT + [9, 10, 12, 13]] * 2)
-        batch = {
-            "input_ids": ids,
-            "attention_mask": torch.ones_like(ids),
-            "loss_mask": torch.ones_like(ids),
-        }
-        actor.train_batch(batch, sft_loss_fn, sft_loss_weight_fn)
-        yield actor, engine, meta
-    finally:
-        engine.destroy()
-        engine.teardown_server()
-        actor.destroy()
-        sched.close()
-        if old_pp is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old_pp
+    with actor_stack(str(root), tiny_model_dir, "ws", timeout=180) as actor:
+        engine = RemoteLocalEngine(InferenceEngineConfig(setup_timeout=180, request_timeout=60))
+        try:
+            engine.launch_server({"model_path": tiny_model_dir, "num_servers": 1})
+            engine.initialize(train_data_parallel_size=1)
+            meta = WeightUpdateMeta.from_disk("ws", "t", str(root))
+            actor.connect_engine(engine, meta)
+            train_step(actor)  # the actor's weights now differ from what the server loaded
+            yield actor, engine, meta
+        finally:
+            engine.destroy()
+            engine.teardown_server()
 
 
 def _server(engine, path: str):

@@ -20,14 +20,12 @@ import os
 import pytest
 import requests
 import torch
+from _weight_sync_stack import PROMPT, actor_stack, train_step
 
 from areal.api.cli_args import (
     InferenceEngineConfig,
-    MicroBatchSpec,
-    OptimizerConfig,
-    TrainEngineConfig,
 )
-from areal.api.io_struct import FinetuneSpec, SaveLoadMeta, WeightUpdateMeta
+from areal.api.io_struct import SaveLoadMeta, WeightUpdateMeta
 from areal.infra.weights.weight_sync import (
     WeightSyncHook,
     WeightSynchronizer,
@@ -38,7 +36,6 @@ from areal.utils.auth import auth_headers, get_run_secret
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-PROMPT = [11, 52, 7, 300, 41]
 SKIPPED = "model.layers.0.self_attn.q_proj.weight"
 
 
@@ -57,76 +54,38 @@ def _odd_model(path: str, like: str) -> str:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, tiny_model_dir):
     from areal.engine.local_remote import RemoteLocalEngine
-    from areal.infra.controller.train_controller import TrainController
-    from areal.infra.scheduler.local import LocalScheduler
-
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
-    old_pp = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, old_pp]))
 
     root = tmp_path_factory.mktemp("refusal")
     odd = _odd_model(str(root / "odd"), tiny_model_dir)
-    config = TrainEngineConfig(
-        experiment_name="rf",
-        trial_name="t",
-        path=tiny_model_dir,
-        dtype="float32",
-        optimizer=OptimizerConfig(lr=1e-2, weight_decay=0.0, warmup_steps_proportion=0.0),
-        mb_spec=MicroBatchSpec(max_tokens_per_mb=None),
-        num_threads=1,
-    )
-    sched = LocalScheduler(fileroot=str(root), startup_timeout=240, call_timeout=240)
-    actor = TrainController("areal.engine.fsdp_engine.FSDPEngine", config, sched)
-    launcher = RemoteLocalEngine(InferenceEngineConfig(setup_timeout=240))
-    engines = {}
-    try:
-        actor.initialize(
-            "actor",
-            world_size=1,
-            ft_spec=FinetuneSpec(total_train_epochs=1, dataset_size=10, train_batch_size=1),
-        )
-        (a,) = launcher.launch_server({"model_path": tiny_model_dir})
-        (b,) = launcher.launch_server({"model_path": tiny_model_dir})
-        (c,) = launcher.launch_server({"model_path": odd})
-        for name, addrs in (("A", [a]), ("AB", [a, b]), ("AC", [a, c])):
-            eng = RemoteLocalEngine(InferenceEngineConfig(setup_timeout=240, request_timeout=120))
-            eng.initialize(addr=addrs, train_data_parallel_size=1)
-            engines[name] = eng
-        yield {
-            "actor": actor,
-            "engines": engines,
-            "root": str(root),
-            "initial": {a: tiny_model_dir, b: tiny_model_dir, c: odd},
-            "a": a,
-            "b": b,
-            "c": c,
-        }
-    finally:
-        for eng in engines.values():
-            eng.destroy()
-        launcher.teardown_server()
-        actor.destroy()
-        sched.close()
-        if old_pp is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old_pp
+    with actor_stack(str(root), tiny_model_dir, "rf", timeout=240) as actor:
+        launcher = RemoteLocalEngine(InferenceEngineConfig(setup_timeout=240))
+        engines = {}
+        try:
+            (a,) = launcher.launch_server({"model_path": tiny_model_dir})
+            (b,) = launcher.launch_server({"model_path": tiny_model_dir})
+            (c,) = launcher.launch_server({"model_path": odd})
+            for name, addrs in (("A", [a]), ("AB", [a, b]), ("AC", [a, c])):
+                eng = RemoteLocalEngine(
+                    InferenceEngineConfig(setup_timeout=240, request_timeout=120)
+                )
+                eng.initialize(addr=addrs, train_data_parallel_size=1)
+                engines[name] = eng
+            yield {
+                "actor": actor,
+                "engines": engines,
+                "root": str(root),
+                "initial": {a: tiny_model_dir, b: tiny_model_dir, c: odd},
+                "a": a,
+                "b": b,
+                "c": c,
+            }
+        finally:
+            for eng in engines.values():
+                eng.destroy()
+            launcher.teardown_server()
 
 
 # --------------------------------------------------------------------------- helpers
-def _train_step(actor) -> None:
-    """One SFT step: the actor's weights move away from what the servers hold."""
-    from _rpc_engines import sft_loss_fn, sft_loss_weight_fn
-
-    ids = torch.tensor([PROMPT + [9, 10, 12, 13]] * 2)
-    batch = {
-        "input_ids": ids,
-        "attention_mask": torch.ones_like(ids),
-        "loss_mask": torch.ones_like(ids),
-    }
-    actor.train_batch(batch, sft_loss_fn, sft_loss_weight_fn)
-
-
 def _version(addr: str) -> int:
     return requests.get(f"http://{addr}/get_version", timeout=30).json()["version"]
 
@@ -246,13 +205,13 @@ def _refused_verify_then_retry(stack, mode: str, servers: str, tmp_path) -> None
     base = max(_version(a) for a in addrs)
     sync.set_version(base)  # every side agrees before the test ...
     skip.active = False
-    _train_step(actor)
+    train_step(actor)
     sync.sync(base + 1)  # ... and every server holds the same weights
     for round_ in range(2):  # a refusal at version v and, after a good sync, at v + 1
         v = engine.get_version()
         previous = {a: _current_dir(stack, sync, mode, a, tmp_path) for a in addrs}
         skip.previous_dir, skip.active = previous[addrs[-1]], True
-        _train_step(actor)
+        train_step(actor)
 
         stats = sync.sync(v + 1)
 
@@ -314,7 +273,7 @@ def test_push_failing_on_one_of_two_servers_leaves_both_on_previous_weights(stac
         assert r.status_code == 200, r.text
     v = max(_version(x) for x in (a, c))
     sync.set_version(v)
-    _train_step(actor)
+    train_step(actor)
 
     stats = sync.sync(v + 1)
 
@@ -341,12 +300,12 @@ def test_consecutive_refusals_stop_naming_version_server_tensor(stack, tmp_path)
     )
     sync.set_version(v)
     skip.active = False
-    _train_step(actor)
+    train_step(actor)
     sync.sync(v + 1)  # the server holds the actor's weights (previous checkpoint)
     v += 1
     previous = _current_dir(stack, sync, "disk", a, tmp_path)
     skip.previous_dir, skip.active = previous, True
-    _train_step(actor)
+    train_step(actor)
     assert sync.sync(v + 1)["weight_sync/refused"] == 1.0  # the first: the run goes on
 
     with pytest.raises(WeightSyncStopped) as ei:

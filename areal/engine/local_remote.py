@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from areal.api.cli_args import InferenceEngineConfig
+from areal.api.cli_args import InferenceEngineConfig, PPOConfig
 from areal.api.inference_protocol import BackendAdapter, GenChunk, HttpCall, stop_reason
 from areal.engine.image_payloads import as_base64
 from areal.engine.inference_backends import server_command_line
@@ -100,7 +100,7 @@ class RemoteLocalEngine(RemoteInfEngine):
 
     @classmethod
     def build_server_args(
-        cls, config: Any, model_path: str | None = None, tp_size: int = 1, pp_size: int = 1
+        cls, config: PPOConfig, model_path: str | None = None, tp_size: int = 1, pp_size: int = 1
     ) -> dict[str, Any]:
         """Flags of a built-in server from an experiment config: the actor's model and
         dtype, the top-level seed. ``tp_size``/``pp_size`` must be 1 (one CPU process)."""
@@ -109,11 +109,10 @@ class RemoteLocalEngine(RemoteInfEngine):
                 f"the built-in 'local' server runs one process per replica: tp_size={tp_size}, "
                 f"pp_size={pp_size}; allowed: 1 (use 'local:dN')"
             )
-        actor = getattr(config, "actor", None)
         return {
-            "model_path": model_path or getattr(actor, "path", ""),
-            "dtype": getattr(actor, "dtype", "float32"),
-            "seed": int(getattr(config, "seed", 1)),
+            "model_path": model_path or config.actor.path,
+            "dtype": config.actor.dtype,
+            "seed": int(config.seed),
         }
 
     @classmethod

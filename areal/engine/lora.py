@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from areal.api.engine_config import TrainEngineConfig
 from areal.infra.weights.weight_sync import WeightSyncContext, WeightSyncHook
 from areal.utils import logging
 
@@ -42,11 +43,11 @@ def lora_scale(rank: int, alpha: float) -> float:
     return float(alpha) / float(rank)
 
 
-def wrap_lora(model: nn.Module, config: Any) -> nn.Module:
+def wrap_lora(model: nn.Module, config: TrainEngineConfig) -> nn.Module:
     """``peft`` LoRA around ``model`` (before sharding); only adapter weights train."""
     from peft import LoraConfig, get_peft_model
 
-    targets = list(getattr(config, "target_modules", None) or []) or DEFAULT_TARGETS
+    targets = list(config.target_modules or []) or DEFAULT_TARGETS
     if targets == ["all-linear"]:
         targets = DEFAULT_TARGETS
     rank = int(config.lora_rank)

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal.api.cli_args import SGLANG_SERVER_MODULE, InferenceEngineConfig, SGLangConfig
+from areal.api.cli_args import (
+    SGLANG_SERVER_MODULE,
+    InferenceEngineConfig,
+    PPOConfig,
+    SGLangConfig,
+)
 from areal.api.inference_protocol import BackendAdapter, GenChunk, HttpCall, stop_reason
 from areal.engine.image_payloads import as_base64
 from areal.engine.inference_backends import server_command_line
@@ -109,20 +114,15 @@ class RemoteSGLangEngine(RemoteInfEngine):
 
     @classmethod
     def build_server_args(
-        cls, config: Any, model_path: str | None = None, tp_size: int = 1, pp_size: int = 1
+        cls, config: PPOConfig, model_path: str | None = None, tp_size: int = 1, pp_size: int = 1
     ) -> dict[str, Any]:
         """Flags of an SGLang server from an experiment config: every ``config.sglang``
         field (``SGLangConfig.build_args``) and the model (``sglang.model_path`` or the
         actor's path)."""
         if pp_size != 1:
             raise ValueError(f"SGLang servers take no pipeline parallelism: pp_size={pp_size}")
-        scfg = getattr(config, "sglang", None) or SGLangConfig()
-        args = SGLangConfig.build_args(sglang_config=scfg, tp_size=tp_size, base_gpu_id=0)
-        model = (
-            model_path
-            or args.get("model_path")
-            or getattr(getattr(config, "actor", None), "path", "")
-        )
+        args = SGLangConfig.build_args(sglang_config=config.sglang, tp_size=tp_size, base_gpu_id=0)
+        model = model_path or args.get("model_path") or config.actor.path
         if not model:
             raise ValueError("no model for the SGLang server: set sglang.model_path or actor.path")
         args["model_path"] = model

@@ -31,7 +31,7 @@ import json
 import os
 from typing import Any
 
-from areal.api.cli_args import VLLM_SERVER_MODULE, InferenceEngineConfig, vLLMConfig
+from areal.api.cli_args import VLLM_SERVER_MODULE, InferenceEngineConfig, PPOConfig, vLLMConfig
 from areal.api.inference_protocol import BackendAdapter, GenChunk, HttpCall, stop_reason
 from areal.engine import vllm_ext
 from areal.engine.image_payloads import as_data_url
@@ -145,25 +145,22 @@ class RemotevLLMEngine(RemoteInfEngine):
 
     @classmethod
     def build_server_args(
-        cls, config: Any, model_path: str | None = None, tp_size: int = 1, pp_size: int = 1
+        cls, config: PPOConfig, model_path: str | None = None, tp_size: int = 1, pp_size: int = 1
     ) -> dict[str, Any]:
         """Flags of a vLLM server from an experiment config: every ``config.vllm`` field
         (``vLLMConfig.build_args``) and the model (``vllm.model`` or the actor's path).
         With ``cluster.n_gpus_per_node=0`` (vLLM CPU) the KV ``block_size`` is rounded up
         to a multiple of 32 and chunked prefill is turned off (seeded requests in a chunked
         prefill crash vLLM CPU 0.32)."""
-        vcfg = getattr(config, "vllm", None) or vLLMConfig()
+        vcfg = config.vllm
         args = vLLMConfig.build_args(vllm_config=vcfg, tp_size=tp_size, pp_size=pp_size)
-        model = (
-            model_path or args.get("model") or getattr(getattr(config, "actor", None), "path", "")
-        )
+        model = model_path or args.get("model") or config.actor.path
         if not model:
             raise ValueError("no model for the vLLM server: set vllm.model or actor.path")
         args["model"] = model
         if args.get("tokenizer") in (None, "") or args.get("tokenizer") == vcfg.model:
             args["tokenizer"] = model
-        cluster = getattr(config, "cluster", None)
-        on_cpu = cluster is not None and int(getattr(cluster, "n_gpus_per_node", 1) or 0) == 0
+        on_cpu = config.cluster.n_gpus_per_node == 0
         block = int(args.get("block_size") or 0)
         if on_cpu and block % _CPU_BLOCK_MULTIPLE:
             # vLLM's CPU attention needs KV blocks of a multiple of 32 tokens (AReaL's GPU

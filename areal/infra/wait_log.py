@@ -8,10 +8,15 @@ requests, how many in flight, which workers), so a hang is never silent. Two for
   since the wait started and then every ``every`` seconds.
 - ``waiting(logger, describe)``: a context manager for a blocking call (an RPC, a weight
   push); a daemon thread logs ``describe()`` on the same schedule until the block exits.
+
+``fan_out(call, addresses, on_answer, ...)`` is the servers' form: one call per address on
+its own thread, each answer handed on as it comes, addresses that leave the rotation not
+waited for, and a ``WaitLog`` line naming the ones still out.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import threading
 import time
@@ -87,3 +92,47 @@ def waiting(
     finally:
         done.set()
         t.join(timeout=1.0)
+
+
+def fan_out(
+    call: Callable[[str], Any],
+    addresses: list[str],
+    on_answer: Callable[[str, concurrent.futures.Future], None],
+    logger: Any,
+    what: str,
+    answered: Callable[[], int],
+    in_rotation: Callable[[str], bool] | None = None,
+) -> None:
+    """``call(address)`` for every address concurrently; ``on_answer(address, future)`` for
+    each as it finishes (an exception it raises stops the wait and propagates).
+
+    While waiting, an address for which ``in_rotation(address)`` turns false (declared hung
+    or dead meanwhile) is not waited for any more, with a warning, and a ``WaitLog`` line
+    names the addresses still out, ``what`` they are to answer and ``answered()`` of all.
+    The threads are not joined at the end: a hung server's call must not hold this up.
+    """
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(addresses))
+    try:
+        futs = {pool.submit(call, a): a for a in addresses}
+        pending = set(futs)
+        wait_log = WaitLog(logger)
+        while pending:
+            done, pending = concurrent.futures.wait(pending, timeout=0.5)
+            for f in done:
+                on_answer(futs[f], f)
+            if in_rotation is not None:
+                for f in [f for f in pending if not in_rotation(futs[f])]:
+                    pending.discard(f)
+                    logger.warning(
+                        "not waiting for %s to answer %s any more: it left the rotation",
+                        futs[f],
+                        what,
+                    )
+            wait_log.tick(
+                lambda pending=pending: (
+                    f"{sorted(futs[f] for f in pending)} to answer {what} "
+                    f"({answered()} of {len(addresses)} answered)"
+                )
+            )
+    finally:
+        pool.shutdown(wait=False)

@@ -55,6 +55,7 @@ import torch.distributed as dist
 from torch import nn
 
 from areal.api.engine_api import InferenceEngine, TrainEngine
+from areal.api.engine_config import TrainEngineConfig
 from areal.api.io_struct import FinetuneSpec, WeightUpdateMeta
 from areal.engine.fsdp.attention import VARLEN_SDPA, plan_shared_prefixes, register_varlen_sdpa
 from areal.engine.fsdp.checkpoint import FSDPCheckpointMixin
@@ -89,7 +90,7 @@ class FSDPEngine(
     Training lives here; checkpoints, the weight export, the push parts and the
     fingerprint digests are the mixins of this folder (one module each)."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: TrainEngineConfig):
         self.config = config
         self.model: nn.Module | None = None
         self.model_config: Any = None
@@ -97,9 +98,9 @@ class FSDPEngine(
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.ft_spec: FinetuneSpec | None = None
         self.device = torch.device("cpu")
-        self.is_critic = bool(getattr(config, "is_critic", False))
+        self.is_critic = bool(config.is_critic)
         self.is_vlm = False  # set by _build_model for Qwen2-VL-family checkpoints
-        self.temperature = float(getattr(config, "temperature", 1.0) or 1.0)
+        self.temperature = float(config.temperature or 1.0)
         self.logprob_chunk_size = 1024
         self.hf_shard_mb = 128  # safetensors shard size of HF saves (gather/write overlap)
         self._version = 0
@@ -130,7 +131,7 @@ class FSDPEngine(
         Without those variables a single-process group is made (127.0.0.1, free port).
         Backend: NCCL when CUDA is available, else gloo.
         """
-        torch.set_num_threads(int(getattr(self.config, "num_threads", 1) or 1))
+        torch.set_num_threads(int(self.config.num_threads or 1))
         if torch.cuda.is_available():
             local_rank = int(os.environ.get("LOCAL_RANK", "0"))
             torch.cuda.set_device(local_rank)
@@ -165,14 +166,14 @@ class FSDPEngine(
             from areal.utils.seeding import set_random_seed
 
             set_random_seed(int(kwargs["seed"]))
-        torch.set_num_threads(int(getattr(self.config, "num_threads", 1) or 1))
+        torch.set_num_threads(int(self.config.num_threads or 1))
         self.ft_spec = ft_spec
         self.model = self._build_model()
         self._build_optimizer(ft_spec)
         self._initialized = True
 
     def _check_model_path(self) -> str:
-        path = getattr(self.config, "path", "") or ""
+        path = self.config.path or ""
         if not path or not os.path.isdir(path):
             raise FileNotFoundError(
                 f"TrainEngineConfig.path={path!r} is not a local model directory "
@@ -185,7 +186,7 @@ class FSDPEngine(
     def _resolve_attn_impl(self) -> str:
         """flash_attention_2 (varlen via cu_seq_lens) on CUDA when flash_attn is installed;
         otherwise the per-sequence SDPA of ``areal.engine.fsdp.attention.varlen_sdpa_attention``."""
-        want = getattr(self.config, "attn_impl", "flash_attention_2") or "flash_attention_2"
+        want = self.config.attn_impl or "flash_attention_2"
         if want == "flash_attention_2" and self.device.type == "cuda":
             try:
                 import flash_attn  # noqa: F401
@@ -200,7 +201,7 @@ class FSDPEngine(
         return register_varlen_sdpa()
 
     def _resolve_dtype(self) -> torch.dtype:
-        name = getattr(self.config, "dtype", "float32") or "float32"
+        name = self.config.dtype or "float32"
         if name not in _DTYPES:
             raise ValueError(f"TrainEngineConfig.dtype={name!r}; allowed: {sorted(_DTYPES)}")
         dtype = _DTYPES[name]
@@ -222,7 +223,7 @@ class FSDPEngine(
         self.dtype = self._resolve_dtype()
         attn = self._attn_impl = self._resolve_attn_impl()
         hf_config = AutoConfig.from_pretrained(path)
-        if getattr(self.config, "disable_dropout", False):
+        if self.config.disable_dropout:
             for k in (
                 "attention_dropout",
                 "hidden_dropout",
@@ -244,10 +245,10 @@ class FSDPEngine(
             cls = AutoModelForCausalLM
         load_kwargs = dict(dtype=torch.float32, attn_implementation=attn)
         t0 = time.perf_counter()
-        if getattr(self.config, "init_from_scratch", False):
+        if self.config.init_from_scratch:
             # Every rank must start from the same weights: seed identically.
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(int(getattr(self.config, "seed", 1) or 1))
+                torch.manual_seed(1)
                 model = cls.from_config(hf_config, **load_kwargs)
         else:
             with torch.random.fork_rng(devices=[]):
@@ -261,15 +262,15 @@ class FSDPEngine(
                 language_model_of(model).register_forward_pre_hook(
                     self._vision_inputs, with_kwargs=True
                 )
-            if getattr(self.config, "freeze_vision_tower", False):
+            if self.config.freeze_vision_tower:
                 n_frozen = mm.freeze_vision_tower(model)
                 logger.info("vision tower frozen (%d parameters)", n_frozen)
         self._tie_word_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
-        if getattr(self.config, "disable_dropout", False):
+        if self.config.disable_dropout:
             for m in model.modules():
                 if isinstance(m, nn.Dropout):
                     m.p = 0.0
-        if getattr(self.config, "gradient_checkpointing", False):
+        if self.config.gradient_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
@@ -280,7 +281,7 @@ class FSDPEngine(
             self._head = ChunkedLogprobHead(head, chunk_size=self.logprob_chunk_size)
             model.set_output_embeddings(self._head)
         model.config.use_cache = False
-        if getattr(self.config, "use_lora", False):
+        if self.config.use_lora:
             from areal.engine.lora import lora_scale, wrap_lora
 
             if self.is_critic:
@@ -292,11 +293,9 @@ class FSDPEngine(
         mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
         mp = MixedPrecisionPolicy(
             param_dtype=self.dtype,
-            reduce_dtype=_DTYPES.get(
-                getattr(self.config, "grad_reduce_dtype", "float32"), torch.float32
-            ),
+            reduce_dtype=_DTYPES.get(self.config.grad_reduce_dtype, torch.float32),
         )
-        wrap = getattr(getattr(self.config, "fsdp", None), "wrap_policy", None)
+        wrap = self.config.fsdp.wrap_policy
         names = getattr(wrap, "transformer_layer_cls_to_wrap", None) if wrap else None
         apply_fsdp2(model, mesh, mp_policy=mp, layer_cls_names=names)
         self._mesh = mesh
@@ -313,7 +312,7 @@ class FSDPEngine(
         return model
 
     def _build_optimizer(self, ft_spec: FinetuneSpec | None) -> None:
-        oc = getattr(self.config, "optimizer", None)
+        oc = self.config.optimizer
         if oc is None:
             return
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -389,7 +388,7 @@ class FSDPEngine(
     def _split(self, input_: dict[str, Any]) -> MicroBatchList:
         return split_padded_tensor_dict_into_mb_list(
             input_,
-            getattr(self.config, "mb_spec", None),
+            self.config.mb_spec,
             group=self.data_parallel_group,
             name="input_",
         )
@@ -547,7 +546,7 @@ class FSDPEngine(
         """Clip gradients to ``optimizer.gradient_clipping`` and step (skipped if not finite)."""
         if self.optimizer is None:
             raise RuntimeError("this engine has no optimizer (config.optimizer is None)")
-        max_norm = float(getattr(self.config.optimizer, "gradient_clipping", 0.0) or math.inf)
+        max_norm = float(self.config.optimizer.gradient_clipping or math.inf)
         params = [p for p in self._require_model().parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         if hasattr(norm, "full_tensor"):

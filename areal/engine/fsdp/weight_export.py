@@ -57,7 +57,7 @@ class FSDPWeightExportMixin:
         return sd
 
     def _export_dtype(self) -> torch.dtype:
-        name = getattr(self.config, "dtype", "float32") or "float32"
+        name = self.config.dtype or "float32"
         return DTYPES.get(name, torch.float32) if self.device.type == "cuda" else torch.float32
 
     def _gather_buckets(self, limit_bytes: int, digest_pool: Any = None, defer: bool = False):

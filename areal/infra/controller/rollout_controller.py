@@ -69,7 +69,7 @@ class RolloutController:
                     "the model) are required to start servers"
                 )
             dp, instance = _sizes(alloc_mode if alloc_mode is not None else self.config.backend)
-            specs = getattr(self.config, "scheduling_spec", None) or []
+            specs = self.config.scheduling_spec or []
             gpus = instance if specs and int(getattr(specs[0], "gpu", 0) or 0) > 0 else 0
             command, env = self.inf_engine.build_server_command(dict(server_args))
             from areal.infra.scheduler.servers import launch_server_workers

@@ -58,6 +58,8 @@ from typing import Any
 
 import torch
 
+from areal.api.actor_config import PPOActorConfig
+from areal.api.engine_config import TrainEngineConfig
 from areal.api.io_struct import FinetuneSpec, ParamSpec, SaveLoadMeta, WeightUpdateMeta
 from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, WorkerDiedError
 from areal.infra.controller.batch_ref import BatchRef
@@ -270,7 +272,8 @@ class TrainController:
         self.config = config
         self.scheduler = scheduler
         # Default: the engine config's ``group_size`` (PPOActorConfig: samples per prompt).
-        self.group_size = int(group_size or getattr(config, "group_size", None) or 1)
+        own = config.group_size if isinstance(config, PPOActorConfig) else None
+        self.group_size = int(group_size or own or 1)
         self.call_timeout = call_timeout
         self.workers: list[Worker] = []
         self.dp_ranks: list[int] = []
@@ -302,11 +305,12 @@ class TrainController:
         self.role = role
         self.alloc_mode = alloc_mode
         self.world_size, self.dp_size = _resolve_sizes(alloc_mode, world_size)
-        specs = (
-            [scheduling_spec]
-            if scheduling_spec is not None
-            else list(getattr(self.config, "scheduling_spec", None) or [])
-        )
+        if scheduling_spec is not None:
+            specs = [scheduling_spec]
+        elif isinstance(self.config, TrainEngineConfig):
+            specs = list(self.config.scheduling_spec or [])
+        else:  # an engine with its own config type: one default task
+            specs = []
         job = Job(
             replicas=self.world_size, tasks=specs or [SchedulingSpec(cpu=1, mem=4)], role=role
         )
@@ -457,7 +461,11 @@ class TrainController:
         return self.merge_results(results, indices)
 
     def _split(self, batch: dict, group_size: int | None = None) -> list[torch.Tensor]:
-        packing = getattr(getattr(self.config, "mb_spec", None), "packing_algorithm", None)
+        packing = (
+            self.config.mb_spec.packing_algorithm
+            if isinstance(self.config, TrainEngineConfig)
+            else None
+        )
         return split_batch_indices(batch, self.dp_size, group_size or self.group_size, packing)
 
     def head_results(self, results: list[Any]) -> list[Any]:

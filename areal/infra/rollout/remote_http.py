@@ -23,7 +23,7 @@ from areal.api.inference_protocol import (
     NoHealthyServerError,
     ServerLeftRotationError,
 )
-from areal.infra.wait_log import WaitLog
+from areal.infra.wait_log import fan_out
 from areal.utils import logging
 from areal.utils.auth import auth_headers, get_run_secret
 
@@ -120,36 +120,27 @@ class RemoteHttpMixin:
         import requests
 
         post = self._post_idempotent if idempotent else self._post
+        calls = {a: make_call(i, a) for i, a in enumerate(addrs)}
         results: list[Any] = []
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(addrs))
-        try:
-            futs = {pool.submit(post, a, make_call(i, a), timeout): a for i, a in enumerate(addrs)}
-            pending = set(futs)
-            futs_path = make_call(0, addrs[0]).path
-            wait_log = WaitLog(logger)
-            while pending:
-                done, pending = concurrent.futures.wait(pending, timeout=0.5)
-                for f in done:
-                    a = futs[f]
-                    try:
-                        results.append(f.result())
-                        if responses is not None:
-                            responses[a] = results[-1]
-                    except (requests.ConnectionError, requests.Timeout) as e:
-                        # a dead or hung server is dropped (the watchdog replaces it), not fatal
-                        self._mark_unhealthy(a, f"{type(e).__name__}: {e}")
-                for f in [f for f in pending if not self._is_healthy(futs[f])]:
-                    # declared hung/dead meanwhile (health deadline): do not wait for it
-                    pending.discard(f)
-                    logger.warning("not waiting for %s any more: it left the rotation", futs[f])
-                wait_log.tick(
-                    lambda pending=pending: (
-                        f"{sorted(futs[f] for f in pending)} to answer {futs_path} "
-                        f"({len(results)} of {len(addrs)} answered)"
-                    )
-                )
-        finally:
-            pool.shutdown(wait=False)
+
+        def on_answer(a: str, f: concurrent.futures.Future) -> None:
+            try:
+                results.append(f.result())
+                if responses is not None:
+                    responses[a] = results[-1]
+            except (requests.ConnectionError, requests.Timeout) as e:
+                # a dead or hung server is dropped (the watchdog replaces it), not fatal
+                self._mark_unhealthy(a, f"{type(e).__name__}: {e}")
+
+        fan_out(
+            lambda a: post(a, calls[a], timeout),
+            addrs,
+            on_answer,
+            logger,
+            calls[addrs[0]].path,
+            answered=lambda: len(results),
+            in_rotation=self._is_healthy,
+        )
         if not results:
             raise NoHealthyServerError(f"no inference server of {addrs} answered")
         return results

@@ -15,6 +15,7 @@ import os
 import threading
 from typing import Any
 
+from areal.api.inference_config import InferenceEngineConfig
 from areal.infra.rollout.rollout_results import is_tensor_dict
 from areal.utils.hf_utils import load_hf_tokenizer
 
@@ -24,7 +25,7 @@ __all__ = ["TrajectoryDumper", "dump_records", "write_dump"]
 class TrajectoryDumper:
     """Writes trajectories of one executor as text (module docstring)."""
 
-    def __init__(self, config: Any, logger: Any):
+    def __init__(self, config: InferenceEngineConfig, logger: Any):
         self.config = config
         self.logger = logger
         self._dump_tokenizer: Any = None
@@ -40,9 +41,8 @@ class TrajectoryDumper:
     async def dump(self, traj: Any, task_id: int, is_eval: bool) -> None:
         """``dump_to_file``: write ``traj`` as text (module docstring); never raises."""
         cfg = self.config
-        root = getattr(cfg, "fileroot", None)
-        exp, trial = getattr(cfg, "experiment_name", None), getattr(cfg, "trial_name", None)
-        tok_path = getattr(cfg, "tokenizer_path", None)
+        root, exp, trial = cfg.fileroot, cfg.experiment_name, cfg.trial_name
+        tok_path = cfg.tokenizer_path
         if not (root and exp and trial and tok_path) or not is_tensor_dict(traj):
             if not self._dump_warned:
                 self._dump_warned = True

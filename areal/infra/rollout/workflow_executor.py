@@ -132,19 +132,15 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
         self.config = config
         self.inference_engine = inference_engine
         self.logger = logging.getLogger("WorkflowExecutor")
-        self.consumer_batch_size = max(1, int(getattr(config, "consumer_batch_size", 1)))
-        mcr = getattr(config, "max_concurrent_rollouts", None)
+        self.consumer_batch_size = max(1, int(config.consumer_batch_size))
+        mcr = config.max_concurrent_rollouts
         self.max_concurrent_rollouts = int(mcr) if mcr else self.consumer_batch_size
-        self.max_staleness = int(getattr(config, "max_head_offpolicyness", 0))
-        qs = getattr(config, "queue_size", None)
+        self.max_staleness = int(config.max_head_offpolicyness)
+        qs = config.queue_size
         self.queue_size: int | None = int(qs) if qs else None
-        self._check_format = bool(getattr(config, "check_trajectory_format", False))
-        self._tracing = bool(getattr(config, "enable_rollout_tracing", False))
-        self._dumper = (
-            TrajectoryDumper(config, self.logger)
-            if bool(getattr(config, "dump_to_file", False))
-            else None
-        )
+        self._check_format = bool(config.check_trajectory_format)
+        self._tracing = bool(config.enable_rollout_tracing)
+        self._dumper = TrajectoryDumper(config, self.logger) if config.dump_to_file else None
 
         self.staleness_manager: StalenessManager | None = None
         self._cv = threading.Condition()

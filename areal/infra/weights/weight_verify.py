@@ -54,7 +54,7 @@ import os
 import time
 from typing import Any
 
-from areal.infra.wait_log import WaitLog
+from areal.infra.wait_log import fan_out
 from areal.infra.weights.weight_sync import WeightSyncContext, WeightSyncHook
 from areal.utils import logging
 from areal.utils.auth import auth_headers, get_run_secret
@@ -187,60 +187,47 @@ class WeightFingerprintHook(WeightSyncHook):
         if not addresses:
             return out
         exclude = getattr(rollout, "exclude_server", None)
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(addresses))
-        try:
-            futs = {pool.submit(self._fetch, a, seed, full): a for a in addresses}
-            pending = set(futs)
-            wait_log = WaitLog(logger)
-            while pending:
-                done, pending = concurrent.futures.wait(pending, timeout=0.5)
-                for f in done:
-                    a = futs[f]
-                    try:
-                        res = f.result()
-                    except (requests.ConnectionError, requests.Timeout) as e:
-                        if exclude is None:
-                            raise
-                        # a dead or hung server leaves the rotation (the watchdog replaces
-                        # it), as in RemoteInfEngine._call_all; its weights are not checked
-                        exclude(a, f"{PATH}: {type(e).__name__}: {e}")
-                        logger.warning(
-                            "inference server %s did not answer %s (%s): taken out of "
-                            "rotation, not verified",
-                            a,
-                            PATH,
-                            type(e).__name__,
-                        )
-                        continue
-                    if res is None:
-                        if a not in self._unsupported:
-                            self._unsupported.add(a)
-                            logger.warning(
-                                "inference server %s has no %s endpoint: its weights are "
-                                "not verified",
-                                a,
-                                PATH,
-                            )
-                        continue
-                    out[a] = res
-                if rollout is not None and pending:
-                    healthy = set(getattr(rollout, "healthy_addresses", None) or ())
-                    for f in [f for f in pending if futs[f] not in healthy]:
-                        # declared hung/dead meanwhile (health deadline): do not wait for it
-                        pending.discard(f)
-                        logger.warning(
-                            "not waiting for %s to answer %s any more: it left the rotation",
-                            futs[f],
-                            PATH,
-                        )
-                wait_log.tick(
-                    lambda pending=pending: (
-                        f"{sorted(futs[f] for f in pending)} to answer {PATH} "
-                        f"({len(out)} of {len(addresses)} answered)"
-                    )
+
+        def on_answer(a: str, f: concurrent.futures.Future) -> None:
+            try:
+                res = f.result()
+            except (requests.ConnectionError, requests.Timeout) as e:
+                if exclude is None:
+                    raise
+                # a dead or hung server leaves the rotation (the watchdog replaces it), as
+                # in RemoteInfEngine._call_all; its weights are not checked
+                exclude(a, f"{PATH}: {type(e).__name__}: {e}")
+                logger.warning(
+                    "inference server %s did not answer %s (%s): taken out of "
+                    "rotation, not verified",
+                    a,
+                    PATH,
+                    type(e).__name__,
                 )
-        finally:
-            pool.shutdown(wait=False)  # a hung server's thread must not hold this up
+                return
+            if res is None:
+                if a not in self._unsupported:
+                    self._unsupported.add(a)
+                    logger.warning(
+                        "inference server %s has no %s endpoint: its weights are not verified",
+                        a,
+                        PATH,
+                    )
+                return
+            out[a] = res
+
+        def in_rotation(a: str) -> bool:
+            return a in set(getattr(rollout, "healthy_addresses", None) or ())
+
+        fan_out(
+            lambda a: self._fetch(a, seed, full),
+            addresses,
+            on_answer,
+            logger,
+            PATH,
+            answered=lambda: len(out),
+            in_rotation=in_rotation if rollout is not None else None,
+        )
         return out
 
     # ------------------------------------------------------------------ hook

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from areal.api.actor_config import PPOActorConfig
 from areal.api.engine_api import TrainEngine
 from areal.engine.fsdp_engine import FSDPEngine
 from areal.utils import logging, stats_tracker
@@ -118,34 +119,32 @@ def apply_norm(
 class PPOActor:
     """PPO/GRPO policy algorithm over a :class:`TrainEngine` (see the module docstring)."""
 
-    def __init__(self, config: Any, engine: TrainEngine):
+    def __init__(self, config: PPOActorConfig, engine: TrainEngine):
         self.config = config
         self.engine = engine
-        self.loss_agg_mode = getattr(config, "loss_agg_mode", "token-mean")
-        self.loss_norm_constant = getattr(config, "loss_norm_constant", None)
+        self.loss_agg_mode = config.loss_agg_mode
+        self.loss_norm_constant = config.loss_norm_constant
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(
                 f"actor.loss_agg_mode={self.loss_agg_mode!r}; allowed: {list(LOSS_AGG_MODES)}"
             )
         if self.loss_agg_mode == "seq-mean-token-sum-norm" and self.loss_norm_constant is None:
             self.loss_norm_constant = float(config.max_new_tokens)
-        if getattr(config, "use_sapo_loss", False) and config.use_decoupled_loss:
+        if config.use_sapo_loss and config.use_decoupled_loss:
             raise ValueError(
                 "actor.use_sapo_loss=True is incompatible with actor.use_decoupled_loss=True; "
                 "set actor.use_decoupled_loss=false"
             )
         if config.use_decoupled_loss and not config.recompute_logprob:
             raise ValueError("actor.use_decoupled_loss=True requires actor.recompute_logprob=True")
-        self.prox_logp_method = getattr(config, "prox_logp_method", "recompute")
+        self.prox_logp_method = config.prox_logp_method
         if self.prox_logp_method not in PROX_LOGP_METHODS:
             raise ValueError(
                 f"actor.prox_logp_method={self.prox_logp_method!r}; allowed: "
                 f"{list(PROX_LOGP_METHODS)}"
             )
         # rejection sampling only acts on the decoupled loss (None: no behaviour weight)
-        self.rejection_sampling = (
-            getattr(config, "rejection_sampling", None) if config.use_decoupled_loss else None
-        )
+        self.rejection_sampling = config.rejection_sampling if config.use_decoupled_loss else None
 
     # ------------------------------------------------------------------ logprobs
     @torch.no_grad()
@@ -305,7 +304,7 @@ class PPOActor:
                 "actor.prox_logp_method='loglinear' needs the engine's policy version "
                 "(engine.get_version())"
             )
-        m2_threshold = getattr(cfg, "m2_threshold", None)
+        m2_threshold = cfg.m2_threshold
         loss_fn = functools.partial(
             grpo_loss_fn,
             eps_clip=cfg.eps_clip,
@@ -313,9 +312,9 @@ class PPOActor:
             c_clip=cfg.c_clip,
             rejection_sampling=self.rejection_sampling,
             importance_sampling_level=cfg.importance_sampling_level,
-            use_sapo_loss=getattr(cfg, "use_sapo_loss", False),
-            sapo_tau_pos=getattr(cfg, "sapo_tau_pos", 1.0),
-            sapo_tau_neg=getattr(cfg, "sapo_tau_neg", 1.05),
+            use_sapo_loss=cfg.use_sapo_loss,
+            sapo_tau_pos=cfg.sapo_tau_pos,
+            sapo_tau_neg=cfg.sapo_tau_neg,
             use_decoupled_loss=cfg.use_decoupled_loss,
             loss_agg_mode=self.loss_agg_mode,
             loss_norm_constant=self.loss_norm_constant,
