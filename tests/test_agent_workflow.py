@@ -164,7 +164,6 @@ class CrashyMathAgent:
         return gsm8k_reward_fn(None, out.choices[0].message.content, None, None, data["answer"])
 
 
-@pytest.mark.ci_slow
 def test_ppo_trainer_trains_agent_through_proxy_crashes_counted_batch_completes(
     tiny_lm_dir, tmp_path
 ):
@@ -237,7 +236,6 @@ class VariableCallsAgent:
         return reward
 
 
-@pytest.mark.ci_slow
 def test_ppo_trainer_individual_export_variable_calls_groups_by_episode(tiny_lm_dir, tmp_path):
     """The 'Batch size not a multiple of group_size' bug: n_samples=4 agent episodes of 1-3
     calls each, exported one row per call, through a real training step on two ranks."""

@@ -15,7 +15,7 @@ from _local_engine import local_engine
 
 from areal.experimental.openai import ArealOpenAI, InteractionWithTokenLogpReward
 
-pytestmark = [pytest.mark.slow, pytest.mark.ci_slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 import openai  # noqa: E402
 from openai.types.chat import ChatCompletion, ChatCompletionChunk  # noqa: E402

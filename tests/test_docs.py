@@ -191,7 +191,6 @@ def test_config_block_loads(block: Block, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 @pytest.mark.parametrize("page", RUN_PY_PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_python_run_blocks_of_page_succeed(page: Path, tmp_path):
     blocks = [b for b in ALL if b.page == page and b.kind == "run" and b.lang in _PY]

@@ -46,7 +46,6 @@ def _direct_accuracy(model_dir: str) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 @pytest.mark.timeout(300)
 def test_gsm8k_eval_script_accuracy_equals_direct_evaluation(tmp_path):
     from areal.models.tiny import get_tiny_base_path

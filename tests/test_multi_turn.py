@@ -16,7 +16,7 @@ from _local_engine import local_engine
 from areal.api.cli_args import GenerationHyperparameters
 from areal.workflow.multi_turn import FEEDBACK, MultiTurnWorkflow, feedback_prompt_ids
 
-pytestmark = [pytest.mark.slow, pytest.mark.ci_slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 GCONFIG = GenerationHyperparameters(max_new_tokens=8, temperature=1.0)
 DATA = {"messages": [{"role": "user", "content": "Mia has 3 apples. How many?"}], "answer": "3"}

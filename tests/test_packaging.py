@@ -89,7 +89,6 @@ def test_demo_bad_arguments_exit_with_usage_error(argv, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_wheel_contains_model_assets_and_demo(tmp_path):
     proc = subprocess.run(
         [

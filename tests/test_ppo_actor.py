@@ -796,7 +796,6 @@ def _fsdp_ppo_session(rank, world_size, path):
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_ppo_update_two_ranks_matches_one_rank(tmp_path):
     import sys
     from pathlib import Path

@@ -15,7 +15,6 @@ from test_presets import PRESETS  # the one list of presets
 from areal.api import cli_args
 
 ROOT = Path(__file__).resolve().parents[1]
-IN_CI = {"gsm8k_ppo", "gsm8k_dapo"}  # critic + GAE; dynamic sampling + overlong penalty
 
 
 def _cpu_overrides(tmp_path) -> list[str]:
@@ -55,9 +54,7 @@ def token_parity_reward_fn(prompt, completions, prompt_ids, completion_ids, **kw
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.ci_slow) if n in IN_CI else n for n in PRESETS]
-)
+@pytest.mark.parametrize("name", PRESETS)
 def test_preset_runs_two_training_steps_on_tiny_model(name, tiny_lm_dir, tmp_path, monkeypatch):
     from areal import PPOTrainer
     from areal.dataset import get_custom_dataset

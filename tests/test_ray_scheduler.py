@@ -212,7 +212,6 @@ def test_close_kills_actors_and_local_ray_no_processes_left(ray_sched):
 
 
 # ---------------------------------------------------------------------------- end to end
-@pytest.mark.ci_slow
 def test_gsm8k_grpo_demo_ray_scheduler_two_steps_then_no_ray_left(tmp_path):
     from slurm_fixture import demo_command
 

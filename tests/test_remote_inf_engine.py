@@ -149,7 +149,6 @@ def _check_versions_and_logprobs(resp, prompt, models):
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_pause_disk_reload_continue_spans_both_versions(weight_setup):
     v0, v1, group = weight_setup
     eng = RemoteLocalEngine(_cfg())
@@ -203,7 +202,6 @@ def test_pause_disk_reload_continue_spans_both_versions(weight_setup):
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_distributed_gloo_update_reproduces_weights(weight_setup):
     v0, v1, group = weight_setup
     eng = RemoteLocalEngine(_cfg())
@@ -255,7 +253,6 @@ def test_distributed_gloo_update_reproduces_weights(weight_setup):
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_killing_one_of_two_servers_loses_no_request(tiny_model_dir):
     group = launch_local_server(tiny_model_dir, num_servers=2, timeout=120)
     eng = RemoteLocalEngine(_cfg(request_retries=4))

@@ -82,7 +82,6 @@ def _run_and_kill_after_step(cmd: list[str], fileroot: str, k: int, log: str) ->
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_resume_sync_after_kill9_matches_uninterrupted_run(tmp_path):
     # The step after which the run is killed: fixed (reproducible), overridable to explore
     # others; every failure message names it.

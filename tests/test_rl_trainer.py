@@ -46,7 +46,6 @@ def _workflow_kwargs(cfg):
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_ppo_trainer_async_two_workers_bounded_staleness_and_synced_weights(tiny_lm_dir, tmp_path):
     from areal import PPOTrainer
     from areal.dataset import get_custom_dataset
@@ -90,7 +89,6 @@ def test_ppo_trainer_async_two_workers_bounded_staleness_and_synced_weights(tiny
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_sft_trainer_twenty_steps_lowers_loss(tiny_lm_dir, tmp_path):
     from areal import SFTTrainer
     from areal.dataset import get_custom_dataset

@@ -115,7 +115,6 @@ def _group_rows(batch: dict) -> list[list[int]]:
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 @pytest.mark.timeout(600)
 def test_areal_style_workflow_trains_in_whole_groups_with_filter(tiny_lm_dir, tmp_path):
     from areal import PPOTrainer

@@ -136,7 +136,6 @@ def _long_rows(n: int) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 @pytest.mark.timeout(180)
 def test_every_model_call_refused_stops_prepare_batch_within_the_window(tiny_lm_dir):
     """The server answers 400 (prompt longer than the context) to every call: the wait

@@ -239,7 +239,7 @@ def _servers(pid: int) -> list[psutil.Process]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "mode", [pytest.param("disk", marks=pytest.mark.ci_slow), "xccl"]
+    "mode", ["disk", "xccl"]
 )  # each runs ~1-1.5 min on 2 cores: only the disk case is in the CI subset
 def test_training_server_killed_restarted_run_continues_with_current_weights(tmp_path, mode):
     """kill -9 of one of two servers after step 1: training goes on (full batches) while it

@@ -19,7 +19,7 @@ import requests
 from areal.engine.local_server.launch import launch_local_server
 from areal.utils.auth import auth_headers, get_run_secret
 
-pytestmark = [pytest.mark.slow, pytest.mark.ci_slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 #: POST endpoints and the body fields each one reads
 FIELDS = {

@@ -116,7 +116,6 @@ def two_servers(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_sigstopped_server_hung_requests_move_and_watchdog_replaces_it_in_background(
     two_servers,
 ):
@@ -166,7 +165,6 @@ def test_sigstopped_server_hung_requests_move_and_watchdog_replaces_it_in_backgr
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_weight_update_leaves_out_hung_server_instead_of_waiting(two_servers, tmp_path):
     sched, eng, addrs, _, stopped = two_servers
     meta = WeightUpdateMeta.from_disk("exp", "trial", str(tmp_path))
@@ -186,7 +184,6 @@ def test_weight_update_leaves_out_hung_server_instead_of_waiting(two_servers, tm
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_live_server_out_of_rotation_readmitted_with_missed_weights_without_restart(
     two_servers, tmp_path
 ):

@@ -101,7 +101,6 @@ def test_close_cancels_jobs_squeue_empty(slurm_sched, slurm_cluster):  # noqa: F
 
 
 # ---------------------------------------------------------------------------- end to end
-@pytest.mark.ci_slow
 def test_gsm8k_grpo_demo_slurm_scheduler_two_steps_then_squeue_empty(
     slurm_cluster,  # noqa: F811
     tmp_path,

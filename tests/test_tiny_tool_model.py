@@ -200,7 +200,6 @@ def tool_engine():
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 @pytest.mark.timeout(300)
 async def test_tool_round_trip_through_areal_openai_on_real_server(tokenizer, tool_engine):
     """The model's own call -> calculator -> tool message -> final answer, all recorded."""

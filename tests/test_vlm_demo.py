@@ -16,7 +16,6 @@ DEMO_YAML = os.path.join(ROOT, "examples", "vlm", "clevr_count_grpo_cpu.yaml")
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_vlm_demo_two_steps_finite_loss_versions_advance(tmp_path):
     from areal import PPOTrainer
     from areal.dataset import get_custom_dataset

@@ -274,7 +274,6 @@ def vlm_session(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_vlm_packed_microbatches_logprobs_equal_padded_hf(vlm_session):
     r = vlm_session
     assert r["n_mbs"] >= 2
@@ -287,7 +286,6 @@ def test_vlm_packed_microbatches_logprobs_equal_padded_hf(vlm_session):
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_vlm_packed_gradients_equal_padded_hf(vlm_session):
     r = vlm_session
     assert abs(r["loss"] - r["ref_loss"]) < ATOL
@@ -300,7 +298,6 @@ def test_vlm_packed_gradients_equal_padded_hf(vlm_session):
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_vlm_mixed_batch_step_changes_vision_and_text_params(vlm_session):
     changed = vlm_session["changed"]
     vision = [k for k in changed if "visual" in k]
@@ -314,7 +311,6 @@ def test_vlm_mixed_batch_step_changes_vision_and_text_params(vlm_session):
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_vlm_fast_path_equals_old_path_and_padded_hf(vlm_session):
     r = vlm_session["fast"]
     # 6 image rows with 2 distinct images; the shared prompts are packed once

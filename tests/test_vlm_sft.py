@@ -30,7 +30,6 @@ stats_logger: {wandb: {mode: disabled}}
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_sft_trainer_tiny_vlm_true_counts_lowers_loss_and_moves_vision_tower(tmp_path):
     import torch
 

@@ -24,7 +24,7 @@ from areal.api.cli_args import (
 from areal.api.io_struct import ModelRequest, SaveLoadMeta, WeightUpdateMeta
 from areal.infra.weight_sync import WeightSyncError, WeightSyncHook, WeightSynchronizer
 
-pytestmark = [pytest.mark.slow, pytest.mark.ci_slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 
 class _Spy:

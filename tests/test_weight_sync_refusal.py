@@ -235,7 +235,6 @@ def _refused_verify_then_retry(stack, mode: str, servers: str, tmp_path) -> None
         assert v + 1 == base + 2 + round_
 
 
-@pytest.mark.ci_slow
 def test_refused_verify_disk_one_server_rolls_back_then_next_sync_succeeds(stack, tmp_path):
     _refused_verify_then_retry(stack, "disk", "A", tmp_path)
 
@@ -244,7 +243,6 @@ def test_refused_verify_disk_two_servers_rolls_back_both(stack, tmp_path):
     _refused_verify_then_retry(stack, "disk", "AB", tmp_path)
 
 
-@pytest.mark.ci_slow
 def test_refused_verify_xccl_one_server_rolls_back_then_next_sync_succeeds(stack, tmp_path):
     _refused_verify_then_retry(stack, "xccl", "A", tmp_path)
 

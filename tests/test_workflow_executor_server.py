@@ -14,7 +14,7 @@ from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
 from areal.infra.workflow_executor import WorkflowExecutor
 from areal.workflow.rlvr import RLVRWorkflow
 
-pytestmark = [pytest.mark.slow, pytest.mark.ci_slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 CORPUS = ["What is 3 plus 4? The answer is 7. #### 7", "Compute 12 minus 5. #### 7"] * 20
 GCONFIG = GenerationHyperparameters(n_samples=2, max_new_tokens=6, temperature=1.0)

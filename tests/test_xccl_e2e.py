@@ -31,7 +31,6 @@ def _rows(path: str) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_gsm8k_demo_xccl_two_steps_server_logprobs_match_trainer(tiny_lm_dir, tmp_path):
     fileroot = str(tmp_path / "out")
     cmd = [
@@ -131,7 +130,6 @@ class _RejectingInferenceEngine:
 
 
 @pytest.mark.slow
-@pytest.mark.ci_slow
 def test_xccl_server_rejects_announcement_raises_fast_and_trainer_recovers(
     tiny_model_dir, tmp_path
 ):
