@@ -56,6 +56,11 @@ def make_mm_batch(path: str) -> dict:
             entries.append({})
         ans = tok.encode(answers[i], add_special_tokens=False) + [tok.eos_token_id]
         seqs.append((ids, ans))
+    return right_padded(seqs, entries)
+
+
+def right_padded(seqs: list[tuple[list[int], list[int]]], entries: list[dict]) -> dict:
+    """(prompt ids, answer ids) pairs as a right-padded batch; the loss on the answers."""
     width = max(len(p) + len(a) for p, a in seqs)
     b = len(seqs)
     input_ids = torch.zeros((b, width), dtype=torch.long)
@@ -105,21 +110,7 @@ def make_grpo_batch(path: str) -> dict:
         ids = tok.encode(text, add_special_tokens=False)
         seqs.append((ids, tok.encode(ans, add_special_tokens=False) + [tok.eos_token_id]))
         entries.append({})
-    width = max(len(p) + len(a) for p, a in seqs)
-    b = len(seqs)
-    input_ids = torch.zeros((b, width), dtype=torch.long)
-    mask = torch.zeros((b, width), dtype=torch.long)
-    loss_mask = torch.zeros((b, width), dtype=torch.long)
-    for i, (p, a) in enumerate(seqs):
-        input_ids[i, : len(p) + len(a)] = torch.tensor(p + a)
-        mask[i, : len(p) + len(a)] = 1
-        loss_mask[i, len(p) : len(p) + len(a)] = 1
-    return {
-        "input_ids": input_ids,
-        "attention_mask": mask,
-        "loss_mask": loss_mask,
-        "multi_modal_input": entries,
-    }
+    return right_padded(seqs, entries)
 
 
 def loss_fn(logp, entropy, d):
