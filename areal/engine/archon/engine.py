@@ -243,14 +243,7 @@ class ArchonEngine(FSDPEngine):
             raise RuntimeError("this engine has no optimizer (config.optimizer is None)")
         max_norm = float(self.config.optimizer.gradient_clipping or math.inf)
         grad_norm = clip_grad_norm_(list(self._require_model().parameters()), max_norm)
-        lr = float(self.optimizer.param_groups[0]["lr"])
-        ok = math.isfinite(grad_norm)
-        if ok:
-            self.optimizer.step()
-        else:
-            logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": grad_norm, "lr": lr, "update_successful": float(ok)}
+        return self._step_if_finite(grad_norm)
 
     # ------------------------------------------------------------------ export names
     def _export_tensors(self) -> dict[str, torch.Tensor]:

@@ -552,6 +552,11 @@ class FSDPEngine(
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         grad_norm = float(norm)
+        return self._step_if_finite(grad_norm)
+
+    def _step_if_finite(self, grad_norm: float) -> dict[str, float]:
+        """The optimizer step after clipping: skipped (logged) when ``grad_norm`` is not
+        finite; gradients zeroed either way."""
         lr = float(self.optimizer.param_groups[0]["lr"])
         ok = math.isfinite(grad_norm)
         if ok:
