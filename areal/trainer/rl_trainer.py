@@ -7,7 +7,8 @@ The user's script is the controller::
 
 The trainer starts the workers named by the allocation mode through a scheduler
 (training workers of each role, one ``TrainController`` each, started by
-``start_train_controller``; then the inference servers), runs the rollout side
+``start_train_controller``; then the inference servers, started while the training
+engines are built), runs the rollout side
 (``RemoteInfEngine`` + ``WorkflowExecutor``) in this process, and drives each step:
 
 1. ``server_watchdog.check()`` (dead servers come back) and ``weight_sync.flush()``
@@ -111,6 +112,7 @@ class PPOTrainer:
         limit_cpu_controller_threads(config)
         self.alloc_mode = resolve_allocation(config)
         self._agents: TrainerAgentProxy | None = None  # made once the rollout engine is up
+        self._roles_started: list = []  # TrainControllers, in start order (_start_role)
         if train_dataset is None and config.rollout.agent.mode == "online":
             train_dataset = online_dataset(config)
         run = setup_run(config, train_dataset, model_path=config.actor.path)
@@ -121,9 +123,10 @@ class PPOTrainer:
 
         try:
             self.scheduler = make_scheduler(config)
-            # Training workers first, then the inference servers and the rollout client.
-            # The trainer forms groups of gconfig.n_samples rows: the data-parallel split
-            # keeps each group on one rank (group normalisation needs the whole group).
+            # Training workers first, then the inference servers and the rollout client;
+            # the training engines are built (model load, FSDP wrap) while the servers
+            # start. The trainer forms groups of gconfig.n_samples rows: the data-parallel
+            # split keeps each group on one rank (group normalisation needs the whole group).
             self.actor = self._start_role(
                 "actor", ACTOR_ENGINE, config.actor, group_size=_dispatch_group_size(config)
             )
@@ -133,6 +136,8 @@ class PPOTrainer:
             self.teacher = self._start_role("teacher", ACTOR_ENGINE, config.teacher)
             self.critic = self._start_role("critic", CRITIC_ENGINE, config.critic)
             self.rollout = self._start_rollout()
+            for controller in self._roles_started:
+                controller.wait_ready()
             self._agents = TrainerAgentProxy(config.rollout, self.rollout, self.tokenizer)
             self.weight_update_meta = self._make_weight_update_meta()
             self.actor.connect_engine(self.rollout, self.weight_update_meta)
@@ -166,7 +171,8 @@ class PPOTrainer:
         if role_config is None:
             return None
         engine = select_engine(engine, role_config, self.alloc_mode)  # fsdp or archon
-        return start_train_controller(
+        started = [c for c in self._roles_started if c is not None]
+        controller = start_train_controller(
             engine,
             role_config,
             self.scheduler,
@@ -175,7 +181,13 @@ class PPOTrainer:
             ft_spec=self.ft_spec,
             group_size=group_size,
             seed=self.config.seed,
+            # engines built in the background, one role after the other (roles may share
+            # workers); __init__ calls wait_ready() once the servers are started
+            wait=False,
+            after=started[-1] if started else None,
         )
+        self._roles_started.append(controller)
+        return controller
 
     def _start_rollout(self):
         """Start the servers of the allocation's inference backend and connect its client.

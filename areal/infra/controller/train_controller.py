@@ -285,6 +285,8 @@ class TrainController:
         self.rollout: Any = None
         self.weight_update_meta: WeightUpdateMeta | None = None
         self.weight_update_group_initialized = False
+        self._engines_ready: Future | None = None  # initialize's engine build (a thread)
+        self._engines_failed = False
 
     # ------------------------------------------------------------------ lifecycle
     def initialize(
@@ -295,12 +297,19 @@ class TrainController:
         *,
         world_size: int | None = None,
         scheduling_spec: SchedulingSpec | None = None,
+        wait: bool = True,
+        after: TrainController | None = None,
         **kwargs,
     ) -> None:
         """Start the workers, build the engine on each, call ``initialize(addr=None, ft_spec, **kwargs)`` on all.
 
         ``alloc_mode``: an ``AllocationMode`` (``.train.world_size``/``.dp_size``), its
         string form, or an int; ``world_size`` overrides it (pure data parallel).
+        ``wait=False`` returns once the workers are up and builds the engines on a
+        background thread (RPC calls only: the workers were started from this thread, so
+        their parent-death signal stays armed); :meth:`wait_ready` joins it. The trainer
+        starts the inference servers meanwhile. ``after``: a controller whose engines are
+        built first (roles colocated on one worker must not build theirs concurrently).
         """
         self.role = role
         self.alloc_mode = alloc_mode
@@ -317,31 +326,60 @@ class TrainController:
         try:
             self.scheduler.create_workers(job)
             self.workers = self.scheduler.get_workers(role)
-            self._call_all(
-                "create_engine",
-                [((self.train_engine, self.config), {})] * self.world_size,
-                create=True,
-            )
-            self._call_all(
-                "initialize", [((), dict(addr=None, ft_spec=ft_spec, **kwargs))] * self.world_size
-            )
-            if self.dp_size == self.world_size:
-                self.dp_ranks = list(range(self.world_size))
-                self.workers_is_dp_head = [True] * self.world_size
-            else:
-                self.dp_ranks = self._call_all("data_parallel_rank", [((), {})] * self.world_size)
-                self.workers_is_dp_head = self._call_all(
-                    "is_data_parallel_head", [((), {})] * self.world_size
-                )
         except BaseException:
             self.destroy()
             raise
-        logger.info(
-            f"{self.train_engine} ready on {self.world_size} worker(s) of role {role!r} (dp={self.dp_size})"
+        before = after._engines_ready if after is not None else None
+        self._engines_ready = spawn_daemon(
+            self._build_engines, ft_spec, kwargs, before, name=f"{role}-init"
         )
+        if wait:
+            self.wait_ready()
+
+    def _build_engines(
+        self, ft_spec: FinetuneSpec | None, kwargs: dict[str, Any], before: Future | None
+    ) -> None:
+        if before is not None:
+            wait_futures([before])  # its failure is raised by its own wait_ready
+        self._call_all(
+            "create_engine",
+            [((self.train_engine, self.config), {})] * self.world_size,
+            create=True,
+        )
+        self._call_all(
+            "initialize", [((), dict(addr=None, ft_spec=ft_spec, **kwargs))] * self.world_size
+        )
+        if self.dp_size == self.world_size:
+            self.dp_ranks = list(range(self.world_size))
+            self.workers_is_dp_head = [True] * self.world_size
+        else:
+            self.dp_ranks = self._call_all("data_parallel_rank", [((), {})] * self.world_size)
+            self.workers_is_dp_head = self._call_all(
+                "is_data_parallel_head", [((), {})] * self.world_size
+            )
+        logger.info(
+            f"{self.train_engine} ready on {self.world_size} worker(s) of role {self.role!r} "
+            f"(dp={self.dp_size})"
+        )
+
+    def wait_ready(self) -> None:
+        """Block until the engines of :meth:`initialize` are built; on failure stop the
+        workers and raise what failed. Idempotent."""
+        ready = self._engines_ready
+        if ready is None:
+            return
+        try:
+            ready.result()
+        except BaseException:
+            if not self._engines_failed:
+                self._engines_failed = True
+                self.destroy()
+            raise
 
     def destroy(self) -> None:
         """Call ``destroy`` on every engine (errors are logged), then stop the workers."""
+        if self._engines_ready is not None:  # still being built: let that end first
+            wait_futures([self._engines_ready])
         if self.workers:
             try:
                 self._call_all("destroy", [((), {})] * len(self.workers), timeout=60)
@@ -688,12 +726,18 @@ def start_train_controller(
     ft_spec: FinetuneSpec | None = None,
     group_size: int | None = None,
     call_timeout: float | None = None,
+    wait: bool = True,
+    after: TrainController | None = None,
     **init_kwargs,
 ) -> TrainController:
     """Construct a role's ``TrainController`` and start it (``initialize``: workers,
-    engines, ``engine.initialize(..., **init_kwargs)``); a failed start leaves no worker."""
+    engines, ``engine.initialize(..., **init_kwargs)``); a failed start leaves no worker.
+    ``wait=False``: the engines are still being built on return; call ``wait_ready()``
+    (or ``destroy()``) on the controller. ``after``: build once that controller's are."""
     controller = TrainController(
         train_engine, config, scheduler, group_size=group_size, call_timeout=call_timeout
     )
-    controller.initialize(role=role, alloc_mode=alloc_mode, ft_spec=ft_spec, **init_kwargs)
+    controller.initialize(
+        role=role, alloc_mode=alloc_mode, ft_spec=ft_spec, wait=wait, after=after, **init_kwargs
+    )
     return controller
