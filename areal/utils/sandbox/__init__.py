@@ -8,7 +8,8 @@ depends on neither. One package, one job per module:
 - :mod:`~areal.utils.sandbox.config`: :class:`SandboxConfig` (limits),
   :class:`SandboxResult`, :class:`SandboxUnavailableError`;
 - :mod:`~areal.utils.sandbox.runner`: :class:`Sandbox` (probe, spawn, caps, reasons);
-- ``launch_pid1.py``: the stdlib script that is PID 1 inside the namespaces;
+- ``launch_pid1.py``: the stdlib script that is PID 1 inside the namespaces (it confines
+  the filesystem and drops privileges before it execs the snippet);
 - :mod:`~areal.utils.sandbox.tools`: the ``python`` function tool and
   :func:`run_tests_against`, the helper for rewards.
 

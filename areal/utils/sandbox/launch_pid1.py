@@ -2,26 +2,28 @@
 
 A standalone stdlib script (it imports nothing from ``areal``), started by
 :mod:`areal.utils.sandbox.runner` as ``unshare --net --pid --fork --mount --mount-proc
---ipc --uts [--user --map-root-user] -- python -I -B _launch.py SPEC``, so it already runs
+--ipc --uts [--user --map-root-user] -- python -I -B launch_pid1.py SPEC``, so it already runs
 in fresh network, PID, mount, IPC and UTS namespaces, with a fresh ``/proc`` that shows
 only this namespace's processes. The snippet arrives on stdin; ``SPEC`` is a JSON object
 (limits, uid/gid, paths). What happens, in order:
 
-1. read the snippet from stdin (then stdin is ``/dev/null`` for the snippet);
+1. read the snippet from stdin (then stdin is ``/dev/null`` for the snippet), fork the
+   child that will run it and wait until it is ready (as a normal user: it has entered
+   a nested user namespace that maps only the sandbox uid, see step 5);
 2. mount an empty tmpfs on ``/tmp`` (the host's ``/tmp`` is out of sight) and on each
    hidden path (``/root``, ``/home``), bringing back read-only the interpreter's prefixes
    that lie under one of them;
 3. make every mount read-only (``mount_setattr(AT_RECURSIVE)``, or a remount of each);
 4. mount a size-limited tmpfs at the work directory, owned by the sandbox uid, mode
    0700: the only writable place; write the snippet there;
-5. fork: the child sets the rlimits (CPU, address space, processes, file size, open
+5. let the child go: it sets the rlimits (CPU, address space, processes, file size, open
    files, no core), drops to the sandbox uid/gid with no supplementary groups (as real
-   root: ``setgroups``/``setgid``/``setuid``; inside a user namespace: a nested one
-   that maps only that uid), and execs the interpreter on a bootstrap that reports
+   root: ``setgroups``/``setgid``/``setuid``; in a user namespace: ``setgid``/``setuid``
+   in the nested one), and execs the interpreter on a bootstrap that reports
    ``MemoryError`` / failed forks through fd 3;
 6. wait for the child (its CPU time from ``wait4``), read its fd 3 report, and write one
-   JSON line to the runner's report pipe (``report_fd``) for the runner. When this process exits the kernel
-   kills whatever the snippet left behind in the PID namespace.
+   JSON line to the runner's report pipe (``report_fd``). When this process exits the
+   kernel kills whatever the snippet left behind in the PID namespace.
 """
 
 import ctypes
@@ -111,6 +113,12 @@ def _all_read_only():
                 raise
 
 
+def _workdir_owner(spec):
+    # In a user namespace only our own uid is mapped (as 0); the nested namespace of
+    # the snippet maps its uid onto it, so the snippet owns the directory either way.
+    return (0, 0) if spec["user_namespace"] else (spec["uid"], spec["gid"])
+
+
 def _confine_filesystem(spec):
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     keep = [p for p in spec["keep_paths"] if os.path.isdir(p)]
@@ -131,25 +139,26 @@ def _confine_filesystem(spec):
             os.rmdir(stage)
     os.mkdir(spec["workdir"], 0o700)
     _all_read_only()
-    size = f"size={spec['file_size_mb']}m,mode=0700,uid={spec['uid']},gid={spec['gid']}"
+    uid, gid = _workdir_owner(spec)
+    size = f"size={spec['file_size_mb']}m,mode=0700,uid={uid},gid={gid}"
     _mount("tmpfs", spec["workdir"], "tmpfs", MS_NOSUID | MS_NODEV, size)
+
+
+def _enter_user_namespace(spec):
+    """Inside a user namespace only our own uid is mapped (as 0): a nested one that maps
+    the sandbox uid onto it (and nothing else) leaves the snippet without capabilities.
+    Runs before ``/proc`` is made read-only (the maps are written there)."""
+    if _libc.unshare(CLONE_NEWUSER) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER)")
+    maps = (("setgroups", "deny"), ("uid_map", f"{spec['uid']} 0 1"))
+    for name, text in (*maps, ("gid_map", f"{spec['gid']} 0 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
 
 
 def _drop_privileges(spec):
     uid, gid = spec["uid"], spec["gid"]
-    if spec["user_namespace"]:
-        # Root here is only our own uid mapped; a nested user namespace that maps the
-        # sandbox uid (and nothing else) leaves the snippet without capabilities.
-        if _libc.unshare(CLONE_NEWUSER) != 0:
-            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER)")
-        for name, text in (
-            ("setgroups", "deny"),
-            ("uid_map", f"{uid} 0 1"),
-            ("gid_map", f"{gid} 0 1"),
-        ):
-            with open(f"/proc/self/{name}", "w") as f:
-                f.write(text)
-    else:
+    if not spec["user_namespace"]:
         os.setgroups([])
     os.setgid(gid)
     os.setuid(uid)
@@ -183,39 +192,59 @@ def _exec_snippet(spec, path, reason_w):
     os.execve(spec["python"], argv, spec["env"])
 
 
+def _child(spec, path, reason_w, ready_w, go_r):
+    try:
+        if spec["user_namespace"]:
+            _enter_user_namespace(spec)
+        os.write(ready_w, b"1")
+        os.close(ready_w)
+        if os.read(go_r, 1) != b"1":
+            os._exit(126)
+        os.close(go_r)
+        _exec_snippet(spec, path, reason_w)
+    except BaseException as e:  # noqa: BLE001 - report any setup failure, then die
+        os.write(2, f"sandbox: cannot start the snippet: {e}\n".encode())
+    os._exit(127)
+
+
+def _setup_failed(spec, error):
+    os.write(spec["report_fd"], (json.dumps({"setup_error": str(error)}) + "\n").encode())
+    os._exit(1)
+
+
 def main():
     spec = json.loads(sys.argv[1])
     code = sys.stdin.buffer.read()
-    report = {}
-    try:
-        _confine_filesystem(spec)
-        path = os.path.join(spec["workdir"], "snippet.py")
-        with open(path, "wb") as f:
-            f.write(code)
-        os.chown(path, spec["uid"], spec["gid"])
-    except OSError as e:
-        os.write(spec["report_fd"], (json.dumps({"setup_error": str(e)}) + "\n").encode())
-        os._exit(1)
-    sys.stdout.flush()
-    child_r, child_w = os.pipe()
+    path = os.path.join(spec["workdir"], "snippet.py")
+    reason_r, reason_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        try:
-            os.close(child_r)
-            _exec_snippet(spec, path, child_w)
-        except BaseException as e:  # noqa: BLE001 - report any setup failure, then die
-            os.write(2, f"sandbox: cannot start the snippet: {e}\n".encode())
-        os._exit(127)
-    os.close(child_w)
+        for fd in (reason_r, ready_r, go_w):
+            os.close(fd)
+        _child(spec, path, reason_w, ready_w, go_r)
+    for fd in (reason_w, ready_w, go_r):
+        os.close(fd)
+    try:
+        if os.read(ready_r, 1) == b"1":
+            _confine_filesystem(spec)
+            with open(path, "wb") as f:
+                f.write(code)
+            os.chown(path, *_workdir_owner(spec))
+            os.write(go_w, b"1")
+    except OSError as e:
+        _setup_failed(spec, e)  # exiting kills the waiting child with the namespace
+    os.close(go_w)
     _, status, usage = os.wait4(pid, 0)
+    report = {"cpu_s": usage.ru_utime + usage.ru_stime}
     if os.WIFSIGNALED(status):
         report["signal"] = os.WTERMSIG(status)
     else:
         report["exit_code"] = os.WEXITSTATUS(status)
-    report["cpu_s"] = usage.ru_utime + usage.ru_stime
-    os.set_blocking(child_r, False)
+    os.set_blocking(reason_r, False)
     try:
-        reasons = os.read(child_r, 4096).decode(errors="replace").splitlines()
+        reasons = os.read(reason_r, 4096).decode(errors="replace").splitlines()
     except BlockingIOError:
         reasons = []
     report["reason"] = reasons[0] if reasons else None

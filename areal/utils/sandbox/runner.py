@@ -7,9 +7,9 @@ What happens for one :meth:`Sandbox.run_python`, in order:
    :class:`SandboxUnavailableError` saying what is missing and how to allow it;
 2. spawn ``unshare --net --pid --fork --kill-child --mount --mount-proc --ipc --uts``
    (plus ``--user --map-root-user`` when this process is not root) running
-   ``_launch.py`` in its own session, with an environment of only ``PATH``, ``HOME``,
+   ``launch_pid1.py`` in its own session, with an environment of only ``PATH``, ``HOME``,
    ``TMPDIR``, ``LANG`` and single-thread BLAS settings: no secret of this process reaches
-   it; ``_launch.py`` confines the filesystem, sets the rlimits, drops to the sandbox uid
+   it; ``launch_pid1.py`` confines the filesystem, sets the rlimits, drops to the sandbox uid
    and execs the snippet;
 3. write the snippet to its stdin, read stdout and stderr, each capped at
    ``max_output_bytes`` (the run is killed past it), until both close or the wall limit
