@@ -228,6 +228,29 @@ def test_sandbox_concurrent_runs_do_not_block_event_loop(sandbox):
     assert ticks >= 20  # the loop kept running while four snippets slept
 
 
+def test_sandbox_hidden_paths_not_visible_built_inside_event_loop():
+    hidden = Path(f"/var/tmp/areal-sandbox-hidden-{uuid.uuid4().hex}")
+    hidden.mkdir(mode=0o755)
+    (hidden / "token").write_text("hf_secret")
+    (hidden / "token").chmod(0o644)
+    code = f"import os\nprint(os.listdir({str(hidden)!r}))"
+    config = dict(wall_time_s=30, cpu_time_s=2)
+
+    async def main():  # built inside a coroutine, as a workflow would
+        shown = Sandbox(SandboxConfig(**config))
+        hide = (*SandboxConfig().hidden_paths, str(hidden))
+        covered = Sandbox(SandboxConfig(hidden_paths=hide, **config))
+        return await asyncio.gather(shown.run_python(code), covered.run_python(code))
+
+    try:
+        shown, covered = asyncio.run(main())
+    finally:
+        (hidden / "token").unlink()
+        hidden.rmdir()
+    assert shown.stdout == "['token']\n"  # the control: visible unless hidden
+    assert covered.ok and covered.stdout == "[]\n", covered
+
+
 def test_sandbox_missing_unshare_refuses_with_clear_message():
     with pytest.raises(SandboxUnavailableError, match="not found") as info:
         Sandbox(SandboxConfig(unshare_binary="/nonexistent/unshare"))

@@ -216,12 +216,14 @@ class Sandbox:
         with _PROBE_LOCK:
             if key in _PROBED:
                 return
-            result = self.run_python_sync("print('ok')", timeout=30)
+            result = _run_outside_loop(self.run_python("print('ok')", timeout=30))
             if result.error is not None or result.stdout.strip() != "ok":
                 raise SandboxUnavailableError(
                     f"cannot start a confined snippet with {self.unshare} "
                     f"({'as root' if self.as_root else 'as uid ' + str(os.geteuid())}): "
-                    f"{result.error}; stderr: {result.stderr.strip()[-800:]!r}. {_HOW_TO_ALLOW}"
+                    f"{result.error}; stderr: {result.stderr.strip()[-800:]!r}. The "
+                    f"interpreter {self.python} must be executable by uid {self.config.uid} "
+                    f"(its prefix under a hidden path is brought back). {_HOW_TO_ALLOW}"
                 )
             _PROBED.add(key)
 
@@ -250,6 +252,20 @@ class _CappedReader:
 
     def text(self) -> str:
         return b"".join(self.chunks).decode("utf-8", errors="replace")
+
+
+def _run_outside_loop(coro):
+    """``asyncio.run(coro)``, in a helper thread when this thread runs an event loop (a
+    sandbox built inside a coroutine: the probe then blocks that loop once, briefly)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box = []
+    worker = threading.Thread(target=lambda: box.append(asyncio.run(coro)), name="SandboxProbe")
+    worker.start()
+    worker.join()
+    return box[0]
 
 
 def _read_report(fd: int) -> dict:
