@@ -21,6 +21,7 @@ from areal.utils.sandbox import (
     SandboxConfig,
     SandboxUnavailableError,
     run_tests_against,
+    run_tests_against_sync,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,6 +184,7 @@ def test_sandbox_reward_helper_passes_correct_and_fails_wrong_code(sandbox):
         )
 
     right, wrong, early_exit, loop = asyncio.run(main())
+    assert run_tests_against_sync("def add(a, b):\n    return b + a\n", tests, sandbox).passed
     assert right.passed and right.result.error is None
     assert not wrong.passed and wrong.result.error == "exit code 1"
     assert "AssertionError" in wrong.result.stderr

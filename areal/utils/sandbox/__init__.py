@@ -11,14 +11,19 @@ depends on neither. One package, one job per module:
 - ``launch_pid1.py``: the stdlib script that is PID 1 inside the namespaces (it confines
   the filesystem and drops privileges before it execs the snippet);
 - :mod:`~areal.utils.sandbox.tools`: the ``python`` function tool and
-  :func:`run_tests_against`, the helper for rewards.
+  :func:`run_tests_against` / :func:`run_tests_against_sync`, the helpers for rewards.
 
 See ``docs/customization/sandbox.md``.
 """
 
 from areal.utils.sandbox.config import SandboxConfig, SandboxResult, SandboxUnavailableError
 from areal.utils.sandbox.runner import Sandbox
-from areal.utils.sandbox.tools import PythonTool, TestOutcome, run_tests_against
+from areal.utils.sandbox.tools import (
+    PythonTool,
+    TestOutcome,
+    run_tests_against,
+    run_tests_against_sync,
+)
 
 __all__ = [
     "PythonTool",
@@ -28,4 +33,5 @@ __all__ = [
     "SandboxUnavailableError",
     "TestOutcome",
     "run_tests_against",
+    "run_tests_against_sync",
 ]

@@ -3,18 +3,20 @@
 - :class:`PythonTool`: the function tool ``python`` (an OpenAI-style schema and an async
   call returning the text a TIR agent sees: the snippet's stdout, or
   ``"Error: <reason>"`` followed by the tail of stderr);
-- :func:`run_tests_against`: run a test program against model-written code in one
-  sandbox and say whether every test passed.
+- :func:`run_tests_against` (async) / :func:`run_tests_against_sync` (for reward
+  functions, which are synchronous): run a test program against model-written code in
+  one sandbox and say whether every test passed.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from areal.utils.sandbox.config import SandboxResult
 from areal.utils.sandbox.runner import Sandbox
 
-__all__ = ["PythonTool", "TestOutcome", "run_tests_against"]
+__all__ = ["PythonTool", "TestOutcome", "run_tests_against", "run_tests_against_sync"]
 
 _STDERR_TAIL = 2000
 
@@ -84,3 +86,11 @@ async def run_tests_against(
     result = await sandbox.run_python(program, timeout=timeout)
     last = result.stdout.rstrip().rsplit("\n", 1)[-1] if result.stdout.strip() else ""
     return TestOutcome(passed=result.ok and last == marker, result=result)
+
+
+def run_tests_against_sync(
+    code: str, tests: str, sandbox: Sandbox, timeout: float | None = None
+) -> TestOutcome:
+    """:func:`run_tests_against` for synchronous callers such as reward functions (which
+    run in the reward worker processes, outside any event loop)."""
+    return asyncio.run(run_tests_against(code, tests, sandbox, timeout))
