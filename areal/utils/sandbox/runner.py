@@ -171,7 +171,12 @@ class Sandbox:
             _kill_group(proc)
         limit_hit.cancel()
         await asyncio.gather(done, return_exceptions=True)
-        await proc.wait()
+        try:  # a snippet that closed its stdout and stderr may still be running
+            await asyncio.wait_for(proc.wait(), max(0.0, wall - (time.monotonic() - start)))
+        except TimeoutError:
+            error = error or "timeout"
+            _kill_group(proc)
+            await proc.wait()
         duration = time.monotonic() - start
         report = _read_report(report_r)
         if error is None:
