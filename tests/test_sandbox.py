@@ -56,7 +56,7 @@ def test_sandbox_infinite_loop_cpu_time_limit(sandbox):
     start = time.monotonic()
     r = run(sandbox, "while True:\n    pass")
     assert r.error == "cpu time limit", r
-    assert 0.9 <= r.cpu_time_s < 3.0 and time.monotonic() - start < 30
+    assert 0.5 <= r.cpu_time_s < 3.0 and time.monotonic() - start < 30
 
 
 def test_sandbox_sleeping_snippet_wall_timeout(sandbox):
@@ -67,6 +67,19 @@ def test_sandbox_sleeping_snippet_wall_timeout(sandbox):
     r = run(sandbox, "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(60)", timeout=1.5)
     assert r.error == "timeout", r
     assert 1.4 < r.duration_s < 10
+
+
+def test_sandbox_cancelled_run_leaves_no_process(sandbox):
+    nobody_before = len(_sandbox_uid_processes())
+
+    async def main():
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(sandbox.run_python("import time\ntime.sleep(60)"), 1.0)
+
+    start = time.monotonic()
+    asyncio.run(main())
+    assert time.monotonic() - start < 10  # killed at the cancellation, not left to sleep
+    assert len(_sandbox_uid_processes()) <= nobody_before
 
 
 def test_sandbox_fork_bomb_process_limit_and_host_unaffected(sandbox):
