@@ -43,7 +43,7 @@ def tool_proxy():
 
     path = tiny_tool.get_tiny_tool_path()
     with local_engine(path) as eng:
-        client = ArealOpenAI(eng, load_hf_tokenizer(path), engine_max_tokens=1024)
+        client = ArealOpenAI(eng, load_hf_tokenizer(path), engine_max_tokens=4096)
         with ProxyServer(client, admin_api_key=ADMIN) as srv:
             yield srv
 
@@ -147,3 +147,69 @@ def test_openai_math_tool_agent_runner_runs_the_calculator(tool_proxy, chat_call
     assert_rows_trainable(batch, len(out))
     assert [rows[-1].reward for rows in episode_rows(out)] == returned
     assert returned == [1.0] * N_SAMPLES  # greedy tiny-tool: 31 + 45 - 12 = 64
+
+
+# ----------------------------------------------------------------------------- openai_agent
+HANDOFFS = ["analyze_problem", "solve_problem", "refine_solution", "verify_solution"]
+
+
+class HandoffAgentChat:
+    """AReaL's ``examples/openai_agents`` episode through the proxy: build the agent,
+    ``Runner.run`` it on the proxy's client, then once more with a follow-up question on
+    the first run's transcript (two turns of a chat); the reward of the final output."""
+
+    def __init__(self, **builder_kwargs):
+        self.builder_kwargs = builder_kwargs
+
+    async def run(self, data, **extra_kwargs):
+        import agents
+
+        from areal.workflow.openai.math_agent import openai_client
+        from areal.workflow.openai_agent.math_agent import build_math_agent
+
+        run_config = agents.RunConfig(
+            model_provider=agents.OpenAIProvider(
+                openai_client=openai_client(extra_kwargs), use_responses=False
+            ),
+            tracing_disabled=True,
+            model_settings=agents.ModelSettings(temperature=1.0, max_tokens=24),
+        )
+        agent = build_math_agent(**self.builder_kwargs)
+        first = await agents.Runner.run(
+            agent, input=data["messages"][-1]["content"], run_config=run_config, max_turns=2
+        )
+        follow_up = first.to_input_list() + [{"role": "user", "content": "Are you sure?"}]
+        second = await agents.Runner.run(
+            first.last_agent, input=follow_up, run_config=run_config, max_turns=2
+        )
+        return math_tools.math_reward_fn(str(second.final_output), data["answer"])
+
+
+def test_openai_agent_build_math_agent_has_aReaLs_handoffs():
+    from areal.workflow.openai_agent.math_agent import build_math_agent
+
+    agent = build_math_agent()
+    assert agent.name == "Math Problem Solver" and agent.tools == []
+    assert [h.tool_name for h in agent.handoffs] == HANDOFFS
+    assert "multi-agent system" in agent.instructions  # the SDK's handoff prompt prefix
+    tooled = build_math_agent(tools=["calculator"], instructions=False)
+    assert [t.name for t in tooled.tools] == ["calculator"] and tooled.instructions is None
+    with pytest.raises(ValueError, match="allowed"):
+        build_math_agent(tools=["abacus"])
+
+
+def test_openai_agent_handoff_agent_chat_through_proxy_row_per_call(tool_proxy, chat_calls):
+    from areal.models.tiny_tool import get_tiny_tool_path
+    from areal.utils.hf_utils import load_hf_tokenizer
+
+    out, batch, returned = run_group(tool_proxy, HandoffAgentChat())
+    # every call offers the four handoffs; each episode made two calls (one per run)
+    assert chat_calls == [HANDOFFS] * (2 * N_SAMPLES)
+    assert len(out) == 2 * N_SAMPLES
+    assert_rows_trainable(batch, len(out))
+    for rows, reward in zip(episode_rows(out), returned, strict=True):
+        assert len(rows) == 2 and rows[-1].reward == reward
+        first, second = (it.to_tensor_dict()["input_ids"][0] for it in rows)
+        assert second.shape[0] > first.shape[0]  # the second run saw the first's transcript
+    prompt = load_hf_tokenizer(get_tiny_tool_path()).decode(second.tolist())
+    assert "multi-agent system" in prompt and "Are you sure?" in prompt
