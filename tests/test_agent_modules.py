@@ -213,3 +213,52 @@ def test_openai_agent_handoff_agent_chat_through_proxy_row_per_call(tool_proxy, 
         assert second.shape[0] > first.shape[0]  # the second run saw the first's transcript
     prompt = load_hf_tokenizer(get_tiny_tool_path()).decode(second.tolist())
     assert "multi-agent system" in prompt and "Are you sure?" in prompt
+
+
+# ----------------------------------------------------------------------------- anthropic
+@pytest.fixture
+def messages_calls(monkeypatch):
+    """The replies the proxy's ``/v1/messages`` route translated back to Anthropic."""
+    from areal.experimental.openai.proxy import anthropic_format
+
+    to_anthropic = anthropic_format.openai_to_anthropic
+    seen: list[dict] = []
+
+    def recording(completion, model):
+        seen.append(to_anthropic(completion, model))
+        return seen[-1]
+
+    monkeypatch.setattr(anthropic_format, "openai_to_anthropic", recording)
+    return seen
+
+
+def test_anthropic_math_agent_goes_through_v1_messages(tool_proxy, chat_calls, messages_calls):
+    from areal.workflow.anthropic import MathAgent
+
+    data = dict(DATA, messages=[{"role": "system", "content": "Be brief."}, *DATA["messages"]])
+    out, batch, returned = run_group(tool_proxy, MathAgent(**WORKFLOW_KWARGS), data)
+    assert len(messages_calls) == len(chat_calls) == len(out) == N_SAMPLES
+    # the Anthropic message id is the exported interaction's id
+    assert sorted(m["id"] for m in messages_calls) == sorted(out)
+    assert_rows_trainable(batch, N_SAMPLES)
+    assert [it.reward for (it,) in episode_rows(out)] == returned
+
+
+def test_anthropic_math_tool_agent_tool_use_loop_runs_the_calculator(
+    tool_proxy, chat_calls, messages_calls
+):
+    from areal.workflow.anthropic.claude_math_agent import MathToolAgent
+
+    before = math_tools.TOOL_CALLS["calculator"]
+    agent = MathToolAgent(
+        system_prompt=None, tools=["calculator"], **dict(WORKFLOW_KWARGS, temperature=0.0)
+    )
+    out, batch, returned = run_group(tool_proxy, agent)
+    assert math_tools.TOOL_CALLS["calculator"] - before == N_SAMPLES
+    assert [m["stop_reason"] for m in messages_calls].count("tool_use") == N_SAMPLES
+    assert len(messages_calls) == len(chat_calls) == len(out) == 2 * N_SAMPLES
+    assert all(names == ["calculator"] for names in chat_calls)
+    assert_rows_trainable(batch, len(out))
+    assert [rows[-1].reward for rows in episode_rows(out)] == returned == [1.0] * N_SAMPLES
+    with pytest.raises(ValueError, match="allowed"):
+        MathToolAgent(tools=["abacus"])

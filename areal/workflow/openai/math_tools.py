@@ -14,7 +14,9 @@ agent's tool use looks like from the outside; tests read it).
 
 from __future__ import annotations
 
+import inspect
 import math
+import typing
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -114,3 +116,39 @@ def check_tool_names(names: Any) -> tuple[str, ...]:
             f"tools={list(names)}; allowed: a non-empty subset of {list(TOOLS_BY_NAME)}"
         )
     return names
+
+
+_JSON_TYPES = {float: "number", int: "integer", str: "string"}
+
+
+def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
+    """``{name, description, input_schema}`` of a tool function (its signature and docstring),
+    the shape of an Anthropic ``tools`` entry."""
+    hints = typing.get_type_hints(fn)
+    params = inspect.signature(fn).parameters
+    return {
+        "name": fn.__name__,
+        "description": inspect.getdoc(fn) or fn.__name__,
+        "input_schema": {
+            "type": "object",
+            "properties": {p: {"type": _JSON_TYPES[hints[p]]} for p in params},
+            "required": list(params),
+        },
+    }
+
+
+def run_tool(name: str, arguments: Any) -> tuple[str, bool]:
+    """Run the tool ``name`` on a model's ``arguments`` (a dict): ``(result text, is_error)``.
+
+    An unknown tool, arguments that do not fit, or an error the tool raises become an
+    error text for the model, not an exception.
+    """
+    fn = TOOLS_BY_NAME.get(name)
+    if fn is None:
+        return f"error: unknown tool {name!r}; tools: {', '.join(TOOLS_BY_NAME)}", True
+    if not isinstance(arguments, dict):
+        return "error: arguments must be an object", True
+    try:
+        return str(fn(**arguments)), False
+    except (TypeError, ValueError, ArithmeticError) as e:
+        return f"error: {e}", True
