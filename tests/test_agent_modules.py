@@ -262,3 +262,28 @@ def test_anthropic_math_tool_agent_tool_use_loop_runs_the_calculator(
     assert [rows[-1].reward for rows in episode_rows(out)] == returned == [1.0] * N_SAMPLES
     with pytest.raises(ValueError, match="allowed"):
         MathToolAgent(tools=["abacus"])
+
+
+# ----------------------------------------------------------------------------- langchain
+def test_langchain_math_agent_chat_model_on_the_proxy(tool_proxy, chat_calls):
+    from areal.workflow.langchain import MathAgent
+
+    out, batch, returned = run_group(tool_proxy, MathAgent(**WORKFLOW_KWARGS))
+    assert len(chat_calls) == len(out) == N_SAMPLES
+    assert_rows_trainable(batch, N_SAMPLES)
+    assert [it.reward for (it,) in episode_rows(out)] == returned
+
+
+def test_langchain_math_tool_agent_create_agent_runs_the_calculator(tool_proxy, chat_calls):
+    from areal.workflow.langchain.math_agent import MathToolAgent
+
+    before = math_tools.TOOL_CALLS["calculator"]
+    agent = MathToolAgent(
+        system_prompt=None, tools=["calculator"], **dict(WORKFLOW_KWARGS, temperature=0.0)
+    )
+    out, batch, returned = run_group(tool_proxy, agent)
+    assert math_tools.TOOL_CALLS["calculator"] - before == N_SAMPLES
+    assert len(chat_calls) == len(out) == 2 * N_SAMPLES  # a call turn and an answer turn
+    assert all(names == ["calculator"] for names in chat_calls)
+    assert_rows_trainable(batch, len(out))
+    assert [rows[-1].reward for rows in episode_rows(out)] == returned == [1.0] * N_SAMPLES
