@@ -110,7 +110,7 @@ def test_openai_multi_turn_math_agent_asks_again_rows_per_call_rewards_by_id(
 ):
     from areal.workflow.openai.math_agent import MultiTurnMathAgent
 
-    wrong = dict(DATA, answer="-1")  # never right: every episode takes max_turns calls
+    wrong = dict(DATA, answer="-123456.5")  # never right: every episode takes max_turns calls
     out, batch, returned = run_group(tool_proxy, MultiTurnMathAgent(**WORKFLOW_KWARGS), wrong)
     assert len(chat_calls) == N_SAMPLES * 3
     assert_rows_trainable(batch, len(chat_calls))
@@ -172,7 +172,7 @@ class HandoffAgentChat:
                 openai_client=openai_client(extra_kwargs), use_responses=False
             ),
             tracing_disabled=True,
-            model_settings=agents.ModelSettings(temperature=1.0, max_tokens=24),
+            model_settings=agents.ModelSettings(temperature=0.0, max_tokens=24),
         )
         agent = build_math_agent(**self.builder_kwargs)
         first = await agents.Runner.run(
