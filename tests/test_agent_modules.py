@@ -104,6 +104,30 @@ def episode_rows(out):
     return [by_episode[i] for i in sorted(by_episode)]
 
 
+AGENT_CLASSES = [
+    "areal.workflow.openai.math_agent.MathAgent",
+    "areal.workflow.openai.math_agent.MultiTurnMathAgent",
+    "areal.workflow.openai.math_agent.MathToolAgent",
+    "areal.workflow.anthropic.math_agent.MathAgent",
+    "areal.workflow.anthropic.claude_math_agent.MathToolAgent",
+    "areal.workflow.langchain.math_agent.MathAgent",
+    "areal.workflow.langchain.math_agent.MathToolAgent",
+]
+
+
+@pytest.mark.parametrize("path", AGENT_CLASSES)
+def test_agent_is_an_agent_and_picklable_for_subproc_mode(path):
+    import pickle
+
+    from areal.experimental.openai.proxy import is_agent
+    from areal.utils.dynamic_import import import_from_string
+
+    agent = import_from_string(path)(**WORKFLOW_KWARGS)
+    assert is_agent(agent)
+    clone = pickle.loads(pickle.dumps(agent))  # subproc mode sends it to a worker
+    assert type(clone) is type(agent) and clone.__dict__.keys() == agent.__dict__.keys()
+
+
 # ----------------------------------------------------------------------------- openai
 def test_openai_multi_turn_math_agent_asks_again_rows_per_call_rewards_by_id(
     tool_proxy, chat_calls
@@ -124,9 +148,11 @@ def test_openai_multi_turn_math_agent_asks_again_rows_per_call_rewards_by_id(
 
 
 def test_openai_math_agent_one_call_reward_is_the_agents(tool_proxy, chat_calls):
-    from areal.workflow.openai.math_agent import MathAgent
+    from areal.utils.dynamic_import import import_from_string
 
-    out, batch, returned = run_group(tool_proxy, MathAgent(**WORKFLOW_KWARGS))
+    # as the trainer builds it from AReaL's config line and workflow kwargs
+    agent_cls = import_from_string("areal.workflow.openai.math_agent.MathAgent")
+    out, batch, returned = run_group(tool_proxy, agent_cls(**WORKFLOW_KWARGS))
     assert len(chat_calls) == N_SAMPLES and len(out) == N_SAMPLES
     assert_rows_trainable(batch, N_SAMPLES)
     assert [it.reward for (it,) in episode_rows(out)] == returned

@@ -57,7 +57,6 @@ class MathToolAgent:
         self.kwargs = dict(kwargs)
         self.kwargs.pop("max_completion_tokens", None)
         self.kwargs.setdefault("max_tokens", 1024)
-        self.reward_fn = AsyncRewardWrapper(math_reward_fn)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         client = anthropic_client(extra_kwargs)
@@ -96,4 +95,6 @@ class MathToolAgent:
                     }
                 )
             messages.append({"role": "user", "content": results})
-        return await self.reward_fn(completions=final_output, answer=data["answer"])
+        return await AsyncRewardWrapper(math_reward_fn)(
+            completions=final_output, answer=data["answer"]
+        )

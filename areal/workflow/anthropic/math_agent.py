@@ -58,7 +58,6 @@ class MathAgent:
         self.kwargs.pop("max_completion_tokens", None)
         self.kwargs.pop("max_turns", None)
         self.kwargs.setdefault("max_tokens", 1024)
-        self.reward_fn = AsyncRewardWrapper(math_reward_fn)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         client = anthropic_client(extra_kwargs)
@@ -73,4 +72,6 @@ class MathAgent:
         if system:
             kwargs["system"] = system
         reply = await client.messages.create(model="default", messages=messages, **kwargs)
-        return await self.reward_fn(completions=reply_text(reply), answer=data["answer"])
+        return await AsyncRewardWrapper(math_reward_fn)(
+            completions=reply_text(reply), answer=data["answer"]
+        )

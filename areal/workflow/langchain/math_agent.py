@@ -59,11 +59,12 @@ class MathAgent:
 
     def __init__(self, **kwargs: Any):
         self.kwargs = dict(kwargs)
-        self.reward_fn = AsyncRewardWrapper(math_reward_fn)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         response = await chat_model(self.kwargs, extra_kwargs).ainvoke(data["messages"])
-        return await self.reward_fn(completions=response.content or "", answer=data["answer"])
+        return await AsyncRewardWrapper(math_reward_fn)(
+            completions=response.content or "", answer=data["answer"]
+        )
 
 
 class MathToolAgent:
@@ -81,17 +82,18 @@ class MathToolAgent:
         **kwargs: Any,
     ):
         self.system_prompt = system_prompt
-        self.tools = [CALCULATOR_TOOLS[n] for n in check_tool_names(tools)]
+        self.tool_names = check_tool_names(tools)  # names: the agent stays picklable
         self.kwargs = dict(kwargs)
-        self.reward_fn = AsyncRewardWrapper(math_reward_fn)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         agent = create_agent(
             model=chat_model(self.kwargs, extra_kwargs),
-            tools=self.tools,
+            tools=[CALCULATOR_TOOLS[n] for n in self.tool_names],
             system_prompt=self.system_prompt,
         )
         question = data["messages"][-1]["content"]
         result = await agent.ainvoke({"messages": [{"role": "user", "content": question}]})
         final = result["messages"][-1]
-        return await self.reward_fn(completions=str(final.content or ""), answer=data["answer"])
+        return await AsyncRewardWrapper(math_reward_fn)(
+            completions=str(final.content or ""), answer=data["answer"]
+        )

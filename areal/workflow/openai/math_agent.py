@@ -64,14 +64,13 @@ class MathAgent:
         self.kwargs = dict(kwargs)
         self.kwargs.pop("max_tokens", None)
         self.kwargs.pop("max_turns", None)
-        self.reward_fn = AsyncRewardWrapper(math_reward_fn)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         client = openai_client(extra_kwargs)
         comp = await client.chat.completions.create(
             messages=data["messages"], model="default", **self.kwargs
         )
-        return await self.reward_fn(
+        return await AsyncRewardWrapper(math_reward_fn)(
             completions=comp.choices[0].message.content, answer=data["answer"]
         )
 
@@ -89,7 +88,6 @@ class MultiTurnMathAgent:
         self.max_turns = int(max_turns)
         self.kwargs = dict(kwargs)
         self.kwargs.pop("max_tokens", None)
-        self.reward_fn = AsyncRewardWrapper(math_reward_fn)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> dict[str, float]:
         client = openai_client(extra_kwargs)
@@ -101,7 +99,9 @@ class MultiTurnMathAgent:
             )
             message = comp.choices[0].message
             messages.append(message.model_dump(exclude_none=True))
-            reward = await self.reward_fn(completions=message.content, answer=data["answer"])
+            reward = await AsyncRewardWrapper(math_reward_fn)(
+                completions=message.content, answer=data["answer"]
+            )
             rewards[comp.id] = reward
             if reward == 1:
                 break
@@ -141,10 +141,9 @@ class MathToolAgent:
     ):
         self.max_turns = int(max_turns)
         self.instructions = instructions
-        self.tools = [CALCULATOR_TOOLS[n] for n in check_tool_names(tools)]
+        self.tool_names = check_tool_names(tools)  # names: the agent stays picklable
         self.kwargs = dict(kwargs)
         self.kwargs.pop("max_tokens", None)
-        self.reward_fn = AsyncRewardWrapper(math_reward_fn)
 
     async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
         client = openai_client(extra_kwargs)
@@ -157,7 +156,7 @@ class MathToolAgent:
         agent = agents.Agent(
             name="RLVR Math with Calculator",
             instructions=self.instructions,
-            tools=self.tools,
+            tools=[CALCULATOR_TOOLS[n] for n in self.tool_names],
         )
         result = await agents.Runner.run(
             agent,
@@ -165,4 +164,6 @@ class MathToolAgent:
             run_config=run_config,
             max_turns=self.max_turns,
         )
-        return await self.reward_fn(completions=result.final_output, answer=data["answer"])
+        return await AsyncRewardWrapper(math_reward_fn)(
+            completions=result.final_output, answer=data["answer"]
+        )
