@@ -25,7 +25,7 @@ PY            := $(VENV)/bin/python
 UV            := $(VENV)/bin/uv
 UV_VERSION    := 0.13.8
 TORCH_VERSION := 2.13.0
-EXTRAS        ?= dev docs
+EXTRAS        ?= dev docs agent
 TORCH_FLAGS   ?=
 # Test selection. Only these three kinds are left out of `make check` (they cannot run on
 # a fresh clone here: CUDA, vLLM's CPU build, an AReaL checkout); nothing else is.
