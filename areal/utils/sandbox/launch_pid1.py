@@ -12,7 +12,7 @@ only this namespace's processes. The snippet arrives on stdin; ``SPEC`` is a JSO
    a nested user namespace that maps only the sandbox uid, see step 5);
 2. mount an empty tmpfs on ``/tmp`` (the host's ``/tmp`` is out of sight) and on each
    hidden path (``/root``, ``/home``), bringing back read-only the interpreter's prefixes
-   that lie under one of them;
+   that lie under one of them (a checkout's venv under ``/tmp`` included);
 3. make every mount read-only (``mount_setattr(AT_RECURSIVE)``, or a remount of each);
 4. mount a size-limited tmpfs at the work directory, owned by the sandbox uid, mode
    0700: the only writable place; write the snippet there;
@@ -113,6 +113,10 @@ def _all_read_only():
                 raise
 
 
+def _under(path, top):
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
 def _workdir_owner(spec):
     # In a user namespace only our own uid is mapped (as 0); the nested namespace of
     # the snippet maps its uid onto it, so the snippet owns the directory either way.
@@ -120,12 +124,19 @@ def _workdir_owner(spec):
 
 
 def _confine_filesystem(spec):
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     keep = [p for p in spec["keep_paths"] if os.path.isdir(p)]
+    # a kept path under /tmp (a venv in a checkout there): opened before the tmpfs covers
+    # /tmp, bound back from its descriptor afterwards
+    under_tmp = [(os.open(p, os.O_RDONLY | os.O_DIRECTORY), p) for p in keep if _under(p, "/tmp")]
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    for fd, path in under_tmp:
+        os.makedirs(path, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        os.close(fd)
     for hidden in spec["hidden_paths"]:
         if not os.path.isdir(hidden) or os.path.realpath(hidden) == "/":
             continue
-        inside = [p for p in keep if p == hidden or p.startswith(hidden.rstrip("/") + "/")]
+        inside = [p for p in keep if _under(p, hidden)]
         staged = []
         for i, path in enumerate(inside):
             stage = f"/tmp/.keep{len(os.listdir('/tmp'))}_{i}"
