@@ -17,7 +17,7 @@ from areal.api import cli_args
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _cpu_overrides(tmp_path, loader_workers: int) -> list[str]:
+def _cpu_overrides(tmp_path, loader_workers: int = 0) -> list[str]:
     return [
         f"cluster.fileroot={tmp_path}",
         "cluster.n_gpus_per_node=0",
