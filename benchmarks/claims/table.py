@@ -142,7 +142,7 @@ CLAIMS: tuple[Claim, ...] = (
         overrides=(),
         metric="held-out greedy accuracy (512)",
         parse=AGENT_ACCURACY,
-        threshold=0.60,
+        threshold=0.65,
         controls=(Control("shuffled rewards", "args", ("+shuffle_rewards=true",)),),
     ),
     Claim(
