@@ -171,7 +171,7 @@ class PPOTrainer:
         if role_config is None:
             return None
         engine = select_engine(engine, role_config, self.alloc_mode)  # fsdp or archon
-        started = [c for c in self._roles_started if c is not None]
+        previous = self._roles_started[-1] if self._roles_started else None
         controller = start_train_controller(
             engine,
             role_config,
@@ -184,7 +184,7 @@ class PPOTrainer:
             # engines built in the background, one role after the other (roles may share
             # workers); __init__ calls wait_ready() once the servers are started
             wait=False,
-            after=started[-1] if started else None,
+            after=previous,
         )
         self._roles_started.append(controller)
         return controller
