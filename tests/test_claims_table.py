@@ -101,14 +101,16 @@ def test_controls_skip_the_evaluation_before_training_and_the_claims_run_keeps_i
 
 def test_runs_are_scheduled_one_by_one_and_assembled_back_into_their_claims(monkeypatch):
     run = _load("claims_run", ROOT / "benchmarks" / "claims" / "run.py")
-    started = []
+    started, skipped = [], []
 
-    def fake_run_one(claim, label, control, broken, out):
+    def fake_run_one(claim, label, control, broken, out, skip_before=False):
         started.append((claim.name, label))
+        if skip_before:
+            skipped.append((claim.name, label))
         passed = control is None and not broken
         return {
             "run": label,
-            "before": 0.2 if control is None else None,
+            "before": 0.2 if control is None and not skip_before else None,
             "measured": 0.99 if passed else 0.0,
             "exit_code": 0,
             "wall_s": 1.0,
@@ -122,7 +124,7 @@ def test_runs_are_scheduled_one_by_one_and_assembled_back_into_their_claims(monk
     report = run.main(
         [
             "--only",
-            "demo,vlm,dpo",
+            "demo,vlm,dpo,lora",
             "--break",
             "dpo",
             "--jobs",
@@ -145,10 +147,16 @@ def test_runs_are_scheduled_one_by_one_and_assembled_back_into_their_claims(monk
             ("vlm", "shuffled rewards"),
             ("vlm", "random rewards"),
             ("dpo", "constant reward, broken on purpose"),
+            ("lora", "true rewards"),
+            ("lora", "shuffled rewards"),
         ]
     )
+    # lora shares the demo's "before" (same base and held-out set): its own run skips it
+    assert skipped == [("lora", "true rewards")]
     rows = {r["claim"]: r for r in report["claims"]}
-    assert [r["claim"] for r in report["claims"]] == ["demo", "vlm", "dpo"]
+    assert [r["claim"] for r in report["claims"]] == ["demo", "vlm", "dpo", "lora"]
+    assert rows["lora"]["before"] == 0.2 and rows["lora"]["before_from"] == "demo"
+    assert "before_from" not in rows["demo"]
     assert rows["vlm"]["before"] == 0.2 and rows["vlm"]["measured"] == 0.99
     assert [c["name"] for c in rows["vlm"]["controls"]] == ["shuffled rewards", "random rewards"]
     assert rows["demo"]["pass"] and rows["vlm"]["pass"]

@@ -35,8 +35,11 @@ def render(report: dict) -> str:
     ]
     for r in report["claims"]:
         controls = "; ".join(f"{c['name']}: {_pct(c['measured'])}" for c in r["controls"]) or "-"
+        before = _pct(r["before"])
+        if r.get("before_from"):  # measured once, by the run of the claim named
+            before += f" ({r['before_from']}'s)"
         lines.append(
-            f"| `{r['claim']}` | {r['metric']} | {r['steps']} | {_pct(r['before'])} | **{_pct(r['measured'])}** "
+            f"| `{r['claim']}` | {r['metric']} | {r['steps']} | {before} | **{_pct(r['measured'])}** "
             f"| >= {_pct(r['threshold'])} | {controls} | {'yes' if r['pass'] else 'NO'} "
             f"| {r['stated']} |"
         )

@@ -14,7 +14,8 @@ What happens, in order:
    ``outputs/claims``; deleted first so that nothing resumes), the controls through the
    script's own control flag or ``benchmarks/claims/reward_control.py``; a control skips
    the evaluation before training (same base, seed and held-out set as the claim's own
-   run, whose "before" the table shows). Each run's output
+   run, whose "before" the table shows), and so does the own run of a claim whose
+   ``before_from`` claim runs too (the table shows that claim's "before"). Each run's output
    goes to ``OUT/logs/<claim>-<run>.log``; its wall and CPU time (the whole process tree,
    from ``os.wait4``) are recorded.
 2. The printed before/after figures are parsed; a claim passes when its run reaches the
@@ -41,6 +42,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
@@ -60,12 +62,20 @@ OUT = ROOT / "outputs" / "claims"
 RUN_TIMEOUT_S = 900
 
 
-def run_one(claim: Claim, label: str, control: Control | None, broken: bool, out: Path) -> dict:
-    """One subprocess run: its parsed figures, wall and CPU seconds, exit status."""
+def run_one(
+    claim: Claim,
+    label: str,
+    control: Control | None,
+    broken: bool,
+    out: Path,
+    skip_before: bool = False,
+) -> dict:
+    """One subprocess run: its parsed figures, wall and CPU seconds, exit status.
+    ``skip_before``: no evaluation before training (the claim shares another's "before")."""
     slug = "".join(ch if ch.isalnum() else "-" for ch in label).strip("-")
     run_dir = out / claim.name / slug
     shutil.rmtree(run_dir, ignore_errors=True)
-    argv = claim.argv(str(run_dir), trial=slug, control=control is not None)
+    argv = claim.argv(str(run_dir), trial=slug, control=control is not None or skip_before)
     if control is not None and control.kind == "args":
         argv += list(control.value)
     if control is not None and control.kind == "wrap":
@@ -102,7 +112,7 @@ def run_one(claim: Claim, label: str, control: Control | None, broken: bool, out
     before, after = claim.parse(out)
     return {
         "run": label,
-        "command": " ".join(["python", *argv]),
+        "command": shlex.join(["python", *argv]).replace(f"{ROOT}/", ""),  # no machine path
         "before": before,
         "measured": after,
         "exit_code": proc.returncode,
@@ -121,8 +131,9 @@ def plan(claim: Claim, broken: bool, runs: str = "all") -> list[tuple[str, Contr
     return todo
 
 
-def row_of(claim: Claim, results: list[dict]) -> dict:
-    """The table row of one claim from its runs' results (the claim's own run first)."""
+def row_of(claim: Claim, results: list[dict], shared_before: dict | None = None) -> dict:
+    """The table row of one claim from its runs' results (the claim's own run first);
+    ``shared_before``: ``{"claim": name, "before": x}`` when it shares another's."""
     main = {"run": "true rewards", "before": None, "measured": None, "wall_s": 0.0}
     main["cpu_s"] = 0.0
     controls = list(results)
@@ -143,6 +154,8 @@ def row_of(claim: Claim, results: list[dict]) -> dict:
         "cpu_s": round(sum(r["cpu_s"] or 0.0 for r in [main, *controls]), 1),
         "runs": [main, *controls],
     }
+    if shared_before is not None:
+        row["before"], row["before_from"] = shared_before["before"], shared_before["claim"]
     return judge(row, claim)
 
 
@@ -252,16 +265,34 @@ def main(argv: list[str]) -> int:
     tasks = [(n, *r) for n in names for r in plan(BY_NAME[n], n in broken, ns.runs)]
     walls = last_walls()
     order = sorted(tasks, key=lambda t: -walls.get((t[0], t[1]), 1e9))
+    # claims whose "before" comes from another claim's run in this invocation
+    borrows = {n: BY_NAME[n].before_from for n in names if BY_NAME[n].before_from in names}
 
     def run_task(task: tuple[str, str, Control | None]) -> dict:
         name, label, control = task
-        res = run_one(BY_NAME[name], label, control, name in broken and control is None, out)
+        own_run = control is None
+        res = run_one(
+            BY_NAME[name],
+            label,
+            control,
+            name in broken and own_run,
+            out,
+            skip_before=own_run and name in borrows,
+        )
         print(_progress(BY_NAME[name], res), flush=True)
         return res
 
     with ThreadPoolExecutor(max_workers=ns.jobs) as pool:
         done = dict(zip(order, pool.map(run_task, order)))
-    rows = [row_of(BY_NAME[n], [done[t] for t in tasks if t[0] == n]) for n in names]
+    own = {t[0]: done[t] for t in tasks if t[2] is None}
+    rows = [
+        row_of(
+            BY_NAME[n],
+            [done[t] for t in tasks if t[0] == n],
+            {"claim": borrows[n], "before": own[borrows[n]]["before"]} if n in borrows else None,
+        )
+        for n in names
+    ]
     c1 = os.times()
     report = {
         "command": "make claims",
