@@ -574,6 +574,12 @@ class ProxyServer:
 
         if self._thread is not None:
             return self
+        auth.refuse_default_key_off_loopback(
+            self.host,
+            self.admin_api_key,
+            "the OpenAI proxy",
+            f"rollout.agent.admin_api_key=<secret> or {auth.PROXY_ADMIN_KEY_ENV}",
+        )
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
