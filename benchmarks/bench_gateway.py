@@ -21,8 +21,8 @@ Phases (JSON on stdout):
 3. ``kill``: ``--kill-sessions`` sessions from ``--clients`` clients, one proxy worker
    killed (SIGKILL) when half of them have completed: ``completed``, ``failed_reported``
    (sessions whose clients got the gateway's ``proxy_worker_failed`` error),
-   ``failed_counted`` (the gateway's own count), ``lost`` (must be 0), and that every
-   session started after the kill went to the survivor.
+   ``failed_counted`` (the gateway's own count), ``lost`` (must be 0), and
+   ``sessions_started_on_killed_worker_after_kill`` (new sessions go to the survivor: 0).
 
     .venv/bin/python benchmarks/bench_gateway.py [--sessions 512 --clients 64]
 """
@@ -274,10 +274,11 @@ def main() -> None:
         # 3. one worker killed midway
         before = _stats(gateway)
         victim_pid = sched.worker_pids(PROXY_ROLE)[0]
-        killed = {"at": None}
+        killed = {"at": None, "victim_total": None}
 
         def on_done(completed: int) -> None:
             if killed["at"] is None and completed >= args.kill_sessions // 2:
+                killed["victim_total"] = _stats(gateway)["workers"][0]["sessions_total"]
                 os.kill(victim_pid, signal.SIGKILL)
                 killed["at"] = completed
 
@@ -297,6 +298,9 @@ def main() -> None:
             "not_on_one_worker": sum(r["calls"] != args.calls for r in run["completed"]),
             "seconds": round(run["seconds"], 2),
             "sessions_per_worker_in_this_run": per_worker_after_kill,
+            "sessions_started_on_killed_worker_after_kill": (
+                after["workers"][0]["sessions_total"] - killed["victim_total"]
+            ),
             "workers_alive": [w["alive"] for w in after["workers"]],
             "example_failure": run["failed"][0] if run["failed"] else None,
             "errors": run["errors"][:5],

@@ -1,6 +1,6 @@
 """The proxy gateway: a real gateway, 2 real proxy worker processes (scheduler role
-``proxy`` of a real LocalScheduler) and the built-in server with the tiny model, all on
-127.0.0.1.
+``proxy`` of a real LocalScheduler, started by the trainer's agent wiring) and the
+built-in server with the tiny model, all on 127.0.0.1.
 
 Affinity is checked end to end: a call reaching a worker other than the session's would
 be refused there (its key is unknown on that worker), and the session's export from
@@ -22,15 +22,14 @@ import httpx2 as httpx
 import pytest
 from _local_engine import local_engine
 
-from areal.api.cli_args import AgentConfig
+from areal.api.cli_args import AgentConfig, InferenceEngineConfig
 from areal.experimental.openai.proxy import ProxyServer
 from areal.experimental.openai.proxy.gateway import (
     PROXY_ROLE,
     GatewayServer,
-    proxy_worker_command,
     start_proxy_gateway,
-    start_proxy_workers,
 )
+from areal.experimental.openai.proxy.trainer_wiring import TrainerAgentProxy
 from areal.infra.scheduler.local import LocalScheduler
 from areal.utils import auth
 
@@ -43,16 +42,27 @@ CALLS = 3
 
 @pytest.fixture(scope="module")
 def stack(tiny_lm_dir, tmp_path_factory):
+    """The trainer's wiring with ``rollout.agent.proxy_workers=2``: its scheduler starts the
+    workers (role ``proxy``), the gateway is what the agent workflows get as the proxy."""
+    from areal.utils.hf_utils import load_hf_tokenizer
+
     root = tmp_path_factory.mktemp("gateway")
     with local_engine(tiny_lm_dir) as eng:
         sched = LocalScheduler(str(root), "gw", "t0", kill_grace=1.0)
+        agent = AgentConfig(
+            admin_api_key=ADMIN, proxy_workers=2, chat_template_type="concat", engine_max_tokens=256
+        )
+        rollout_config = InferenceEngineConfig(agent=agent, request_timeout=60, setup_timeout=120)
+        wiring = TrainerAgentProxy(
+            rollout_config, eng, load_hf_tokenizer(tiny_lm_dir), scheduler=sched
+        )
         try:
-            cfg = AgentConfig(chat_template_type="concat", engine_max_tokens=256)
-            command = proxy_worker_command(list(eng.addresses), tiny_lm_dir, cfg, 60.0)
-            urls = start_proxy_workers(sched, 2, command, ADMIN, timeout=120)
-            with GatewayServer(urls, admin_api_key=ADMIN, health_interval=0.5) as gw:
-                yield gw, sched, urls
+            assert wiring.ensure_started() == wiring.server.base_url
+            gw = wiring.server
+            assert isinstance(gw, GatewayServer)
+            yield gw, sched, gw.worker_urls
         finally:
+            wiring.stop()
             sched.close()
 
 

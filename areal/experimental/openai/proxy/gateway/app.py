@@ -16,12 +16,13 @@ For every request, in order:
    stops counting as load, an exported one is forgotten.
 
 A worker that cannot be reached (connection refused or dropped, a stream cut off) is
-probed once; if its health check fails too it is marked dead: its open sessions fail
-with the reason, and each of their calls (the one in flight and every later one) is
-answered 502 ``proxy_worker_failed`` naming the worker and the reason, counted in
-``/gateway/stats``. A new session that hits a dead worker is retried on another one. A
-background task probes every worker's ``/health`` each ``health_interval`` seconds and
-takes out (or puts back) workers that stop (or start again) answering.
+probed once; if its health check fails too it is marked dead: its sessions not yet
+exported (open, or ended and awaiting export) fail with the reason, and each of their
+calls (the one in flight and every later one) is answered 502 ``proxy_worker_failed``
+naming the worker and the reason, counted in ``/gateway/stats``. A new session that
+hits a dead worker is retried on another one. A background task probes every worker's
+``/health`` each ``health_interval`` seconds and takes out (or puts back) workers that
+stop (or start again) answering.
 """
 
 from __future__ import annotations

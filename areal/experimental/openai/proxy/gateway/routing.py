@@ -10,7 +10,7 @@ same way (``slot_id`` -> worker).
 New sessions go to the least-loaded live worker (fewest open sessions, then fewest
 requests in flight); a worker holding open online grants is preferred, since only there
 can an external session start. ``mark_dead`` takes a worker out of rotation and fails
-its open sessions with a reason (later calls of those sessions are answered with it);
+its sessions not yet exported with a reason (later calls of those sessions are answered with it);
 ``revive`` puts a worker that answers its health check again back (new sessions only:
 the sessions it held are gone with its process).
 
@@ -168,15 +168,17 @@ class Router:
         self.stats.failure_reasons[reason] += 1
 
     def mark_dead(self, worker: ProxyWorker, reason: str) -> int:
-        """Take ``worker`` out of rotation; fail its open sessions. Returns how many."""
+        """Take ``worker`` out of rotation; fail its sessions not yet exported (open ones and
+        ended ones whose export is still to come: their data died with the worker).
+        Returns how many."""
         if not worker.alive:
             return 0
         worker.alive = False
         worker.reason = reason
         worker.open_grants = 0
         failed = 0
-        for route in self.routes.values():
-            if route.worker is worker and not route.ended and not route.failed:
+        for route in self.routes.values():  # open, or ended but not yet exported
+            if route.worker is worker and not route.failed:
                 route.failed = reason
                 failed += 1
         worker.open_sessions = 0
