@@ -214,3 +214,52 @@ def test_killed_worker_fails_its_sessions_cleanly_others_finish(stack):
     assert [w["alive"] for w in stats["workers"]] == [False, True]
     assert any(urls[0] in reason for reason in stats["failure_reasons"])
     assert json.dumps(stats)  # serializable (GET /gateway/stats)
+
+
+def test_online_grants_route_external_sessions_to_the_granting_worker():
+    """Online mode through the gateway: a grant is made on one worker; the external
+    session then starts there (elsewhere it would be 429), and the trainer's wait for
+    the grant's session reaches that worker. In-process proxies (no model calls)."""
+    w1 = ProxyServer(client=None, admin_api_key=ADMIN, capacity_control=True).start()
+    w2 = ProxyServer(client=None, admin_api_key=ADMIN, capacity_control=True).start()
+    try:
+        with GatewayServer([w1.base_url, w2.base_url], ADMIN, health_interval=0) as gw:
+            base = gw.base_url
+            r = httpx.post(f"{base}/rl/start_session", json={}, headers=_h(ADMIN))
+            assert r.status_code == 429  # no grant anywhere yet
+            for _ in range(2):  # two grants; the second one goes to the other worker
+                r = httpx.post(f"{base}/grant_capacity", json={}, headers=_h(ADMIN))
+                assert r.status_code == 200, r.text
+            slots = dict(gw.router.slots)
+            assert {w.url for w in slots.values()} == {w1.base_url, w2.base_url}
+
+            async def go():
+                async with httpx.AsyncClient(timeout=30) as http:
+                    waits = [
+                        asyncio.create_task(
+                            http.post(
+                                f"{base}/internal/wait_for_session",
+                                json={"slot_id": slot, "timeout": 20},
+                                headers=_h(ADMIN),
+                            )
+                        )
+                        for slot in slots
+                    ]
+                    started = [await _start(http, gw) for _ in range(2)]  # external users
+                    for s in started:
+                        r = await http.post(f"{base}/rl/end_session", headers=_h(s["api_key"]))
+                        assert r.status_code == 200, r.text
+                    done = [(await w).json() for w in waits]
+                    return started, done
+
+            started, done = asyncio.run(go())
+            assert {d["session_id"] for d in done} == {s["session_id"] for s in started}
+            for d in done:  # each grant's session ran on the worker that made the grant
+                assert gw.router.routes[d["session_id"]].worker is slots[d["slot_id"]]
+            stats = gw.stats()
+            assert [w["sessions_total"] for w in stats["workers"]] == [1, 1]
+            r = httpx.post(f"{base}/rl/start_session", json={}, headers=_h(ADMIN))
+            assert r.status_code == 429  # grants used up
+    finally:
+        w1.stop()
+        w2.stop()
