@@ -508,6 +508,13 @@ class AgentConfig:
         "(online mode with clients on other machines: change admin_api_key too).",
     )
     proxy_port: int = cfield(0, "Port of the trainer's proxy; 0 = a free port (logged); >= 0.")
+    proxy_workers: int = cfield(
+        0,
+        "0: one proxy inside the trainer process. N >= 1: N proxy worker processes "
+        "(scheduler role 'proxy') behind one session-affine gateway at "
+        "proxy_host:proxy_port (every call of a session on one worker; a dead worker's "
+        "open sessions fail with an error, new ones go to the live workers); >= 0.",
+    )
 
     def __post_init__(self):
         owner = "AgentConfig"
@@ -525,6 +532,7 @@ class AgentConfig:
         check_range(owner, "set_reward_finish_timeout", self.set_reward_finish_timeout, ge=0)
         check_range(owner, "engine_max_tokens", self.engine_max_tokens, ge=1, optional=True)
         check_range(owner, "proxy_port", self.proxy_port, ge=0)
+        check_range(owner, "proxy_workers", self.proxy_workers, ge=0)
         if not self.proxy_host or not self.proxy_host.strip():
             raise ValueError(f"{owner}.proxy_host is empty; give an address such as '127.0.0.1'")
 

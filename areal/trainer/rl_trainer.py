@@ -138,7 +138,9 @@ class PPOTrainer:
             self.rollout = self._start_rollout()
             for controller in self._roles_started:
                 controller.wait_ready()
-            self._agents = TrainerAgentProxy(config.rollout, self.rollout, self.tokenizer)
+            self._agents = TrainerAgentProxy(
+                config.rollout, self.rollout, self.tokenizer, scheduler=self.scheduler
+            )
             self.weight_update_meta = self._make_weight_update_meta()
             self.actor.connect_engine(self.rollout, self.weight_update_meta)
             self.weight_sync = self._make_weight_sync()

@@ -15,11 +15,18 @@ is read, so nothing is unpickled or executed for it.
 
 Framework adapters: :func:`aiohttp_middleware` (aiohttp apps) and
 :func:`fastapi_dependency` (FastAPI routes).
+
+Admin keys of the agent proxy and its gateway: the well-known default
+(:data:`DEFAULT_ADMIN_KEY`) is refused on any address other than loopback
+(:func:`refuse_default_key_off_loopback`, called before a socket is opened); a surface
+started with no key gets a random one written to a file only its user can read
+(:func:`generate_admin_key_file`).
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import os
 import secrets
 import threading
@@ -308,3 +315,63 @@ def server_middleware(
         return await handler(request)
 
     return middleware
+
+
+# ------------------------------------------------------------------ admin keys
+#: The well-known default admin key of the agent proxy and gateway (AReaL's default).
+DEFAULT_ADMIN_KEY = "areal-admin-key"
+
+#: Environment variable with the admin key of a proxy (or gateway) started as a process.
+PROXY_ADMIN_KEY_ENV = "AREAL_PROXY_ADMIN_KEY"
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ``::1``)."""
+    h = host.strip().strip("[]")
+    if h.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:  # a host name other than localhost may resolve anywhere
+        return False
+
+
+def refuse_default_key_off_loopback(host: str, key: str | None, surface: str, how_to_set: str):
+    """Raise ``ValueError`` when ``surface`` would bind ``host`` (not loopback) with the
+    well-known default admin key; ``how_to_set`` says where a key is given."""
+    if key is not None and keys_equal(key, DEFAULT_ADMIN_KEY) and not is_loopback_host(host):
+        raise ValueError(
+            f"{surface}: refusing to listen on {host} with the well-known default admin key "
+            f"{DEFAULT_ADMIN_KEY!r} (anyone who can reach it could start sessions and export "
+            f"trajectories). Set a secret admin key with {how_to_set}, or bind 127.0.0.1."
+        )
+
+
+def default_key_dir() -> str:
+    """Where generated key files go: ``$XDG_RUNTIME_DIR/areal`` or ``~/.cache/areal``."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "areal")
+
+
+def write_key_file(key: str, path: str) -> str:
+    """Write ``key`` to ``path`` with mode 0600 (its directory 0700 when created)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+        os.write(fd, (key + "\n").encode())
+    finally:
+        os.close(fd)
+    return path
+
+
+def generate_admin_key_file(surface: str, path: str | None = None) -> tuple[str, str]:
+    """A random admin key for ``surface`` (no key given), written to ``path`` (default
+    ``default_key_dir()/<surface>-admin-key-<pid>``) readable by its user only; the path
+    is logged, never the key. Returns ``(key, path)``."""
+    key = new_key("sk-admin-")
+    path = path or os.path.join(default_key_dir(), f"{surface}-admin-key-{os.getpid()}")
+    write_key_file(key, path)
+    logger.info(f"{surface}: no admin key given; generated one, stored in {path} (mode 0600)")
+    return key, path

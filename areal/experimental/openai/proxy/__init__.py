@@ -4,6 +4,8 @@
   Messages, online-mode grants) and :class:`ProxyServer` (uvicorn in a thread).
 - ``__main__.py``: ``python -m areal.experimental.openai.proxy``, the proxy as its own
   process in front of running inference servers.
+- ``gateway/``: the gateway in front of several proxy workers (session-affine routing,
+  ``rollout.agent.proxy_workers``).
 - ``client_session.py``: :class:`OpenAIProxyClient`, the session lifecycle over HTTP.
 - ``workflow.py``: :class:`OpenAIProxyWorkflow`, which runs an agent's
   ``async run(data, **extra_kwargs)`` as a rollout episode (modes inline / subproc /

@@ -7,8 +7,10 @@
         [--backend local] [--host 127.0.0.1] [--port 0] [--addr-file PATH] \\
         [--chat-template-type hf] [--engine-max-tokens N] [--online]
 
-The admin key comes from the environment (``AREAL_PROXY_ADMIN_KEY``; default
-``areal-admin-key``), never from the command line. The process connects a client engine
+The admin key comes from the environment (``AREAL_PROXY_ADMIN_KEY``), never from the
+command line; without it a random key is generated and written to ``--admin-key-file``
+(default under ``~/.cache/areal``, mode 0600; the path is logged). The well-known
+``areal-admin-key`` is refused on a non-loopback ``--host``. The process connects a client engine
 of ``--backend`` (the registry in ``areal.engine.inference_backends``) to the servers,
 serves the proxy app (see ``server.py``) and, with ``--addr-file``, writes its base URL
 there once it accepts requests. ``--online`` enables online-mode grants. SIGTERM / Ctrl-C
@@ -23,11 +25,11 @@ import signal
 import threading
 from collections.abc import Sequence
 
-from areal.utils import logging
+from areal.utils import auth, logging
 
 logger = logging.getLogger("OpenAIProxy")
 
-ADMIN_KEY_ENV = "AREAL_PROXY_ADMIN_KEY"
+ADMIN_KEY_ENV = auth.PROXY_ADMIN_KEY_ENV
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -45,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--session-timeout-seconds", type=float, default=3600.0)
     p.add_argument("--request-timeout", type=float, default=3600.0)
     p.add_argument("--online", action="store_true", help="online-mode grants (429 without)")
+    p.add_argument("--admin-key-file", default=None, help="where a generated admin key goes")
     args = p.parse_args(argv)
 
     import torch
@@ -53,9 +56,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     from areal.api.cli_args import InferenceEngineConfig
     from areal.engine import inference_backends
     from areal.experimental.openai import ArealOpenAI
-    from areal.experimental.openai.proxy.server import DEFAULT_ADMIN_API_KEY, ProxyServer
+    from areal.experimental.openai.proxy.server import ProxyServer
     from areal.utils.hf_utils import load_hf_tokenizer
 
+    admin_key = os.environ.get(ADMIN_KEY_ENV) or None
+    if admin_key is None:
+        admin_key, _ = auth.generate_admin_key_file("proxy", args.admin_key_file)
     engine = inference_backends.make_inference_engine(
         args.backend, InferenceEngineConfig(request_timeout=args.request_timeout)
     )
@@ -70,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     server = ProxyServer(
         client,
-        admin_api_key=os.environ.get(ADMIN_KEY_ENV) or DEFAULT_ADMIN_API_KEY,
+        admin_api_key=admin_key,
         host=args.host,
         port=args.port,
         session_timeout_seconds=args.session_timeout_seconds,

@@ -574,8 +574,17 @@ class ProxyServer:
 
         if self._thread is not None:
             return self
+        auth.refuse_default_key_off_loopback(
+            self.host,
+            self.admin_api_key,
+            "the OpenAI proxy",
+            f"rollout.agent.admin_api_key=<secret> or {auth.PROXY_ADMIN_KEY_ENV}",
+        )
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto is
+        # IPPROTO_TCP (accepted ones inherit it); with proto 0, Nagle plus delayed ACKs
+        # added ~40 ms to every proxy call
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self._port))
         self._sock = sock

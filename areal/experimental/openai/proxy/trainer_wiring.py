@@ -5,7 +5,9 @@ rollout workflows unchanged and wraps an agent (an object, class or import strin
 ``async def run(data, **extra_kwargs)``) in an :class:`OpenAIProxyWorkflow` that talks to
 the proxy; the proxy (:class:`ProxyServer`, in front of an :class:`ArealOpenAI` client of
 the rollout engine) is started on first use, in the trainer's process, and stopped by
-``stop()``. In online mode (``rollout.agent.mode='online'``) the training workflow is
+``stop()``; with ``rollout.agent.proxy_workers = N > 0`` it is instead N proxy worker
+processes started by the trainer's scheduler (role ``proxy``) behind one gateway
+(``areal.experimental.openai.proxy.gateway``), whose address the workflows use. In online mode (``rollout.agent.mode='online'``) the training workflow is
 always the online one, and ``online_dataset`` gives the empty rows that stand for the
 episode slots external clients fill.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from areal.experimental.openai.proxy.gateway import start_proxy_gateway
 from areal.experimental.openai.proxy.workflow import OpenAIProxyWorkflow, is_agent
 from areal.utils import logging
 from areal.utils.dynamic_import import import_from_string
@@ -42,10 +45,11 @@ class TrainerAgentProxy:
     ``request_timeout``); ``rollout``: the inference engine the proxy's client generates
     with; ``tokenizer``: its tokenizer."""
 
-    def __init__(self, rollout_config: Any, rollout: Any, tokenizer: Any):
+    def __init__(self, rollout_config: Any, rollout: Any, tokenizer: Any, scheduler: Any = None):
         self.rollout_config = rollout_config
         self.rollout = rollout
         self.tokenizer = tokenizer
+        self.scheduler = scheduler  # starts the proxy workers when agent.proxy_workers > 0
         self.server: Any = None
 
     @property
@@ -82,7 +86,18 @@ class TrainerAgentProxy:
         return wf, None
 
     def ensure_started(self) -> str:
-        """Start the proxy (once) in this process, in front of the rollout engine."""
+        """Start the proxy (once) in this process, in front of the rollout engine; with
+        ``agent.proxy_workers > 0``, that many proxy workers behind a gateway instead."""
+        cfg = self.rollout_config.agent
+        if self.server is None and cfg.proxy_workers > 0:
+            self.server = start_proxy_gateway(
+                self.scheduler,
+                cfg,
+                list(self.rollout.addresses),
+                self.tokenizer.name_or_path,
+                request_timeout=self.rollout_config.request_timeout,
+                setup_timeout=self.rollout_config.setup_timeout,
+            )
         if self.server is None:
             # the OpenAI SDK and FastAPI/uvicorn: heavy, only for agent runs
             from areal.experimental.openai.client import ArealOpenAI
