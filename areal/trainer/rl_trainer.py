@@ -106,14 +106,15 @@ def resolve_allocation(config: PPOConfig) -> AllocationMode:
 class PPOTrainer:
     """Asynchronous PPO/GRPO trainer (see module docstring)."""
 
-    def __init__(self, config: PPOConfig, train_dataset: Any, valid_dataset: Any = None):
+    def __init__(self, config: PPOConfig, train_dataset: Any = None, valid_dataset: Any = None):
         self.config = config
         self._closed = False
         limit_cpu_controller_threads(config)
         self.alloc_mode = resolve_allocation(config)
         self._agents: TrainerAgentProxy | None = None  # made once the rollout engine is up
         self._roles_started: list = []  # TrainControllers, in start order (_start_role)
-        if train_dataset is None and config.rollout.agent.mode == "online":
+        if train_dataset is None:
+            # Online mode (AReaL's entry, ``PPOTrainer(config)``): empty episode slots.
             train_dataset = online_dataset(config)
         run = setup_run(config, train_dataset, model_path=config.actor.path)
         self.log_dir, self.tokenizer = run.log_dir, run.tokenizer
