@@ -185,6 +185,7 @@ def test_online_refresh_waits_for_a_grant_or_answers_429(online_run):
         base = srv.base_url
         assert _start(base).status_code == 429  # no grant yet
         slot = _post(base, "grant_capacity", ADMIN).json()["slot_id"]
+        assert httpx.get(f"{base}/health").json()["open_grants"] == 1
         first = _start(base).json()
         key = first["api_key"]
         _chat(base, key)

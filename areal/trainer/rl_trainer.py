@@ -5,6 +5,10 @@ The user's script is the controller::
     with PPOTrainer(config, train_dataset=train, valid_dataset=valid) as trainer:
         trainer.train(workflow="areal.workflow.rlvr.RLVRWorkflow", workflow_kwargs=...)
 
+or, online (``rollout.agent.mode='online'``: external clients play the episodes through
+the proxy; ``trainer_wiring.online_dataset`` says how many sessions make a step),
+``PPOTrainer(config)`` and ``trainer.train()``.
+
 The trainer starts the workers named by the allocation mode through a scheduler
 (training workers of each role, one ``TrainController`` each, started by
 ``start_train_controller``; then the inference servers, started while the training

@@ -427,7 +427,12 @@ def create_app(state: ProxyState):
 
     @rl.get("/health")
     async def health():
-        return {"status": "ok", "sessions": len(state.sessions), **state.stats}
+        return {
+            "status": "ok",
+            "sessions": len(state.sessions),
+            "open_grants": sum(s.session_id is None for s in state.slots.values()),
+            **state.stats,
+        }
 
     @rl.post(f"/{RL_START_SESSION_PATHNAME}")
     async def start_session(request: Request):
