@@ -2,7 +2,8 @@
 
 Image prompts and a text-only prompt are generated concurrently (continuous batching puts
 them in the same batch); each response's logprobs must equal a plain transformers forward
-of prompt + output with the same pixel values (atol 1e-4).
+of prompt + output with the same pixel values (atol 1e-4). Copies of one image prompt (a
+GRPO group) share one preprocessing of the image.
 """
 
 from __future__ import annotations
@@ -77,11 +78,28 @@ async def test_vlm_server_image_and_text_requests_logprobs_match_hf(vlm_dir):
             assert r.status == 200, await r.text()
             return await r.json()
 
+        # a GRPO group: the first image prompt 3 more times, concurrently, other seeds
         results = await asyncio.gather(
             gen(image_prompts[0][0], image_prompts[0][1], n=7, seed=1),
             gen(text_ids, None, n=4, seed=2),
             gen(image_prompts[1][0], image_prompts[1][1], n=9, seed=3),
+            *(gen(image_prompts[0][0], image_prompts[0][1], n=5, seed=s) for s in (4, 5, 6)),
         )
+        # each distinct image list is preprocessed once; the group's copies share it
+        assert (srv.image_cache.misses, srv.image_cache.hits) == (2, 3)
+        # an image that does not decode is refused each time (a failure is not cached)
+        junk = "data:image/png;base64," + "A" * 600
+        for _ in range(2):
+            r = await client.post(
+                "/generate",
+                json={
+                    "input_ids": image_prompts[0][0],
+                    "image_data": [junk],
+                    "sampling_params": {"max_new_tokens": 2},
+                },
+            )
+            assert r.status == 400 and "could not decode" in await r.text()
+        assert srv.image_cache.misses == 4
         # a wrong number of image tokens is refused with a clear 400
         short = list(image_prompts[0][0])
         short.remove(srv.core.model.config.image_token_id)
@@ -102,6 +120,7 @@ async def test_vlm_server_image_and_text_requests_logprobs_match_hf(vlm_dir):
         (image_prompts[0][0], results[0], image_prompts[0][2]),
         (text_ids, results[1], None),
         (image_prompts[1][0], results[2], image_prompts[1][2]),
+        *((image_prompts[0][0], r, image_prompts[0][2]) for r in results[3:]),
     ]
     for prompt, res, enc in cases:
         out = res["output_ids"]

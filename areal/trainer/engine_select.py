@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from areal.api.alloc_mode import ParallelStrategy
-from areal.models.archon.validate import check_layout
+from areal.models.layout_check import check_layout
 
 __all__ = ["engine_class_for", "select_engine"]
 

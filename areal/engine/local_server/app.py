@@ -19,6 +19,7 @@ import uuid
 from typing import Any
 
 from areal.engine.local_server.openai_api import OpenAIRoutes, error_response
+from areal.engine.local_server.vision import ImageInputCache
 from areal.engine.local_server.weight_routes import WeightRoutes
 from areal.utils import logging
 
@@ -77,6 +78,7 @@ class LocalInferenceServer(OpenAIRoutes, WeightRoutes):
         self.model_path = model_path
         self.model_name = served_model_name or model_path
         self.groups: dict[str, Any] = {}
+        self.image_cache = ImageInputCache()
 
     @classmethod
     def from_pretrained(
@@ -224,14 +226,14 @@ class LocalInferenceServer(OpenAIRoutes, WeightRoutes):
             raise
 
     async def _image_inputs(self, image_data: Any) -> dict[str, Any]:
-        """Decode + preprocess a request's images in a worker thread (never on the loop)."""
+        """Decode + preprocess a request's images in a worker thread (never on the loop),
+        once per distinct image list (``ImageInputCache``)."""
         from areal.engine.local_server.core import RequestError
-        from areal.engine.local_server.vision import images_to_mm_inputs
 
         image_processor = getattr(self, "image_processor", None)
         if image_processor is None:
             raise RequestError("this server has no image processor: the model takes no images")
-        return await asyncio.to_thread(images_to_mm_inputs, image_processor, image_data)
+        return await self.image_cache.get(image_processor, image_data)
 
     async def _call_core(self, fut):
         return await asyncio.wrap_future(fut)

@@ -13,6 +13,9 @@ add to the plain token count.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -40,6 +43,62 @@ def images_to_mm_inputs(image_processor: Any, image_data: Any) -> dict[str, Any]
         raise _request_error(f"could not decode image_data: {e}") from e
     feats = image_processor(images=images, return_tensors="pt")
     return {"pixel_values": feats["pixel_values"], "image_grid_thw": feats["image_grid_thw"]}
+
+
+def _content_key(image_data: Any) -> str | None:
+    """A digest of inline images (base64 / data URLs); ``None`` when any entry is a path or
+    a URL, whose content could change between requests."""
+    if not isinstance(image_data, list) or not image_data:
+        return None
+    h = hashlib.blake2b(digest_size=16)
+    for item in image_data:
+        if not isinstance(item, str) or not (item.startswith("data:") or len(item) > 512):
+            return None
+        if "://" in item[:16]:
+            return None
+        h.update(item.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+class ImageInputCache:
+    """Preprocessed inputs of the last ``size`` distinct inline image lists.
+
+    A GRPO group sends the same image with each of its ``n`` samples, as ``n`` requests
+    that arrive together: the first starts the decode + preprocess in a worker thread,
+    the others await the same task (shielded, so a cancelled request does not cancel it
+    for the rest). A failed task is dropped, so a later request tries again.
+    """
+
+    def __init__(self, size: int = 256):
+        self.size = size
+        self._tasks: OrderedDict[str, asyncio.Future] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    async def get(self, image_processor: Any, image_data: Any) -> dict[str, Any]:
+        key = _content_key(image_data)
+        if key is None:
+            self.misses += 1
+            return await asyncio.to_thread(images_to_mm_inputs, image_processor, image_data)
+        task = self._tasks.get(key)
+        if task is None:
+            self.misses += 1
+            task = asyncio.ensure_future(
+                asyncio.to_thread(images_to_mm_inputs, image_processor, image_data)
+            )
+            self._tasks[key] = task
+            while len(self._tasks) > self.size:
+                self._tasks.popitem(last=False)
+        else:
+            self.hits += 1
+            self._tasks.move_to_end(key)
+        try:
+            return await asyncio.shield(task)
+        except RequestError:
+            if self._tasks.get(key) is task:
+                del self._tasks[key]
+            raise
 
 
 def check_mm_request(model: Any, input_ids: list[int], mm: dict[str, Any], is_vlm: bool) -> None:

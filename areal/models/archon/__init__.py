@@ -16,7 +16,7 @@ from areal.models.archon.model_spec import (
 from areal.models.archon.parallel_dims import ArchonParallelDims
 from areal.models.archon.qwen2 import spec as qwen2_spec
 from areal.models.archon.qwen3 import spec as qwen3_spec
-from areal.models.archon.validate import check_layout
+from areal.models.layout_check import check_layout
 
 __all__ = [
     "ArchonParallelDims",

@@ -1,5 +1,8 @@
 """``check_layout``: refuse a parallel layout the model cannot be split into, naming the
-dimension and the allowed values (before any process starts, and again in the engine)."""
+dimension and the allowed values (before any process starts, and again in the engine).
+
+Outside ``areal.models.archon`` so that the controller checks a layout without importing
+the archon models (DTensor and its sympy import: about 1.2 s of every trainer start)."""
 
 from __future__ import annotations
 
