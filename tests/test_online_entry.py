@@ -285,3 +285,26 @@ def test_openclaw_client_scripts_command_line_against_proxy(online_run):
             timeout=60,
         )
         assert bad.returncode == 1 and "401" in bad.stdout
+
+
+def test_online_rows_per_step_and_dataset_required_outside_online_mode():
+    from test_rl_trainer import _grpo_config
+
+    from areal.experimental.openai.proxy.trainer_wiring import online_dataset
+
+    cfg = _grpo_config(TINY_BASE, "/tmp", "total_train_steps=5", "total_train_epochs=2")
+    with pytest.raises(ValueError, match="needs a train_dataset unless"):
+        online_dataset(cfg)  # mode 'inline': a dataset is required
+    cfg = _grpo_config(
+        TINY_BASE,
+        "/tmp",
+        "rollout.agent.mode=online",
+        "total_train_steps=5",
+        "total_train_epochs=2",
+        "train_dataset.batch_size=3",
+    )
+    rows = online_dataset(cfg)  # 3 steps an epoch (5 / 2 rounded up), 3 rows a step
+    assert rows == [{}] * 9
+    cfg.total_train_steps = None
+    with pytest.raises(ValueError, match="needs total_train_steps"):
+        online_dataset(cfg)
