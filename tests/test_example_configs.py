@@ -41,6 +41,7 @@ EXAMPLES = {
         "multi_turn_math/gsm8k_rl_mt.py",
         "MultiTurnGRPOConfig",
     ),
+    "openclaw/config.yaml": ("openclaw/train.py", "PPOConfig"),
     "vlm/clevr_count_70k_grpo.yaml": ("vlm/clevr_count_grpo.py", "GRPOConfig"),
     "vlm/clevr_count_grpo_cpu.yaml": ("vlm/clevr_count_grpo.py", "GRPOConfig"),
 }

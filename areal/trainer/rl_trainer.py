@@ -5,6 +5,10 @@ The user's script is the controller::
     with PPOTrainer(config, train_dataset=train, valid_dataset=valid) as trainer:
         trainer.train(workflow="areal.workflow.rlvr.RLVRWorkflow", workflow_kwargs=...)
 
+or, online (``rollout.agent.mode='online'``: external clients play the episodes through
+the proxy; ``trainer_wiring.online_dataset`` says how many sessions make a step),
+``PPOTrainer(config)`` and ``trainer.train()``.
+
 The trainer starts the workers named by the allocation mode through a scheduler
 (training workers of each role, one ``TrainController`` each, started by
 ``start_train_controller``; then the inference servers, started while the training
@@ -106,14 +110,15 @@ def resolve_allocation(config: PPOConfig) -> AllocationMode:
 class PPOTrainer:
     """Asynchronous PPO/GRPO trainer (see module docstring)."""
 
-    def __init__(self, config: PPOConfig, train_dataset: Any, valid_dataset: Any = None):
+    def __init__(self, config: PPOConfig, train_dataset: Any = None, valid_dataset: Any = None):
         self.config = config
         self._closed = False
         limit_cpu_controller_threads(config)
         self.alloc_mode = resolve_allocation(config)
         self._agents: TrainerAgentProxy | None = None  # made once the rollout engine is up
         self._roles_started: list = []  # TrainControllers, in start order (_start_role)
-        if train_dataset is None and config.rollout.agent.mode == "online":
+        if train_dataset is None:
+            # Online mode (AReaL's entry, ``PPOTrainer(config)``): empty episode slots.
             train_dataset = online_dataset(config)
         run = setup_run(config, train_dataset, model_path=config.actor.path)
         self.log_dir, self.tokenizer = run.log_dir, run.tokenizer

@@ -13,6 +13,7 @@ path                      key        what
 ========================  =========  ==================================================
 ``/health``               none       liveness
 ``/rl/start_session``     admin      ``{task_id, api_key?}`` -> ``{session_id, api_key}``
+                                     (a live session's key: refresh, see below)
 ``/rl/set_reward``        session    ``{interaction_id?, reward}`` (None: the last call)
 ``/rl/end_session``       session    the session is final; its key is revoked
 ``/export_trajectories``  admin      ``{session_id, discount, style}``: waits for the
@@ -35,6 +36,14 @@ Online mode (``capacity_control=True``): ``/rl/start_session`` succeeds only aga
 open grant (else 429); a grant is made by a trainer rollout task that the staleness
 manager admitted, and that task waits for exactly the session started on its grant, so
 external traffic never outruns the staleness bound.
+
+Session refresh (AReaL's): ``/rl/start_session`` with the ``api_key`` of a live session
+ends that session first (its last call gets reward 0 when it has none), which releases
+its exporter (the trainer's rollout task in online mode), then starts the new session
+bound to the same key. In online mode the new session waits up to ``refresh_timeout``
+seconds for a grant (the trainer grants again once it has taken the old episode); past
+that the answer is 429 and the old session stays ended. A second start with a key that
+is being refreshed is 429.
 """
 
 import asyncio
@@ -67,6 +76,7 @@ INTERNAL_WAIT_FOR_SESSION_PATHNAME = "internal/wait_for_session"
 
 DEFAULT_ADMIN_API_KEY = "areal-admin-key"
 SESSION_TIMEOUT_SECONDS = 3600
+REFRESH_TIMEOUT_SECONDS = 120.0  # AReaL's gateway default
 
 
 # ============================================================================ request models
@@ -173,25 +183,37 @@ class ProxyState:
         admin_api_key: str = DEFAULT_ADMIN_API_KEY,
         session_timeout_seconds: float = SESSION_TIMEOUT_SECONDS,
         capacity_control: bool = False,
+        refresh_timeout: float = REFRESH_TIMEOUT_SECONDS,
     ):
         if not admin_api_key or not admin_api_key.strip():
             raise ValueError("admin_api_key must be a non-blank string")
         if session_timeout_seconds <= 0:
             raise ValueError(f"session_timeout_seconds={session_timeout_seconds}; must be > 0")
+        if refresh_timeout <= 0:
+            raise ValueError(f"refresh_timeout={refresh_timeout}; must be > 0")
+        self.refresh_timeout = float(refresh_timeout)
+        self.refreshing: set[str] = set()  # keys whose refresh is under way
+        self.capacity_granted = asyncio.Event()  # set by each grant (refresh waits on it)
+        self.stopping = asyncio.Event()  # set by ProxyServer.stop: long polls answer 503
         self.client = client
         self.keys = auth.KeyRing(admin_api_key)
         self.sessions: dict[str, SessionData] = {}
         self.session_timeout_seconds = float(session_timeout_seconds)
         self.capacity_control = capacity_control
         self.slots: OrderedDict[str, _Slot] = OrderedDict()
-        self.stats = {"sessions_started": 0, "sessions_ended": 0, "sessions_expired": 0}
+        self.stats = {
+            "sessions_started": 0,
+            "sessions_ended": 0,
+            "sessions_expired": 0,
+            "sessions_refreshed": 0,
+        }
 
     # ------------------------------------------------------------------ lifecycle
     def start_session(self, task_id: str, api_key: str | None) -> SessionData:
         self.drop_expired()
         slot = None
         if self.capacity_control:
-            slot = next((s for s in self.slots.values() if s.session_id is None), None)
+            slot = self.open_slot()
             if slot is None:
                 raise _HttpError(429, "no capacity: the trainer admits no new session now")
         if api_key is not None:
@@ -209,6 +231,54 @@ class ProxyState:
         self.sessions[session_id] = data
         self.stats["sessions_started"] += 1
         return data
+
+    async def start_or_refresh(self, task_id: str, api_key: str | None) -> SessionData:
+        """``start_session``, or a refresh when ``api_key`` is a live session's (module doc)."""
+        if api_key is None or auth.keys_equal(api_key, self.keys.admin_key):
+            return self.start_session(task_id, api_key)
+        if api_key in self.refreshing:
+            raise _HttpError(429, "a refresh is already in progress for this key")
+        live = self.sessions.get(self.keys.session_of(api_key) or "")
+        if live is None:
+            return self.start_session(task_id, api_key)
+        self.refreshing.add(api_key)
+        try:
+            if live.cache and live.cache[live.cache.last_interaction_id].reward is None:
+                live.cache.set_last_reward(0.0)
+            self.end_session(live)
+            self.stats["sessions_refreshed"] += 1
+            logger.info(
+                "refresh: session %s ended (%d interactions); the key moves to a new session",
+                live.session_id,
+                len(live.cache),
+            )
+            await self.wait_for_capacity(self.refresh_timeout)
+            return self.start_session(task_id, api_key)
+        finally:
+            self.refreshing.discard(api_key)
+
+    def open_slot(self) -> _Slot | None:
+        return next((s for s in self.slots.values() if s.session_id is None), None)
+
+    async def wait_for_capacity(self, timeout: float) -> None:
+        """Online mode: return once a grant is open; 429 after ``timeout`` seconds."""
+        if not self.capacity_control:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.open_slot() is None:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise _HttpError(
+                    429,
+                    f"refresh timed out ({timeout:.0f}s without capacity from the trainer); "
+                    "the old session was ended: retry to start a new one",
+                )
+            self.capacity_granted.clear()
+            try:
+                await asyncio.wait_for(self.capacity_granted.wait(), remaining)
+            except TimeoutError:
+                pass
 
     def session_for(self, session_id: str | None) -> SessionData:
         data = self.sessions.get(session_id or "")
@@ -357,13 +427,18 @@ def create_app(state: ProxyState):
 
     @rl.get("/health")
     async def health():
-        return {"status": "ok", "sessions": len(state.sessions), **state.stats}
+        return {
+            "status": "ok",
+            "sessions": len(state.sessions),
+            "open_grants": sum(s.session_id is None for s in state.slots.values()),
+            **state.stats,
+        }
 
     @rl.post(f"/{RL_START_SESSION_PATHNAME}")
     async def start_session(request: Request):
         require(request, auth.ADMIN)
         req = await body(request, StartSessionRequest, allow_empty=True)
-        data = state.start_session(req.task_id, req.api_key)
+        data = await state.start_or_refresh(req.task_id, req.api_key)
         return StartSessionResponse(session_id=data.session_id, api_key=data.api_key)
 
     @rl.post(f"/{RL_SET_REWARD_PATHNAME}")
@@ -384,7 +459,8 @@ def create_app(state: ProxyState):
         who = require(request, auth.SESSION)
         data = state.session_for(who.session_id)
         state.end_session(data)
-        return {"session_id": data.session_id, "interactions": len(data.cache)}
+        n = len(data.cache)
+        return {"session_id": data.session_id, "interactions": n, "interaction_count": n}
 
     @rl.post(f"/{EXPORT_TRAJECTORIES_PATHNAME}")
     async def export_trajectories(request: Request):
@@ -415,6 +491,7 @@ def create_app(state: ProxyState):
         require(request, auth.ADMIN)
         slot = _Slot(slot_id=uuid.uuid4().hex)
         state.slots[slot.slot_id] = slot
+        state.capacity_granted.set()
         return {
             "slot_id": slot.slot_id,
             "open": sum(s.session_id is None for s in state.slots.values()),
@@ -433,15 +510,26 @@ def create_app(state: ProxyState):
             await state.sessions[slot.session_id].end_event.wait()
             return slot.session_id
 
+        waiter = asyncio.ensure_future(wait())
+        stopper = asyncio.ensure_future(state.stopping.wait())
         try:
-            sid = await asyncio.wait_for(wait(), req.timeout)
-        except TimeoutError:
-            raise _HttpError(408, "timeout waiting for the session of this grant") from None
+            done, _ = await asyncio.wait(
+                {waiter, stopper}, timeout=req.timeout, return_when=asyncio.FIRST_COMPLETED
+            )
         except BaseException:
             if slot.session_id is None:  # caller gone before anyone used the grant
                 state.slots.pop(req.slot_id, None)
             raise
-        return {"session_id": sid, "slot_id": req.slot_id}
+        finally:
+            waiter.cancel()
+            stopper.cancel()
+        if waiter in done:
+            return {"session_id": waiter.result(), "slot_id": req.slot_id}
+        if slot.session_id is None:
+            state.slots.pop(req.slot_id, None)
+        if stopper in done:
+            raise _HttpError(503, "the proxy is stopping")
+        raise _HttpError(408, "timeout waiting for the session of this grant")
 
     # ------------------------------------------------------------------ OpenAI router
     oai = APIRouter()
@@ -547,13 +635,17 @@ class ProxyServer:
         port: int = 0,
         session_timeout_seconds: float = SESSION_TIMEOUT_SECONDS,
         capacity_control: bool = False,
+        refresh_timeout: float = REFRESH_TIMEOUT_SECONDS,
     ):
-        self.state = ProxyState(client, admin_api_key, session_timeout_seconds, capacity_control)
+        self.state = ProxyState(
+            client, admin_api_key, session_timeout_seconds, capacity_control, refresh_timeout
+        )
         self.host = host
         self._port = port
         self._server = None
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def admin_api_key(self) -> str:
@@ -593,11 +685,16 @@ class ProxyServer:
             log_level="warning",
             access_log=False,
             timeout_keep_alive=30,
+            # Long polls (an online grant's wait, an export) never finish by themselves:
+            # stopping cancels them after this grace instead of waiting out ``stop``.
+            timeout_graceful_shutdown=1,
             lifespan="off",
         )
         self._server = uvicorn.Server(config)
+        self._loop = asyncio.new_event_loop()
+        serve = self._server.serve(sockets=[sock])
         self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="openai-proxy", daemon=True
+            target=self._loop.run_until_complete, args=(serve,), name="openai-proxy", daemon=True
         )
         self._thread.start()
         deadline = time.monotonic() + timeout
@@ -609,12 +706,24 @@ class ProxyServer:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Answer the open long polls (503), then shut the server down."""
+        loop = self._loop
+        if loop is not None and self._thread is not None and self._thread.is_alive():
+            try:
+                loop.call_soon_threadsafe(self.state.stopping.set)
+                # one loop turn later the released handlers have answered
+                asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), loop).result(2.0)
+            except (RuntimeError, TimeoutError):  # the loop is already closing
+                pass
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)
         if self._sock is not None:
             self._sock.close()
+        if loop is not None and not loop.is_running():
+            loop.close()
+        self._loop = None
         self._thread = None
         self._server = None
 

@@ -27,8 +27,18 @@ logger = logging.getLogger("TrainerAgentProxy")
 def online_dataset(config: Any) -> list[dict[str, Any]]:
     """Online mode: empty rows (one per episode slot); episodes come from external clients.
 
-    ``config``: the ``PPOConfig`` (``total_train_steps``, ``total_train_epochs``,
-    ``train_dataset.batch_size``)."""
+    ``config``: the ``PPOConfig``. As in AReaL, a training step takes
+    ``train_dataset.batch_size`` rows and each row is run ``gconfig.n_samples`` times,
+    so one step consumes ``train_dataset.batch_size * gconfig.n_samples`` finished
+    sessions; an epoch is ``total_train_steps / total_train_epochs`` steps (rounded up,
+    so all ``total_train_steps`` run), and ``total_train_steps`` is required (there is
+    no dataset to end the run).
+    Raises ``ValueError`` outside online mode: a dataset is then required."""
+    if config.rollout.agent.mode != "online":
+        raise ValueError(
+            "PPOTrainer needs a train_dataset unless rollout.agent.mode='online' "
+            f"(it is {config.rollout.agent.mode!r})"
+        )
     if config.total_train_steps is None:
         raise ValueError(
             "rollout.agent.mode='online' without a train_dataset needs total_train_steps"

@@ -38,6 +38,7 @@ from typing import Any
 from areal.api.workflow_api import RolloutWorkflow
 from areal.experimental.openai.proxy.client_session import (
     OpenAIProxyClient,
+    ProxyRequestError,
     grant_capacity,
     import_httpx,
     wait_for_session,
@@ -215,7 +216,13 @@ class OpenAIProxyWorkflow(RolloutWorkflow):
 
     async def _online_episode(self, http: Any, scope: Any) -> dict[str, Any] | None:
         slot = await grant_capacity(http, self.proxy_addr, self._admin_api_key)
-        session_id = await wait_for_session(http, self.proxy_addr, self._admin_api_key, slot)
+        try:
+            session_id = await wait_for_session(http, self.proxy_addr, self._admin_api_key, slot)
+        except ProxyRequestError as e:
+            if e.status != 503:
+                raise
+            logger.info("the proxy is stopping: the open online grant is dropped")
+            return None
         proxy = OpenAIProxyClient(http, self.proxy_addr, "online", self._admin_api_key)
         proxy.session_id = session_id
         interactions = await proxy.export_interactions(self.discount, self.export_style)
