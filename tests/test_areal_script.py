@@ -23,6 +23,7 @@ import subprocess
 import sys
 
 import pytest
+from _areal_checkout import copy_areal_files
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TINY_BASE = os.path.join(REPO, "areal", "models", "assets", "tiny-base")
@@ -34,25 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.areal_checkout, pytest.mark.timeout(
 
 
 def _reference_files(dest: str) -> dict[str, str]:
-    ref = os.environ.get("AREAL_REFERENCE_DIR")
-    if not ref:
-        pytest.skip("set AREAL_REFERENCE_DIR to an AReaL checkout to run AReaL's own script")
-    out = {}
-    for rel in FILES:
-        target = os.path.join(dest, rel)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        if os.path.exists(os.path.join(ref, rel)):
-            shutil.copy(os.path.join(ref, rel), target)
-        else:  # a bare git directory
-            blob = subprocess.run(
-                ["git", "--git-dir", ref, "show", f"HEAD:{rel}"], capture_output=True, check=False
-            )
-            if blob.returncode != 0:
-                pytest.skip(f"{rel} not found in AREAL_REFERENCE_DIR={ref}")
-            with open(target, "wb") as f:
-                f.write(blob.stdout)
-        out[rel] = target
-    return out
+    return copy_areal_files(dest, FILES, ("AREAL_REFERENCE_DIR",))
 
 
 def _fake_hub(home: str) -> None:

@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
+from _areal_checkout import copy_areal_files
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TINY_BASE = os.path.join(REPO, "areal", "models", "assets", "tiny-base")
@@ -40,25 +40,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.areal_checkout, pytest.mark.timeout(
 
 
 def _checkout_files(dest: str) -> dict[str, str]:
-    ref = os.environ.get("AREAL_CHECKOUT") or os.environ.get("AREAL_REFERENCE_DIR")
-    if not ref:
-        pytest.skip("set AREAL_CHECKOUT to an AReaL checkout to run AReaL's openclaw example")
-    out = {}
-    for rel in FILES:
-        target = os.path.join(dest, rel)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        if os.path.exists(os.path.join(ref, rel)):
-            shutil.copy(os.path.join(ref, rel), target)
-        else:  # a bare git directory
-            blob = subprocess.run(
-                ["git", "--git-dir", ref, "show", f"HEAD:{rel}"], capture_output=True, check=False
-            )
-            if blob.returncode != 0:
-                pytest.skip(f"{rel} not found in the AReaL checkout {ref}")
-            with open(target, "wb") as f:
-                f.write(blob.stdout)
-        out[os.path.basename(rel)] = target
-    return out
+    files = copy_areal_files(dest, FILES, ("AREAL_CHECKOUT", "AREAL_REFERENCE_DIR"))
+    return {os.path.basename(rel): target for rel, target in files.items()}
 
 
 def _wait_for_grant(base: str, trainer: subprocess.Popen, timeout: float = 600) -> None:

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import threading
 from collections.abc import Sequence
 
+from areal.experimental.openai.proxy.entry import serve_until_signalled
 from areal.utils import auth, logging
 
 logger = logging.getLogger("OpenAIProxy")
@@ -82,20 +81,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         session_timeout_seconds=args.session_timeout_seconds,
         capacity_control=args.online,
     )
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    server.start()
     try:
-        if args.addr_file:
-            tmp = args.addr_file + ".tmp"
-            with open(tmp, "w") as f:
-                f.write(server.base_url)
-            os.replace(tmp, args.addr_file)
-        stop.wait()
+        serve_until_signalled(server, args.addr_file, "proxy")
     finally:
-        logger.info("stopping the proxy at %s", server.base_url)
-        server.stop()
         engine.destroy()
 
 

@@ -8,7 +8,8 @@
   refusal off loopback, generated key file).
 - ``launch.py``: proxy workers as the scheduler role ``proxy`` plus their gateway
   (``rollout.agent.proxy_workers``).
-- ``__main__.py``: ``python -m areal.experimental.openai.proxy.gateway``.
+- ``__main__.py``: ``python -m areal.experimental.openai.proxy.gateway`` (serves through
+  ``areal.experimental.openai.proxy.entry``, as the proxy's own entry does).
 """
 
 from __future__ import annotations

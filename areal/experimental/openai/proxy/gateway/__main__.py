@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import threading
 from collections.abc import Sequence
 
+from areal.experimental.openai.proxy.entry import serve_until_signalled
 from areal.experimental.openai.proxy.gateway.server import GatewayServer
 from areal.utils import auth, logging
 
@@ -46,20 +45,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         request_timeout=args.request_timeout,
         health_interval=args.health_interval,
     )
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    server.start()
-    try:
-        if args.addr_file:
-            tmp = args.addr_file + ".tmp"
-            with open(tmp, "w") as f:
-                f.write(server.base_url)
-            os.replace(tmp, args.addr_file)
-        stop.wait()
-    finally:
-        logger.info(f"stopping the gateway at {server.base_url}")
-        server.stop()
+    serve_until_signalled(server, args.addr_file, "gateway")
 
 
 if __name__ == "__main__":
