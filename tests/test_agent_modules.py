@@ -224,6 +224,16 @@ def test_openai_agent_build_math_agent_has_aReaLs_handoffs():
         build_math_agent(tools=["abacus"])
 
 
+def test_openai_agent_build_math_agent_without_handoffs_is_the_plain_tool_agent():
+    """``handoffs=False`` (an ``agent_builder_kwargs`` override of AReaL's openai_agents
+    YAML): the calculator agent the tiny tool model was trained as, no specialists."""
+    from areal.workflow.openai_agent.math_agent import build_math_agent
+
+    plain = build_math_agent(tools=["calculator"], instructions=False, handoffs=False)
+    assert plain.handoffs == [] and [t.name for t in plain.tools] == ["calculator"]
+    assert plain.instructions is None
+
+
 def test_openai_agent_handoff_agent_chat_through_proxy_row_per_call(tool_proxy, chat_calls):
     from areal.models.tiny_tool import get_tiny_tool_path
     from areal.utils.hf_utils import load_hf_tokenizer

@@ -9,8 +9,10 @@ returns the coordinating ``Agent``, which can hand the problem off to four speci
 
 Beyond AReaL's builder (which takes no arguments): ``tools`` gives the coordinator and
 every specialist calculator function tools by name (:mod:`areal.workflow.openai.math_tools`),
-and ``instructions=False`` drops the system prompts (the tiny tool model was trained with
-neither handoffs nor instructions).
+``instructions=False`` drops the system prompts and ``handoffs=False`` the four specialists
+(the tiny tool model was trained with neither handoffs nor instructions: with
+``tools=["calculator"]``, ``instructions=False``, ``handoffs=False`` the agent is the one it
+was trained as, set from AReaL's YAML by ``agent_builder_kwargs`` overrides).
 """
 
 from __future__ import annotations
@@ -65,24 +67,28 @@ COORDINATOR = (
 )
 
 
-def build_math_agent(tools: Sequence[str] = (), instructions: bool = True) -> agents.Agent:
-    """The coordinating math agent with handoffs to four specialist agents."""
+def build_math_agent(
+    tools: Sequence[str] = (), instructions: bool = True, handoffs: bool = True
+) -> agents.Agent:
+    """The coordinating math agent with handoffs to four specialist agents (none when
+    ``handoffs`` is false)."""
     offered = [CALCULATOR_TOOLS[n] for n in check_tool_names(tools)] if tools else []
 
     def prompt(text: str) -> str | None:
         return f"{RECOMMENDED_PROMPT_PREFIX}\n{text}" if instructions else None
 
-    handoffs = [
+    specialists = [
         agents.handoff(
             agent=agents.Agent(name=name, instructions=prompt(text), tools=list(offered)),
             tool_name_override=tool_name,
             tool_description_override=description,
         )
         for name, tool_name, description, text in SPECIALISTS
+        if handoffs
     ]
     return agents.Agent(
         name="Math Problem Solver",
         instructions=prompt(COORDINATOR),
         tools=list(offered),
-        handoffs=handoffs,
+        handoffs=specialists,
     )
