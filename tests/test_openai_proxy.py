@@ -514,3 +514,31 @@ def test_export_serialization_round_trip_is_exact():
     for k in a:
         assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
     assert back.reward == 0.75 and back.interaction_id == "chatcmpl-x"
+
+
+def test_sessions_left_at_stop_are_counted_and_logged_not_silently_dropped(caplog):
+    """An online run's last session (still open when the trainer stops) and an ended,
+    never exported one: ``stop`` counts both in ``sessions_dropped_at_stop`` and logs
+    them; a second ``stop`` does not count them again. No model calls (``client=None``)."""
+    import logging
+
+    srv = ProxyServer(client=None, admin_api_key=ADMIN).start()
+    started = []
+    for task in ("open", "ended"):
+        r = _admin_post(srv, "rl/start_session", {"task_id": task})
+        assert r.status_code == 200, r.text
+        started.append(r.json())
+    ids = [s["session_id"] for s in started]
+    r = httpx.post(
+        f"{srv.base_url}/rl/end_session",
+        headers={"Authorization": f"Bearer {started[1]['api_key']}"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    with caplog.at_level(logging.WARNING, logger="areal"):
+        srv.stop()
+        srv.stop()
+    assert srv.state.stats["sessions_dropped_at_stop"] == 2
+    lines = [r.getMessage() for r in caplog.records if "not exported" in r.getMessage()]
+    assert len(lines) == 1 and "(1 open, 1 ended" in lines[0]
+    assert all(sid in lines[0] for sid in ids)

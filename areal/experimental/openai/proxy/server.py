@@ -44,6 +44,10 @@ bound to the same key. In online mode the new session waits up to ``refresh_time
 seconds for a grant (the trainer grants again once it has taken the old episode); past
 that the answer is 429 and the old session stays ended. A second start with a key that
 is being refreshed is 429.
+
+Stop (``ProxyServer.stop``): sessions still held then (open, or ended and never
+exported; e.g. the client's last session of an online run) are not trained on; they are
+counted in ``/health``'s ``sessions_dropped_at_stop`` and logged with their ids.
 """
 
 import asyncio
@@ -206,6 +210,7 @@ class ProxyState:
             "sessions_ended": 0,
             "sessions_expired": 0,
             "sessions_refreshed": 0,
+            "sessions_dropped_at_stop": 0,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -646,6 +651,7 @@ class ProxyServer:
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._dropped: set[str] = set()  # sessions counted by _count_dropped_sessions
 
     @property
     def admin_api_key(self) -> str:
@@ -726,6 +732,26 @@ class ProxyServer:
         self._loop = None
         self._thread = None
         self._server = None
+        self._count_dropped_sessions()
+
+    def _count_dropped_sessions(self) -> None:
+        """Sessions still held at stop (open, or ended and never exported) are not
+        trained on: counted in ``stats['sessions_dropped_at_stop']`` and logged."""
+        left = [s for s in self.state.sessions.values() if s.session_id not in self._dropped]
+        self._dropped.update(s.session_id for s in left)
+        if not left:
+            return
+        self.state.stats["sessions_dropped_at_stop"] += len(left)
+        n_open = sum(not s.ended for s in left)
+        logger.warning(
+            "proxy stopped with %d session(s) not exported for training (%d open, %d ended; "
+            "%d model call(s)): dropped, sessions %s",
+            len(left),
+            n_open,
+            len(left) - n_open,
+            sum(len(s.cache) for s in left),
+            [s.session_id for s in left],
+        )
 
     def __enter__(self) -> "ProxyServer":
         return self.start()
