@@ -73,7 +73,7 @@ def run(label: str, argv: list[str], out: Path, timeout: float) -> dict:
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="1,2,3")
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--max-seconds", type=float, default=720.0, help="training time cap per run")
     ap.add_argument("--n-eval", type=int, default=256)
     ap.add_argument("--no-control", action="store_true")
