@@ -42,6 +42,7 @@ EXAMPLES = {
         "MultiTurnGRPOConfig",
     ),
     "openclaw/config.yaml": ("openclaw/train.py", "PPOConfig"),
+    "tool_task/config_cpu.yaml": ("tool_task/train.py", "GRPOConfig"),
     "vlm/clevr_count_70k_grpo.yaml": ("vlm/clevr_count_grpo.py", "GRPOConfig"),
     "vlm/clevr_count_grpo_cpu.yaml": ("vlm/clevr_count_grpo.py", "GRPOConfig"),
 }

@@ -102,6 +102,18 @@ def get_tiny_tool_path() -> str:
     return str(path)
 
 
+def get_tiny_tool_mix_path() -> str:
+    """Directory of ``tiny-tool-mix``: the base of the necessary-tool task
+    (``examples/tool_task``; rebuilt by ``examples/tool_task/build_tiny_tool_mix.py``)."""
+    path = _ASSETS / "tiny-tool-mix"
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(
+            f"tiny-tool-mix checkpoint missing at {path}; rebuild it with "
+            "`python examples/tool_task/build_tiny_tool_mix.py`"
+        )
+    return str(path)
+
+
 # ----------------------------------------------------------------------------- calculator
 _BINOPS = {
     ast.Add: operator.add,
