@@ -1,0 +1,116 @@
+"""Expert parallelism on real gloo ranks (CPU, spawned, fp32): the qwen3_moe model with
+experts sharded over ``ep`` and tokens dispatched with ``all_to_all_single`` gives the
+same loss and every parameter's gradient (gathered) as one process running the whole
+batch (atol 1e-5). Model level (no engine: the engine's sessions are in the slow
+``test_archon_engine.py``); each rank builds the 1-process reference itself.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _dist_helpers import run_ranks
+
+ATOL = 1e-5
+LENS = [[9, 5, 14], [3, 12, 8], [11, 6], [7, 10, 2]]  # per data-parallel rank (up to 4)
+
+
+def _model(n_experts: int):
+    from areal.models.archon.qwen3_moe import Qwen3MoeModel, Qwen3MoeModelArgs
+
+    args = Qwen3MoeModelArgs(  # as from_hf_config reads a tiny Qwen3MoeConfig
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=16,
+        hidden_dim=48,
+        vocab_size=64,
+        norm_eps=1e-6,
+        rope_theta=10000.0,
+        n_experts=n_experts,
+        top_k=2,
+        moe_hidden_dim=16,
+        norm_topk_prob=True,
+    )
+    torch.manual_seed(0)
+    model = Qwen3MoeModel(args)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def _batch(lens):
+    g = torch.Generator().manual_seed(sum(lens) * 7 + len(lens))
+    ids = torch.randint(0, 64, (sum(lens),), generator=g)
+    pos = torch.cat([torch.arange(n) for n in lens])
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    return ids, pos, cu
+
+
+def _nll_sum(model, ids, pos, cu):
+    logits = model(ids, pos, cu)
+    lp = torch.log_softmax(logits.float(), -1)[:-1].gather(-1, ids[1:, None])[:, 0]
+    keep = torch.ones_like(lp, dtype=torch.bool)
+    keep[(cu[1:-1] - 1).long()] = False  # no prediction across a sequence boundary
+    return -(lp * keep).sum(), int(keep.sum())
+
+
+def _ranks(rank, world, dp, ep, n_experts):
+    import torch.distributed as dist
+
+    from areal.models.archon import ArchonParallelDims
+    from areal.models.archon.qwen3_moe import parallelize_qwen3_moe
+
+    dist.init_process_group("gloo")
+    batches = [_batch(LENS[r]) for r in range(dp)]
+    ref = _model(n_experts)
+    total = sum(_nll_sum(ref, *b)[1] for b in batches)
+    ref_loss = sum(_nll_sum(ref, *b)[0] for b in batches) / total
+    ref_loss.backward()
+    ref_grads = {n: p.grad.clone() for n, p in ref.named_parameters()}
+
+    dims = ArchonParallelDims(dp_shard=dp, ep=ep, world_size=world, device_type="cpu")
+    dims.build_mesh()
+    model = parallelize_qwen3_moe(_model(n_experts), dims)
+    r = dims.get_mesh("dp_shard").get_local_rank()
+    nll, _ = _nll_sum(model, *batches[r])
+    (nll / total * dp).backward()  # FSDP averages over dp: the engine's scaling
+    loss = (nll / total).detach()
+    dist.all_reduce(loss)
+    grads = {}
+    for n, p in model.named_parameters():
+        g = p.grad
+        grads[n] = (g.full_tensor() if hasattr(g, "full_tensor") else g).clone()
+    local_experts = model.layers["0"].moe.experts.w1.to_local().shape[0]
+    return {
+        "loss": float(loss),
+        "ref_loss": float(ref_loss.detach()),
+        "grads": grads,
+        "ref_grads": ref_grads,
+        "local_experts": local_experts,
+    }
+
+
+def _check(res, n_experts, ep, efsdp=1):
+    for r in res.values() if isinstance(res, dict) else res:
+        assert abs(r["loss"] - r["ref_loss"]) < ATOL
+        # stored per rank: n_experts / ep, FSDP-sharded again over efsdp = dp / ep
+        assert r["local_experts"] == n_experts // ep // efsdp
+        assert set(r["grads"]) == set(r["ref_grads"])
+        for k, w in r["ref_grads"].items():
+            torch.testing.assert_close(r["grads"][k], w, atol=ATOL, rtol=0, msg=k)
+        assert any("moe.experts" in k for k in r["grads"])
+
+
+def test_ep2_on_two_ranks_equals_one_process():
+    res = run_ranks(_ranks, 2, (2, 2, 4), timeout=300)
+    _check([res[0], res[1]], 4, 2)
+
+
+@pytest.mark.slow
+def test_d4e2_on_four_ranks_equals_one_process():
+    # experts FSDP-sharded over the two ranks that hold the same experts (efsdp=2)
+    res = run_ranks(_ranks, 4, (4, 2, 8), timeout=600)
+    _check([res[r] for r in range(4)], 8, 2, efsdp=2)
