@@ -114,3 +114,99 @@ def test_d4e2_on_four_ranks_equals_one_process():
     # experts FSDP-sharded over the two ranks that hold the same experts (efsdp=2)
     res = run_ranks(_ranks, 4, (4, 2, 8), timeout=600)
     _check([res[r] for r in range(4)], 8, 2, efsdp=2)
+
+
+def _engine_session(rank, world, path, layout, replay):
+    from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
+    from areal.api.io_struct import FinetuneSpec
+    from areal.engine.archon import ArchonEngine
+
+    cfg = TrainEngineConfig(
+        experiment_name="t",
+        trial_name="t",
+        path=path,
+        dtype="float32",
+        backend=f"archon:{layout}",
+        optimizer=OptimizerConfig(
+            type="sgd", lr=0.5, weight_decay=0.0, warmup_steps_proportion=0.0, gradient_clipping=1e9
+        ),
+        mb_spec=MicroBatchSpec(),
+        num_threads=1,
+    )
+    cfg.archon.router_replay = replay
+    eng = ArchonEngine(cfg)
+    eng.create_process_group()
+    eng.initialize(None, FinetuneSpec(1, 10, 1))
+    g = torch.Generator().manual_seed(3)
+    B, T = 4, 16
+    lens = torch.tensor([16, 9, 12, 5])
+    mask = (torch.arange(T)[None] < lens[:, None]).long()
+    batch = {
+        "input_ids": torch.randint(3, 64, (B, T), generator=g) * mask,
+        "attention_mask": mask,
+        "loss_mask": mask,
+        # a routing unlike the router's: replay must change the loss
+        "routed_experts": torch.stack(
+            [torch.randperm(4, generator=g)[:2] for _ in range(B * T * 2)]
+        ).view(B, T, 2, 2),
+    }
+    dp, r = eng.data_parallel_world_size, eng.data_parallel_rank
+    part = {k: v[r::dp] for k, v in batch.items()}
+    grads: dict[str, torch.Tensor] = {}
+    step_fn = eng.optimizer.step
+
+    def recording_step(*a, **k):
+        for n, p in eng.model.named_parameters():
+            g = p.grad
+            grads[n] = (g.full_tensor() if hasattr(g, "full_tensor") else g).clone()
+        return step_fn(*a, **k)
+
+    eng.optimizer.step = recording_step
+
+    def loss_fn(logp, _ent, d):
+        m = d["loss_mask"].float()
+        return -(logp * m).sum() / m.sum()
+
+    stats = eng.train_batch(part, loss_fn, lambda d: d["loss_mask"].sum())
+    eng.destroy()
+    return {"loss": stats["loss"], "grads": grads}
+
+
+@pytest.fixture(scope="module")
+def moe_ckpt(tmp_path_factory):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        max_position_embeddings=128,
+    )
+    model = Qwen3MoeForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    path = str(tmp_path_factory.mktemp("moe"))
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replay", [False, True], ids=["routed", "replayed"])
+def test_engine_d2e2_equals_d1(moe_ckpt, replay):
+    base = run_ranks(_engine_session, 1, (moe_ckpt, "d1", replay), timeout=600)[0]
+    res = run_ranks(_engine_session, 2, (moe_ckpt, "d2e2", replay), timeout=600)
+    for r in (res[0], res[1]):
+        assert abs(r["loss"] - base["loss"]) < ATOL
+        assert set(r["grads"]) == set(base["grads"])
+        for k, w in base["grads"].items():
+            torch.testing.assert_close(r["grads"][k], w, atol=ATOL, rtol=0, msg=k)
