@@ -61,7 +61,7 @@ def packed(lens, seed=1):
 
 
 @pytest.mark.parametrize(
-    "norm,mlp_only", [(True, ()), (False, ()), (True, (1,))], ids=["norm", "nonorm", "dense1"]
+    "norm,mlp_only", [(True, ()), (False, (1,))], ids=["norm", "nonorm-dense1"]
 )
 def test_qwen3_moe_logits_equal_transformers(norm, mlp_only):
     hf = hf_moe(norm_topk_prob=norm, mlp_only_layers=mlp_only)
@@ -125,3 +125,13 @@ def test_ep_not_dividing_experts_is_refused_by_name():
     ):
         check_layout(hf.config, ep=4)
     check_layout(hf.config, ep=3)
+
+
+def test_ep_not_dividing_dp_is_refused_at_parse_time():
+    from areal.api.alloc_mode import AllocationMode
+
+    with pytest.raises(
+        ValueError, match=r"e4 must divide data parallelism d2.*allowed e: \[1, 2\]"
+    ):
+        AllocationMode.from_str("local:d1+archon:d2e4")
+    assert AllocationMode.from_str("local:d1+archon:d4e2").train.ep_size == 2
