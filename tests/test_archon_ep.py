@@ -7,6 +7,8 @@ batch (atol 1e-5). Model level (no engine: the engine's sessions are in the slow
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from _dist_helpers import run_ranks
@@ -116,9 +118,9 @@ def test_d4e2_on_four_ranks_equals_one_process():
     _check([res[r] for r in range(4)], 8, 2, efsdp=2)
 
 
-def _engine_session(rank, world, path, layout, replay):
+def _engine_session(rank, world, path, layout, replay, save_dir=None):
     from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
-    from areal.api.io_struct import FinetuneSpec
+    from areal.api.io_struct import FinetuneSpec, SaveLoadMeta
     from areal.engine.archon import ArchonEngine
 
     cfg = TrainEngineConfig(
@@ -168,8 +170,18 @@ def _engine_session(rank, world, path, layout, replay):
         return -(logp * m).sum() / m.sum()
 
     stats = eng.train_batch(part, loss_fn, lambda d: d["loss_mask"].sum())
+    res = {"loss": stats["loss"], "grads": grads}
+    if save_dir:  # HF save (per-expert names) and the sharded export, from ep shards
+        eng.save(SaveLoadMeta(path=os.path.join(save_dir, "hf"), weight_format="hf"))
+        res["shard_bytes"] = eng.export_weight_shards(
+            os.path.join(save_dir, "shards"), shard_mb=0.01
+        )
+        res["params"] = {
+            n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for n, p in eng.model.named_parameters()
+        }
     eng.destroy()
-    return {"loss": stats["loss"], "grads": grads}
+    return res
 
 
 @pytest.fixture(scope="module")
@@ -202,11 +214,38 @@ def moe_ckpt(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("replay", [False, True], ids=["routed", "replayed"])
-def test_engine_d2e2_equals_d1(moe_ckpt, replay):
+def test_engine_d2e2_equals_d1(moe_ckpt, replay, tmp_path):
     base = run_ranks(_engine_session, 1, (moe_ckpt, "d1", replay), timeout=600)[0]
-    res = run_ranks(_engine_session, 2, (moe_ckpt, "d2e2", replay), timeout=600)
+    save = str(tmp_path) if not replay else None
+    res = run_ranks(_engine_session, 2, (moe_ckpt, "d2e2", replay, save), timeout=600)
     for r in (res[0], res[1]):
         assert abs(r["loss"] - base["loss"]) < ATOL
         assert set(r["grads"]) == set(base["grads"])
         for k, w in base["grads"].items():
             torch.testing.assert_close(r["grads"][k], w, atol=ATOL, rtol=0, msg=k)
+    if save is None:
+        return
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from areal.models.archon.qwen3_moe import Qwen3MoeModelArgs, Qwen3MoeStateDictAdapter
+
+    # the trained weights, saved from the expert shards, load in transformers
+    hf = AutoModelForCausalLM.from_pretrained(os.path.join(save, "hf"), dtype=torch.float32)
+    adapter = Qwen3MoeStateDictAdapter(Qwen3MoeModelArgs.from_hf_config(hf.config))
+    loaded = adapter.from_hf(hf.state_dict())
+    trained = res[0]["params"]
+    assert set(loaded) == set(trained)
+    for k, v in trained.items():
+        torch.testing.assert_close(loaded[k], v, atol=0, rtol=0, msg=k)
+    seen: dict[str, torch.Tensor] = {}
+    for f in sorted(os.listdir(os.path.join(save, "shards"))):
+        if f.endswith(".safetensors"):
+            part = load_file(os.path.join(save, "shards", f))
+            assert not set(part) & set(seen), "a tensor written twice"
+            seen.update(part)
+    want = adapter.to_hf(trained)
+    assert set(seen) == set(want)
+    for k, v in want.items():
+        torch.testing.assert_close(seen[k], v, atol=0, rtol=0, msg=k)
+    assert all(r["shard_bytes"] > 0 for r in (res[0], res[1]))
