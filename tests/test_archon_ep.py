@@ -249,3 +249,51 @@ def test_engine_d2e2_equals_d1(moe_ckpt, replay, tmp_path):
     for k, v in want.items():
         torch.testing.assert_close(seen[k], v, atol=0, rtol=0, msg=k)
     assert all(r["shard_bytes"] > 0 for r in (res[0], res[1]))
+
+
+def _aux_session(rank, world, path):
+    from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
+    from areal.api.io_struct import FinetuneSpec
+    from areal.engine.archon import ArchonEngine
+
+    cfg = TrainEngineConfig(
+        experiment_name="t",
+        trial_name="t",
+        path=path,
+        dtype="float32",
+        backend="archon:d1",
+        optimizer=OptimizerConfig(type="sgd", lr=0.0, warmup_steps_proportion=0.0),
+        mb_spec=MicroBatchSpec(),
+        num_threads=1,
+    )
+    eng = ArchonEngine(cfg)
+    eng.create_process_group()
+    eng.initialize(None, FinetuneSpec(1, 10, 1))
+    ids = torch.randint(3, 64, (1, 20), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    loss_mask = mask.clone()
+    loss_mask[0, 0] = 0  # the first token is not predicted
+
+    def loss_fn(logp, _ent, d):
+        m = d["loss_mask"].float()
+        return -(logp * m).sum() / m.sum()
+
+    batch = {"input_ids": ids, "attention_mask": mask, "loss_mask": loss_mask}
+    stats = eng.train_batch(batch, loss_fn, lambda d: d["loss_mask"].sum())
+    eng.destroy()
+    return {"loss": stats["loss"], "ids": ids}
+
+
+@pytest.mark.slow
+def test_engine_adds_the_load_balancing_loss_as_transformers(moe_ckpt, tmp_path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(moe_ckpt)
+    cfg.output_router_logits, cfg.router_aux_loss_coef = True, 0.5
+    hf = AutoModelForCausalLM.from_pretrained(moe_ckpt, config=cfg, dtype=torch.float32)
+    hf.save_pretrained(str(tmp_path))
+    r = run_ranks(_aux_session, 1, (str(tmp_path),), timeout=600)[0]
+    with torch.no_grad():
+        out = hf(input_ids=r["ids"], labels=r["ids"])  # mean CE + 0.5 x aux
+    assert out.aux_loss > 0.5
+    assert abs(r["loss"] - float(out.loss)) < ATOL

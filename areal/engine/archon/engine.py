@@ -75,6 +75,10 @@ class ArchonEngine(FSDPEngine):
         super().__init__(config)
         self.parallel_dims: ArchonParallelDims | None = None
         self.state_dict_adapter = None
+        # MoE: the load-balancing loss's coefficient in training (0: not added) and the
+        # last training forward's loss
+        self._aux_coef = 0.0
+        self._last_aux: torch.Tensor | None = None
         self.share_prefixes = False
 
     # ------------------------------------------------------------------ build
@@ -106,6 +110,9 @@ class ArchonEngine(FSDPEngine):
         spec = get_model_spec(hf.model_type)
         args = spec.model_args_class.from_hf_config(hf, is_critic=self.is_critic)
         self.state_dict_adapter = spec.state_dict_adapter_class(args)
+        if args.n_experts and getattr(hf, "output_router_logits", False):
+            # transformers' rule: the aux loss joins the training loss with output_router_logits
+            self._aux_coef = float(hf.router_aux_loss_coef)
         if ac.router_replay and not args.n_experts:
             raise ValueError(
                 f"archon.router_replay=True needs a mixture-of-experts model; this "
@@ -235,6 +242,8 @@ class ArchonEngine(FSDPEngine):
             out = model(ids_l, pos_l, cu, routed_experts=routed)
         else:
             out = model(ids_l, pos_l, cu)
+        if self._aux_coef > 0 and model.training:  # this rank's tokens, as transformers' batch
+            self._last_aux = model.aux_loss()
         if self.is_critic:
             vals = out[:, 0].float()
             if cp > 1:
@@ -256,6 +265,19 @@ class ArchonEngine(FSDPEngine):
         is_first[cu[:-1]] = True
         shifted = torch.where(is_first[:, None], torch.zeros_like(shifted), shifted)
         return shifted[:, 0], shifted[:, 1].detach()
+
+    def train_batch(self, input_, loss_fn, loss_weight_fn) -> dict[str, float]:
+        """``FSDPEngine.train_batch``; an MoE model whose HF config sets
+        ``output_router_logits`` adds ``router_aux_loss_coef`` x its load-balancing loss
+        (over each micro-batch's tokens on this rank) to every micro-batch's loss."""
+        if self._aux_coef <= 0:
+            return super().train_batch(input_, loss_fn, loss_weight_fn)
+        coef = self._aux_coef
+
+        def with_aux(out, ent, mb):
+            return loss_fn(out, ent, mb) + coef * self._last_aux
+
+        return super().train_batch(input_, with_aux, loss_weight_fn)
 
     def optimizer_step(self) -> dict[str, float]:
         """Clip gradients (global norm over every mesh) to ``gradient_clipping``; step."""
