@@ -297,3 +297,64 @@ def test_engine_adds_the_load_balancing_loss_as_transformers(moe_ckpt, tmp_path)
         out = hf(input_ids=r["ids"], labels=r["ids"])  # mean CE + 0.5 x aux
     assert out.aux_loss > 0.5
     assert abs(r["loss"] - float(out.loss)) < ATOL
+
+
+def _ckpt_session(rank, world, path, layout, steps, save_dir, load_dir):
+    from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
+    from areal.api.io_struct import FinetuneSpec, SaveLoadMeta
+    from areal.engine.archon import ArchonEngine
+
+    cfg = TrainEngineConfig(
+        experiment_name="t",
+        trial_name="t",
+        path=path,
+        dtype="float32",
+        backend=f"archon:{layout}",
+        optimizer=OptimizerConfig(
+            type="adam", lr=1e-2, warmup_steps_proportion=0.0, gradient_clipping=1e9
+        ),
+        mb_spec=MicroBatchSpec(),
+        num_threads=1,
+    )
+    eng = ArchonEngine(cfg)
+    eng.create_process_group()
+    eng.initialize(None, FinetuneSpec(1, 10, 1))
+    if load_dir:
+        eng.load(SaveLoadMeta(path=load_dir, weight_format="dcp", with_optim=True))
+
+    def loss_fn(logp, _ent, d):
+        m = d["loss_mask"].float()
+        return -(logp * m).sum() / m.sum()
+
+    out = {}
+    for step in steps:
+        g = torch.Generator().manual_seed(step)
+        lens = torch.tensor([16, 9, 12, 5])
+        mask = (torch.arange(16)[None] < lens[:, None]).long()
+        batch = {
+            "input_ids": torch.randint(3, 64, (4, 16), generator=g) * mask,
+            "attention_mask": mask,
+            "loss_mask": mask,
+        }
+        dp, r = eng.data_parallel_world_size, eng.data_parallel_rank
+        part = {k: v[r::dp] for k, v in batch.items()}
+        out[f"loss{step}"] = eng.train_batch(part, loss_fn, lambda d: d["loss_mask"].sum())["loss"]
+        if save_dir and step == steps[0]:
+            eng.save(SaveLoadMeta(path=save_dir, weight_format="dcp", with_optim=True))
+    out["params"] = {
+        n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        for n, p in eng.model.named_parameters()
+    }
+    eng.destroy()
+    return out
+
+
+@pytest.mark.slow
+def test_dcp_saved_at_e2_resumes_at_e1_next_step_equal(moe_ckpt, tmp_path):
+    ckpt = str(tmp_path / "dcp")
+    base = run_ranks(_ckpt_session, 1, (moe_ckpt, "d1", [1, 2], None, None), timeout=600)[0]
+    run_ranks(_ckpt_session, 2, (moe_ckpt, "d2e2", [1], ckpt, None), timeout=600)
+    res = run_ranks(_ckpt_session, 1, (moe_ckpt, "d1", [2], None, ckpt), timeout=600)[0]
+    assert abs(res["loss2"] - base["loss2"]) < ATOL
+    for k, v in base["params"].items():
+        torch.testing.assert_close(res["params"][k], v, atol=ATOL, rtol=0, msg=k)
