@@ -59,7 +59,7 @@ def _nll_sum(model, ids, pos, cu):
     return -(lp * keep).sum(), int(keep.sum())
 
 
-def _ranks(rank, world, dp, ep, n_experts):
+def _ranks(rank, world, dp, ep, n_experts, tp=1):
     import torch.distributed as dist
 
     from areal.models.archon import ArchonParallelDims
@@ -73,14 +73,14 @@ def _ranks(rank, world, dp, ep, n_experts):
     ref_loss.backward()
     ref_grads = {n: p.grad.clone() for n, p in ref.named_parameters()}
 
-    dims = ArchonParallelDims(dp_shard=dp, ep=ep, world_size=world, device_type="cpu")
+    dims = ArchonParallelDims(dp_shard=dp, ep=ep, tp=tp, world_size=world, device_type="cpu")
     dims.build_mesh()
     model = parallelize_qwen3_moe(_model(n_experts), dims)
     r = dims.get_mesh("dp_shard").get_local_rank()
     nll, _ = _nll_sum(model, *batches[r])
     (nll / total * dp).backward()  # FSDP averages over dp: the engine's scaling
     loss = (nll / total).detach()
-    dist.all_reduce(loss)
+    dist.all_reduce(loss, group=dims.get_group("dp_shard"))
     grads = {}
     for n, p in model.named_parameters():
         g = p.grad
@@ -116,6 +116,13 @@ def test_d4e2_on_four_ranks_equals_one_process():
     # experts FSDP-sharded over the two ranks that hold the same experts (efsdp=2)
     res = run_ranks(_ranks, 4, (4, 2, 8), timeout=600)
     _check([res[r] for r in range(4)], 8, 2, efsdp=2)
+
+
+@pytest.mark.slow
+def test_d2t2e2_on_four_ranks_equals_one_process():
+    # attention tensor-parallel, routers and experts replicated over tp, experts split over ep
+    res = run_ranks(_ranks, 4, (2, 2, 4, 2), timeout=600)
+    _check([res[r] for r in range(4)], 4, 2)
 
 
 def _engine_session(rank, world, path, layout, replay, save_dir=None):
