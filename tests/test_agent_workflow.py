@@ -98,6 +98,43 @@ def test_inline_agent_float_reward_goes_to_last_call_with_discount(proxy):
     assert len(proxy.state.sessions) == 0  # exported sessions are forgotten
 
 
+class ClosingAgent(TwoTurnAgent):
+    """Records the ``http_client`` it was given and closes its OpenAI client after use."""
+
+    def __init__(self):
+        super().__init__(1.0)
+        self.clients = []
+
+    async def run(self, data, **extra_kwargs):
+        from openai import AsyncOpenAI
+
+        self.clients.append(extra_kwargs["http_client"])
+        async with AsyncOpenAI(
+            base_url=extra_kwargs["base_url"],
+            api_key=extra_kwargs["api_key"],
+            http_client=extra_kwargs["http_client"],
+        ) as client:
+            await client.chat.completions.create(model="m", messages=data["messages"], max_tokens=4)
+        return 1.0
+
+
+def test_episodes_of_a_loop_share_one_client_closed_with_the_loop(proxy):
+    agent = ClosingAgent()
+    wf = _workflow(proxy, agent)
+
+    async def three_episodes():
+        # one after another: an agent closing "its" client must not break the next one
+        return [await wf.arun_episode(None, DATA) for _ in range(3)]
+
+    outs = asyncio.run(three_episodes())
+    assert [len(o) for o in outs] == [1, 1, 1]
+    assert len({id(c) for c in agent.clients}) == 1  # one keep-alive client per loop
+    assert agent.clients[0].is_closed  # closed when asyncio.run shut the loop down
+    # a new loop (the next evaluation's asyncio.run) gets a new, open client
+    assert len(asyncio.run(wf.arun_episode(None, DATA))) == 1
+    assert agent.clients[-1] is not agent.clients[0] and agent.clients[-1].is_closed
+
+
 def test_inline_agent_dict_reward_sets_each_call(proxy):
     out = asyncio.run(_workflow(proxy, TwoTurnAgent(2.0, by_id=True)).arun_episode(None, DATA))
     # The export always propagates rewards backwards (discount 1.0 here): 0.25 + 2.0.
