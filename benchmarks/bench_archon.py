@@ -2,7 +2,9 @@
 size, printed as one JSON object.
 
 Per layout (``fsdp:d2`` as the reference, ``archon:d2``, ``archon:d1t2``,
-``archon:d1c2``; with ``--world 4`` also ``fsdp:d4``, ``archon:d2t2``, ``archon:d2c2``):
+``archon:d1c2``; with ``--world 4`` also ``fsdp:d4``, ``archon:d2t2``, ``archon:d2c2``;
+``--family qwen3_moe``, a mixture-of-experts model with ``--experts`` experts, top-2:
+``fsdp:dN``, ``archon:dN``, ``archon:dNe2`` and with ``--world 4`` ``archon:d4e4``):
 
 - ``step_s``: median wall time of one ``train_batch`` (AdamW, one micro-batch per rank,
   after one warm-up step), the same global batch for every layout;
@@ -12,7 +14,7 @@ Per layout (``fsdp:d2`` as the reference, ``archon:d2``, ``archon:d1t2``,
   written by the ranks in turn).
 
 Usage: ``.venv/bin/python benchmarks/bench_archon.py [--world 2|4] [--steps 3]
-[--hidden 256] [--layers 4]``
+[--hidden 256] [--layers 4] [--family qwen2|qwen3_moe] [--experts 8]``
 """
 
 from __future__ import annotations
@@ -38,10 +40,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _save_model(path: str, hidden: int, layers: int) -> None:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def _save_model(path: str, hidden: int, layers: int, family: str = "qwen2", experts: int = 8):
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(0)
+    if family == "qwen3_moe":
+        cfg = Qwen3MoeConfig(
+            vocab_size=2048,
+            hidden_size=hidden,
+            intermediate_size=hidden * 3,
+            moe_intermediate_size=hidden * 3 // 2,
+            num_experts=experts,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            num_hidden_layers=layers,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=hidden // 8,
+            max_position_embeddings=1024,
+        )
+        Qwen3MoeForCausalLM(cfg).save_pretrained(path)
+        return
     cfg = Qwen2Config(
         vocab_size=2048,
         hidden_size=hidden,
@@ -164,22 +183,30 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--seqlen", type=int, default=128)
+    ap.add_argument("--family", default="qwen2", choices=["qwen2", "qwen3_moe"])
+    ap.add_argument("--experts", type=int, default=8)
     a = ap.parse_args()
-    layouts = (
-        ["fsdp:d2", "archon:d2", "archon:d1t2", "archon:d1c2"]
-        if a.world == 2
-        else ["fsdp:d4", "archon:d4", "archon:d2t2", "archon:d2c2"]
-    )
+    if a.family == "qwen3_moe":
+        w = a.world
+        layouts = [f"fsdp:d{w}", f"archon:d{w}", f"archon:d{w}e2"] + (
+            ["archon:d4e4"] if w == 4 else []
+        )
+    else:
+        layouts = (
+            ["fsdp:d2", "archon:d2", "archon:d1t2", "archon:d1c2"]
+            if a.world == 2
+            else ["fsdp:d4", "archon:d4", "archon:d2t2", "archon:d2c2"]
+        )
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "model")
-        _save_model(path, a.hidden, a.layers)
+        _save_model(path, a.hidden, a.layers, a.family, a.experts)
         results = {b: _run(a.world, path, b, a.steps, a.rows, a.seqlen) for b in layouts}
     ref = results[layouts[0]]["step_s"]
     for b in layouts:
         results[b]["step_vs_fsdp"] = round(results[b]["step_s"] / ref, 3)
     report = {
         "world_size": a.world,
-        "model": {"hidden": a.hidden, "layers": a.layers, "vocab": 2048, "family": "qwen2"},
+        "model": {"hidden": a.hidden, "layers": a.layers, "vocab": 2048, "family": a.family},
         "batch": {"rows": a.rows, "max_seqlen": a.seqlen},
         "device": "cpu (gloo), 1 torch thread per rank",
         "layouts": results,

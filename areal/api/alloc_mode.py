@@ -69,6 +69,13 @@ def check_train_dims(backend: str, parallel: ParallelStrategy, context: str) -> 
     allowed = TRAIN_BACKEND_DIMS.get(backend)
     if allowed is None:
         return
+    ep, dp = parallel.ep_size, parallel.dp_size
+    if backend == "archon" and ep > 1 and dp % ep:
+        raise AllocationValidationError(
+            f"{context}: expert parallelism e{ep} must divide data parallelism d{dp} (the "
+            f"archon engine splits the experts over data-parallel ranks); allowed e: "
+            f"{[e for e in range(1, dp + 1) if dp % e == 0]}"
+        )
     for letter, name in _DIM_LETTERS.items():
         size = getattr(parallel, name)
         if size == 1 or letter in allowed:

@@ -281,6 +281,13 @@ class ArchonEngineConfig:
     moe_router_dtype: str | None = cfield(
         "fp32", "Dtype of the MoE router GEMM ('fp32' or None).", choices=["fp32", None]
     )
+    router_replay: bool = cfield(
+        False,
+        "MoE routing replay: the forward routes each token to the experts in the batch's "
+        "'routed_experts' ([batch, seq, n_moe_layers, top_k], the inference server's "
+        "return_routed_experts) instead of the router's top-k, so the policy ratio compares "
+        "the same experts.",
+    )
 
     def refusals(self, gradient_checkpointing: bool = False) -> list[str]:
         """One line per field set to a value the archon engine here does not support."""

@@ -18,7 +18,7 @@ def allowed_sizes(n: int) -> list[int]:
 
 def check_layout(hf_config: Any, *, tp: int = 1, cp: int = 1, ep: int = 1, pp: int = 1) -> None:
     """ValueError when tp does not divide the attention or KV heads, cp does not divide
-    the heads each tp rank holds, ep > 1 on a dense model, or pp > 1 (tied embeddings
+    the heads each tp rank holds, ep > 1 on a dense model, ep not dividing the experts, or pp > 1 (tied embeddings
     named when they are the reason)."""
     heads = int(hf_config.num_attention_heads)
     kv = int(getattr(hf_config, "num_key_value_heads", None) or heads)
@@ -45,10 +45,10 @@ def check_layout(hf_config: Any, *, tp: int = 1, cp: int = 1, ep: int = 1, pp: i
             f"expert parallel e{ep} needs a mixture-of-experts model; this {mtype} model is "
             "dense; allowed e: [1]"
         )
-    if ep > 1:
+    if ep > 1 and n_experts % ep:
         raise ValueError(
-            f"expert parallel e{ep}: mixture-of-experts models are not yet supported by the "
-            "archon engine; allowed e: [1]"
+            f"expert parallel e{ep} does not divide the {n_experts} experts of this {mtype} "
+            f"model; allowed e: {allowed_sizes(n_experts)}"
         )
     if pp > 1:
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))

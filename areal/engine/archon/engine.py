@@ -6,13 +6,14 @@ Selected with ``backend='archon:d2t2'`` (or ``allocation_mode='...+archon:d2t2'`
 the trainers copy into the role's ``backend``). ``initialize`` does, in order:
 
 1. the process group (``RANK``/``WORLD_SIZE``/``MASTER_*``; gloo on CPU, NCCL on CUDA);
-2. the layout from ``config.backend`` (``d`` dp_shard, ``t`` tp, ``c`` cp; ``e``/``p``
-   refused) and the ``ArchonParallelDims`` mesh (device type of this engine's device);
+2. the layout from ``config.backend`` (``d`` dp_shard, ``t`` tp, ``c`` cp, ``e`` ep
+   within dp_shard; ``p`` refused) and the ``ArchonParallelDims`` mesh (device type of
+   this engine's device);
 3. the family from the HF ``model_type`` (registry), its args from the HF config,
    ``check_layout`` (heads divisible by tp, ...) and ``config.archon`` refusals;
 4. the model built on every rank from the same seed, the HF weights loaded through the
    family's state-dict adapter;
-5. the family's parallelize function (tp, cp, activation checkpointing, FSDP2);
+5. the family's parallelize function (tp, cp, ep for MoE, activation checkpointing, FSDP2);
 6. optimizer and LR schedule (as ``FSDPEngine``).
 
 Training, evaluation, forward, checkpoints and weight export are ``FSDPEngine``'s code
@@ -74,6 +75,10 @@ class ArchonEngine(FSDPEngine):
         super().__init__(config)
         self.parallel_dims: ArchonParallelDims | None = None
         self.state_dict_adapter = None
+        # MoE: the load-balancing loss's coefficient in training (0: not added) and the
+        # last training forward's loss
+        self._aux_coef = 0.0
+        self._last_aux: torch.Tensor | None = None
         self.share_prefixes = False
 
     # ------------------------------------------------------------------ build
@@ -105,6 +110,14 @@ class ArchonEngine(FSDPEngine):
         spec = get_model_spec(hf.model_type)
         args = spec.model_args_class.from_hf_config(hf, is_critic=self.is_critic)
         self.state_dict_adapter = spec.state_dict_adapter_class(args)
+        if args.n_experts and getattr(hf, "output_router_logits", False):
+            # transformers' rule: the aux loss joins the training loss with output_router_logits
+            self._aux_coef = float(hf.router_aux_loss_coef)
+        if ac.router_replay and not args.n_experts:
+            raise ValueError(
+                f"archon.router_replay=True needs a mixture-of-experts model; this "
+                f"{hf.model_type} model is dense"
+            )
         t0 = time.perf_counter()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(1)  # the same initial weights on every rank
@@ -130,13 +143,14 @@ class ArchonEngine(FSDPEngine):
         )
         self._mesh = dims.get_mesh("dp_shard_cp")
         logger.info(
-            "%s (%s) built in %.2fs: dp_shard=%d tp=%d cp=%d, %.2fM params, critic=%s",
+            "%s (%s) built in %.2fs: dp_shard=%d tp=%d cp=%d ep=%d, %.2fM params, critic=%s",
             spec.name,
             type(model).__name__,
             time.perf_counter() - t0,
             dims.dp_shard,
             dims.tp,
             dims.cp,
+            dims.ep,
             sum(p.numel() for p in model.parameters()) / 1e6,
             self.is_critic,
         )
@@ -204,6 +218,14 @@ class ArchonEngine(FSDPEngine):
         cu = mb["cu_seqlens"].long()
         n = ids.shape[0]
         labels = torch.roll(ids, shifts=-1)
+        routed = None
+        if self.config.archon.router_replay:  # [n, n_moe_layers, top_k] from the rollout
+            if "routed_experts" not in mb:
+                raise ValueError(
+                    "archon.router_replay=True needs the batch's 'routed_experts' (ask the "
+                    "inference server for return_routed_experts)"
+                )
+            routed = mb["routed_experts"].long()
         cp = dims.cp
         if cp > 1:
             pad = (-n) % cp
@@ -212,9 +234,16 @@ class ArchonEngine(FSDPEngine):
             part = (n + pad) // cp
             sl = slice(r * part, (r + 1) * part)
             ids_l, pos_l, lab_l = ids_p[sl], pos_p[sl], lab_p[sl]
+            if routed is not None:
+                routed = F.pad(routed, (0, 0, 0, 0, 0, pad))[sl]
         else:
             ids_l, pos_l, lab_l = ids, pos, labels
-        out = model(ids_l, pos_l, cu)
+        if routed is not None:
+            out = model(ids_l, pos_l, cu, routed_experts=routed)
+        else:
+            out = model(ids_l, pos_l, cu)
+        if self._aux_coef > 0 and model.training:  # this rank's tokens, as transformers' batch
+            self._last_aux = model.aux_loss()
         if self.is_critic:
             vals = out[:, 0].float()
             if cp > 1:
@@ -236,6 +265,19 @@ class ArchonEngine(FSDPEngine):
         is_first[cu[:-1]] = True
         shifted = torch.where(is_first[:, None], torch.zeros_like(shifted), shifted)
         return shifted[:, 0], shifted[:, 1].detach()
+
+    def train_batch(self, input_, loss_fn, loss_weight_fn) -> dict[str, float]:
+        """``FSDPEngine.train_batch``; an MoE model whose HF config sets
+        ``output_router_logits`` adds ``router_aux_loss_coef`` x its load-balancing loss
+        (over each micro-batch's tokens on this rank) to every micro-batch's loss."""
+        if self._aux_coef <= 0:
+            return super().train_batch(input_, loss_fn, loss_weight_fn)
+        coef = self._aux_coef
+
+        def with_aux(out, ent, mb):
+            return loss_fn(out, ent, mb) + coef * self._last_aux
+
+        return super().train_batch(input_, with_aux, loss_weight_fn)
 
     def optimizer_step(self) -> dict[str, float]:
         """Clip gradients (global norm over every mesh) to ``gradient_clipping``; step."""

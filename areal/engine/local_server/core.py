@@ -17,6 +17,10 @@ first non-padding column; rows are re-sorted by start when that pays. Identical 
 admitted together are prefilled once, and recent prompts' prefill results are kept in an
 LRU (emptied by any command) for samples of the same prompt admitted later.
 
+Mixture-of-experts models: requests with ``return_routed_experts`` get, per token of
+prompt + output (the last output token excepted: it is never fed), the experts each MoE
+layer routed it to (``routing.RoutingRecorder``); the prompt LRU is off for them.
+
 Logprob convention: ``output_logprobs[i]`` is ``log_softmax(logits / temperature)`` of the
 sampled token when sampling (before top-k/top-p truncation and before the min-new-tokens
 stop masking, i.e. what a trainer recomputes from the model), and ``log_softmax(logits)``
@@ -49,6 +53,7 @@ from areal.engine.local_server.requests import (
     RequestError,
     SamplingParams,
 )
+from areal.engine.local_server.routing import RoutingRecorder
 from areal.engine.local_server.sampling import sample_tokens
 from areal.engine.local_server.vision import check_mm_request, prefill_mm_kwargs
 from areal.utils import logging
@@ -81,6 +86,11 @@ class GenerationCore:
         if fast_decode:
             self._fast = FastDecoder.build(model)
         self._fast_checked = False
+        # MoE models: the experts of every token, for requests that ask (routing replay)
+        self._routing = RoutingRecorder.attach(model)
+        if self._routing is not None:
+            prompt_cache_mb = 0.0
+            self._fast = None  # decode through the HF forward, whose routers are hooked
         # Fast decode attends per block of ``segment_rows`` rows from the block's first
         # non-padding column; rows are re-sorted by start every few steps when that pays.
         self.segment_rows = max(1, int(segment_rows))
@@ -322,6 +332,12 @@ class GenerationCore:
             keys, values, logits, mask, next_pos = self._prefill(uniq)
         else:
             keys, values, logits, mask, next_pos = self._prefill_cached(uniq)
+        if self._routing is not None:  # prompt positions' experts, per request
+            P = mask.shape[1]
+            routed = self._routing.take().view(len(uniq), P, *self._routing_shape())
+            for r, j in zip(new, inverse):
+                if r.params.return_routed_experts:
+                    r.routed.append(routed[j, P - len(r.input_ids) :].cpu())
         if len(uniq) < len(new):
             inv = torch.tensor(inverse, dtype=torch.long, device=self.device)
             keys = [k.index_select(0, inv) for k in keys]
@@ -489,6 +505,11 @@ class GenerationCore:
                     logits = ref
         else:
             logits = self._hf_decode(b, mask)
+            if self._routing is not None:  # the experts of each row's fed token
+                routed = self._routing.take().cpu()
+                for i in b.live:
+                    if b.reqs[i].params.return_routed_experts:
+                        b.reqs[i].routed.append(routed[i : i + 1])
         b.mask = mask
         b.T += 1
         live = b.live
@@ -505,6 +526,10 @@ class GenerationCore:
             b.next_tok = tokens
         self._record(reqs, tokens, logps)
         self._finish_done()
+
+    def _routing_shape(self) -> tuple[int, int]:
+        cfg = self.model.config
+        return self._routing.n_layers, int(cfg.num_experts_per_tok)
 
     def _hf_decode(self, b: KVBatch, mask: torch.Tensor) -> torch.Tensor:
         out = self.model(
@@ -567,6 +592,13 @@ class GenerationCore:
             "latency": now - r.arrival,
             "version": self.version,
         }
+        if r.params.return_routed_experts:
+            if self._routing is None:
+                result["routed_experts"] = None  # a dense model routes nothing
+            else:
+                result["routed_experts"] = torch.cat(r.routed)[
+                    : len(r.input_ids) + len(r.output_ids) - 1
+                ].tolist()
         try:
             r.callback(result)
         except Exception:

@@ -39,6 +39,8 @@ class SamplingParams:
     # Per-request sampling seed: the same seed gives the same tokens whatever else is in
     # the batch (a resumed run regenerates exactly what the crashed one would have).
     seed: int | None = None
+    # MoE models: return per token the experts it was routed to (routing replay)
+    return_routed_experts: bool = False
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
@@ -58,6 +60,7 @@ class SamplingParams:
             sp.top_k = int(sp.top_k) if sp.top_k is not None else -1
             sp.greedy = bool(sp.greedy)
             sp.ignore_eos = bool(sp.ignore_eos)
+            sp.return_routed_experts = bool(sp.return_routed_experts)
             sp.stop_token_ids = [int(t) for t in (sp.stop_token_ids or [])]
             sp.seed = None if sp.seed is None else int(sp.seed)
         except (TypeError, ValueError) as e:
@@ -105,6 +108,8 @@ class Request:
     # Vision-language models: {"pixel_values", "image_grid_thw"} of the prompt's images.
     mm: dict[str, Any] | None = None
     plain: bool = dataclasses.field(default=False, init=False)
+    # return_routed_experts: [tokens, n_moe_layers, top_k] blocks (prompt, then per step)
+    routed: list[torch.Tensor] = dataclasses.field(default_factory=list, init=False)
 
     def __post_init__(self):
         if self.params.seed is not None and not self.params.greedy:

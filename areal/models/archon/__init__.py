@@ -1,7 +1,7 @@
 """Archon model families (torchtitan's shape: args, model, state-dict adapter,
 parallelize function per family) and their registry.
 
-Built-in families: ``qwen2``, ``qwen3``. Add one with ``register_model_spec`` (see
+Built-in families: ``qwen2``, ``qwen3``, ``qwen3_moe``. Add one with ``register_model_spec`` (see
 docs/engines.md). ``ArchonParallelDims`` holds the layout and builds the DeviceMesh.
 """
 
@@ -16,6 +16,7 @@ from areal.models.archon.model_spec import (
 from areal.models.archon.parallel_dims import ArchonParallelDims
 from areal.models.archon.qwen2 import spec as qwen2_spec
 from areal.models.archon.qwen3 import spec as qwen3_spec
+from areal.models.archon.qwen3_moe import spec as qwen3_moe_spec
 from areal.models.layout_check import check_layout
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "get_supported_model_types",
     "is_supported_model",
     "qwen2_spec",
+    "qwen3_moe_spec",
     "qwen3_spec",
     "register_model_spec",
 ]

@@ -6,7 +6,10 @@ Ulysses sequence parallel), ``tp`` (tensor), ``pp`` (pipeline), ``ep`` (expert),
 (expert tensor, 1 or ``tp``); ``dp_replicate`` (HSDP) must be 1. The mesh is
 ``(pp, dp_shard, cp, tp)`` with the flattened ``dp_shard_cp`` dimension that FSDP shards
 over (context-parallel ranks hold different tokens of the same sequences, so their
-gradients are reduced like data-parallel ones).
+gradients are reduced like data-parallel ones). With expert parallelism ``dp_shard`` is
+split as ``(dp_mod_ep, ep)``: the mesh is ``(pp, dp_mod_ep, ep, cp, tp)``, ``dp_shard``
+and ``dp_shard_cp`` are flattened from it, and the experts are FSDP-sharded over
+``efsdp`` = ``(dp_mod_ep, cp)`` (the ranks that hold the same experts).
 """
 
 from __future__ import annotations
@@ -64,20 +67,30 @@ class ArchonParallelDims:
             )
         if self.etp not in (1, self.tp):
             raise ValueError(f"ArchonParallelDims.etp={self.etp}; allowed: 1 or tp={self.tp}")
-        if self.ep > 1 and (self.dp_shard * self.cp * self.tp) % self.ep:
+        if self.ep > 1 and self.dp_shard % self.ep:
             raise ValueError(
-                f"ArchonParallelDims.ep={self.ep} must divide dp_shard*cp*tp="
-                f"{self.dp_shard * self.cp * self.tp}"
+                f"ArchonParallelDims.ep={self.ep} must divide dp_shard={self.dp_shard} (experts "
+                f"are split over data-parallel ranks); allowed ep: "
+                f"{[d for d in range(1, self.dp_shard + 1) if self.dp_shard % d == 0]}"
             )
 
     # ---- mesh
     def build_mesh(self) -> DeviceMesh:
-        """The ``(pp, dp_shard, cp, tp)`` mesh plus ``dp_shard_cp`` (needs the default group)."""
+        """The ``(pp, dp_shard, cp, tp)`` mesh plus ``dp_shard_cp`` (needs the default group);
+        ``(pp, dp_mod_ep, ep, cp, tp)`` plus ``dp_shard``, ``dp_shard_cp``, ``efsdp`` when ep > 1."""
         if self.ep > 1:
-            raise ValueError(
-                "ArchonParallelDims.ep > 1: expert-parallel meshes need an MoE model, which "
-                "this engine does not support yet"
+            mesh = init_device_mesh(
+                self.device_type,
+                (self.pp, self.dp_shard // self.ep, self.ep, self.cp, self.tp),
+                mesh_dim_names=("pp", "dp_mod_ep", "ep", "cp", "tp"),
             )
+            self._flat = {
+                "dp_shard": mesh["dp_mod_ep", "ep"]._flatten("dp_shard"),
+                "dp_shard_cp": mesh["dp_mod_ep", "ep", "cp"]._flatten("dp_shard_cp"),
+                "efsdp": mesh["dp_mod_ep", "cp"]._flatten("efsdp"),
+            }
+            self._world_mesh = mesh
+            return mesh
         mesh = init_device_mesh(
             self.device_type,
             (self.pp, self.dp_shard, self.cp, self.tp),
@@ -94,7 +107,8 @@ class ArchonParallelDims:
         return self._world_mesh
 
     def get_mesh(self, name: str) -> DeviceMesh:
-        """A named 1-D sub-mesh: 'pp', 'dp_shard', 'cp', 'tp' or 'dp_shard_cp'."""
+        """A named 1-D sub-mesh: 'pp', 'dp_shard', 'cp', 'tp', 'dp_shard_cp'; with ep > 1
+        also 'ep', 'dp_mod_ep' and 'efsdp'."""
         mesh = self.world_mesh
         return self._flat[name] if name in self._flat else mesh[name]
 
@@ -129,6 +143,11 @@ class ArchonParallelDims:
     @property
     def ep_enabled(self) -> bool:
         return self.ep > 1
+
+    @property
+    def efsdp(self) -> int:
+        """How many ranks FSDP-shard each expert: dp_shard / ep * cp."""
+        return self.dp_shard // self.ep * self.cp
 
     @property
     def etp_enabled(self) -> bool:
