@@ -30,11 +30,13 @@ TORCH_FLAGS   ?=
 # Test selection. Only these three kinds are left out of `make check` (they cannot run on
 # a fresh clone here: CUDA, vLLM's CPU build, an AReaL checkout); nothing else is.
 NOT_HERE      := not (gpu or vllm_cpu or areal_checkout)
-QUICK_MARKS   := not slow and $(NOT_HERE)
+# The Archon layout matrix (`make archon-matrix`, ~6 min) is a make target of its own.
+MATRIX        := not archon_matrix
+QUICK_MARKS   := not slow and $(NOT_HERE) and $(MATRIX)
 # `.ci/run` runs `make test` first, then `make check CHECK_AFTER_TEST=1`: the full check then
 # runs only the tests `make test` left out (the same union, every test, each run once).
 CHECK_AFTER_TEST ?=
-CHECK_MARKS   := $(if $(CHECK_AFTER_TEST),slow and $(NOT_HERE),$(NOT_HERE))
+CHECK_MARKS   := $(if $(CHECK_AFTER_TEST),slow and $(NOT_HERE),$(NOT_HERE)) and $(MATRIX)
 # The full check fails (naming the slowest files) when its tests take longer than this
 # in total (seconds; tests/_ci_plugin.py). Sized so that the whole .ci/run stays under 60
 # minutes on a quiet 2-core machine: setup + Slurm install ~3, make test ~5 (its limit is
@@ -54,7 +56,7 @@ export UV_COMPILE_BYTECODE := 1
 export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: setup demo test check test-all lint docs docs-build docs-serve cli-docs lock lock-check build clean \
-	gpu-wheels gpu-check claims
+	gpu-wheels gpu-check claims archon-matrix
 
 setup: $(STAMP)
 
@@ -156,3 +158,7 @@ gpu-check:
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache site dist build
+
+# The Archon engine's long layout cases (4-rank MoE layouts, resume at another expert layout).
+archon-matrix: setup
+	$(PY) -m pytest -m archon_matrix -q --durations=10 $(PYTEST_FLAGS)

@@ -112,6 +112,7 @@ def test_ep2_on_two_ranks_equals_one_process():
 
 
 @pytest.mark.slow
+@pytest.mark.archon_matrix
 def test_d4e2_on_four_ranks_equals_one_process():
     # experts FSDP-sharded over the two ranks that hold the same experts (efsdp=2)
     res = run_ranks(_ranks, 4, (4, 2, 8), timeout=600)
@@ -119,6 +120,7 @@ def test_d4e2_on_four_ranks_equals_one_process():
 
 
 @pytest.mark.slow
+@pytest.mark.archon_matrix
 def test_d2t2e2_on_four_ranks_equals_one_process():
     # attention tensor-parallel, routers and experts replicated over tp, experts split over ep
     res = run_ranks(_ranks, 4, (2, 2, 4, 2), timeout=600)
@@ -357,6 +359,7 @@ def _ckpt_session(rank, world, path, layout, steps, save_dir, load_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.archon_matrix
 def test_dcp_saved_at_e2_resumes_at_e1_next_step_equal(moe_ckpt, tmp_path):
     ckpt = str(tmp_path / "dcp")
     base = run_ranks(_ckpt_session, 1, (moe_ckpt, "d1", [1, 2], None, None), timeout=600)[0]
