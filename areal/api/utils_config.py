@@ -108,14 +108,25 @@ class WandBConfig:
 
 @dataclass
 class SwanlabConfig:
-    """SwanLab logging. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
+    """SwanLab logging through the `swanlab` package ('offline'/'local': a run file under `logdir`)."""
 
     project: str | None = cfield(None, "SwanLab project.")
     name: str | None = cfield(None, "Run name.")
     config: dict | None = cfield(None, "Extra run config.")
-    logdir: str | None = cfield(None, "Local log directory.")
-    mode: str | None = cfield("disabled", "SwanLab mode, e.g. 'cloud', 'local' or 'disabled'.")
+    logdir: str | None = cfield(None, "Local log directory; None: {log_path}/swanlab.")
+    mode: str | None = cfield(
+        "disabled",
+        "'cloud'/'online', 'local', 'offline' (run file under logdir, no network) or 'disabled'.",
+    )
     api_key: str | None = cfield(None, "API key; None: taken from SWANLAB_API_KEY at run time.")
+
+    def __post_init__(self):
+        check_choice(
+            "SwanlabConfig",
+            "mode",
+            self.mode or "disabled",
+            ["cloud", "online", "local", "offline", "disabled"],
+        )
 
 
 @dataclass
@@ -127,7 +138,7 @@ class TensorBoardConfig:
 
 @dataclass
 class TrackioConfig:
-    """Trackio logging. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
+    """Trackio logging through the `trackio` package ('local': SQLite under TRACKIO_DIR)."""
 
     mode: str = cfield(
         "disabled", "'disabled', 'online' or 'local'.", choices=["disabled", "online", "local"]
@@ -151,8 +162,8 @@ class StatsLoggerConfig:
     fileroot: str = cfield(MISSING, "Root directory of logs; defaults to cluster.fileroot.")
     wandb: WandBConfig = cfield(help="Weights & Biases.", factory=WandBConfig)
     tensorboard: TensorBoardConfig = cfield(help="TensorBoard.", factory=TensorBoardConfig)
-    swanlab: SwanlabConfig = cfield(help="SwanLab. " + NOT_ACTED, factory=SwanlabConfig)
-    trackio: TrackioConfig = cfield(help="Trackio. " + NOT_ACTED, factory=TrackioConfig)
+    swanlab: SwanlabConfig = cfield(help="SwanLab.", factory=SwanlabConfig)
+    trackio: TrackioConfig = cfield(help="Trackio.", factory=TrackioConfig)
 
 
 @dataclass

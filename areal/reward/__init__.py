@@ -10,7 +10,9 @@ Workflows run them through :class:`areal.api.reward_api.AsyncRewardWrapper` (pro
 Helpers here:
 
 - :func:`extract_answer` pulls the final answer out of a free-form completion
-  (``#### N`` line, ``\\boxed{N}``, "The answer is N", else the last number).
+  (``#### N`` line, ``\\boxed{N}``, "The answer is N", else the last number, taken with
+  the arithmetic or LaTeX expression it belongs to: ``$10^3$``, ``3+2``,
+  ``1.2 \\times 10^{3}``, ``\\frac{2}{3}``).
 - :func:`parse_number` turns an answer string ("$1,000", "5 dollars", "10%") into a float,
   or ``None`` when it is not a plain number.
 - :class:`MathVerifyWorker` / :func:`get_math_verify_worker` compare two answers with the
@@ -105,11 +107,46 @@ def last_boxed(text: str) -> str | None:
     return None  # unbalanced
 
 
+# LaTeX math segments: $$..$$, $..$, \(..\), \[..\]
+_MATH_SEG_RE = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+# An arithmetic / LaTeX expression around numbers (no letters but LaTeX commands, no '=')
+_EXPR_TOKEN = (
+    r"(?:" + _NUM + r"|\\(?:times|cdot|div|d?t?frac|sqrt|left|right)\b|[+\-*/^(){}×·÷]|[ \t])"
+)
+_EXPR_RE = re.compile(_EXPR_TOKEN + r"+")
+# structure that makes an expression more than its last number
+_STRUCT_RE = re.compile(r"\d\s*(?:[+\-*/^×·÷]|\\times|\\cdot|\\div)\s*[\d({\\]|\\d?t?frac|\\sqrt")
+
+
+def _final_expression(text: str, last_num: re.Match) -> str:
+    """The expression the completion's last number belongs to, or that number alone.
+
+    Inside a LaTeX math segment: the segment's right-most side (after its last ``=``).
+    In prose: the run of numbers, operators and LaTeX operators around the number, when
+    it has an operator between numbers (``3+2``, ``1.2 \\times 10^{3}``); a number in
+    running text ("5-year-old", "-5") stays that number.
+    """
+    pos = last_num.start()
+    for m in _MATH_SEG_RE.finditer(text):
+        if m.start() <= pos < m.end():
+            body = next(g for g in m.groups() if g is not None)
+            rhs = body.rsplit("=", 1)[-1].strip().rstrip(".,;")
+            return rhs if any(c.isdigit() for c in rhs) else last_num.group(0)
+    for m in _EXPR_RE.finditer(text):
+        if m.start() <= pos < m.end():
+            expr = m.group(0).strip().rstrip("+-*/^×·÷ ")
+            if _STRUCT_RE.search(expr) and expr.count("{") == expr.count("}"):
+                return expr
+            break
+    return last_num.group(0)
+
+
 def extract_answer(text: str) -> str | None:
     """Final answer string of a completion, or ``None`` when there is none.
 
     Priority: last ``#### X`` line, last ``\\boxed{X}``, last "the answer is X", else the
-    last number anywhere in the text.
+    last number anywhere in the text, with the expression it belongs to
+    (:func:`_final_expression`).
     """
     if not isinstance(text, str) or not text.strip():
         return None
@@ -122,9 +159,11 @@ def extract_answer(text: str) -> str | None:
     said = _ANSWER_IS_RE.findall(text)
     if said and said[-1].strip():
         return said[-1].strip()
-    nums = _NUM_RE.findall(text)
-    if nums:
-        return nums[-1]
+    last = None
+    for last in _NUM_RE.finditer(text):  # noqa: B007 (the last match is what we want)
+        pass
+    if last is not None:
+        return _final_expression(text, last)
     return None
 
 
@@ -136,7 +175,7 @@ def parse_number(s: str) -> float | None:
     """
     if not isinstance(s, str):
         return None
-    s = s.replace("\\!", "").replace("\\,", "").strip()
+    s = s.replace("\\!", "").replace("\\,", "").replace("{,}", ",").strip()
     m = _PLAIN_RE.match(s)
     if m is None:
         return None
@@ -146,7 +185,9 @@ def parse_number(s: str) -> float | None:
         return None
 
 
-_LEADING_RE = re.compile(r"^\s*(?:\\?\$)?\s*(" + _NUM + r")(?!\s*[-+*/^=\d])")
+_LEADING_RE = re.compile(
+    r"^\s*(?:\\?\$)?\s*(" + _NUM + r")(?![.,]\d)(?!\s*(?:[-+*/^=\d×·÷]|\\(?:times|cdot|div)\b))"
+)
 
 
 def _leading_number(s: str) -> float | None:
@@ -217,8 +258,17 @@ def get_math_verify_worker() -> MathVerifyWorker:
     return _MATH_VERIFY_WORKER
 
 
+_DELIMS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+
+
 def _as_latex(ans: str) -> str:
-    """Wrap an extracted answer so that math-verify reads it as the final answer."""
+    """Wrap an extracted answer so that math-verify reads it as the final answer (math
+    delimiters and a closing full stop removed: "$10^3$." is ``10^3``)."""
+    ans = ans.strip().rstrip(".!").strip()
+    for a, b in _DELIMS:
+        if len(ans) > len(a) + len(b) and ans.startswith(a) and ans.endswith(b):
+            ans = ans[len(a) : -len(b)].strip()
+            break
     return "\\boxed{" + ans + "}"
 
 

@@ -1,4 +1,6 @@
-"""StatsLogger: every step's stats to JSON-lines, TensorBoard and (optionally) wandb.
+"""StatsLogger: every step's stats to JSON-lines, TensorBoard and (optionally) wandb,
+SwanLab and Trackio (``stats_logger.swanlab.mode`` / ``stats_logger.trackio.mode``;
+their local modes need no network: :mod:`areal.utils.trackers`).
 
 Files under ``get_log_path(config)``: ``stats.jsonl`` (one JSON object per step),
 ``tensorboard/`` (unless ``tensorboard.path`` points elsewhere) and, at ``close()``, a
@@ -46,6 +48,7 @@ class StatsLogger:
         self._history: list[dict[str, float]] = []
         self._tb = None
         self._wandb = None
+        self._trackers: list[Any] = []
         tb_path = config.tensorboard.path or os.path.join(self.log_path, "tensorboard")
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -69,6 +72,13 @@ class StatsLogger:
                 dir=self.log_path,
                 resume="allow",
             )
+        from areal.utils.trackers import SwanlabWriter, TrackioWriter
+
+        names = (str(config.experiment_name), str(config.trial_name))
+        if config.swanlab.mode not in (None, "disabled"):
+            self._trackers.append(SwanlabWriter(config.swanlab, self.log_path, *names))
+        if config.trackio.mode != "disabled":
+            self._trackers.append(TrackioWriter(config.trackio, self.log_path, *names))
 
     @staticmethod
     def get_log_path(config: Any) -> str:
@@ -99,6 +109,8 @@ class StatsLogger:
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(row, step=global_step)
+        for tracker in self._trackers:
+            tracker.log(row, global_step)
 
     @property
     def history(self) -> list[dict[str, float]]:
@@ -148,6 +160,9 @@ class StatsLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+        for tracker in self._trackers:
+            tracker.close()
+        self._trackers = []
         return png
 
     def truncate_after(self, global_step: int) -> None:
