@@ -161,3 +161,23 @@ def test_runs_are_scheduled_one_by_one_and_assembled_back_into_their_claims(monk
     assert [c["name"] for c in rows["vlm"]["controls"]] == ["shuffled rewards", "random rewards"]
     assert rows["demo"]["pass"] and rows["vlm"]["pass"]
     assert not rows["dpo"]["pass"] and rows["dpo"]["controls"] == []  # broken: fails alone
+
+
+def test_shuffled_control_permutes_agent_rewards_by_episode():
+    """Agent batches (one row per model call): every row of an episode gets the reward of
+    one other episode, so the episodes' rewards are permuted and never split across rows."""
+    import torch
+
+    control = _load("reward_control", ROOT / "benchmarks" / "claims" / "reward_control.py")
+    episode_ids = torch.tensor([0, 0, 0, 1, 2, 2, 3, 4, 4, 4, 5, 6, 7, 7])
+    per_episode = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0])
+    rewards = per_episode[episode_ids]
+    seen = []
+    override = control.RewardOverride(lambda b: seen.append(b["rewards"]) or b, "shuffled", 3)
+    override({"rewards": rewards, "episode_ids": episode_ids})
+    got = seen[0]
+    for e in range(8):  # one reward per episode
+        assert got[episode_ids == e].unique().numel() == 1
+    firsts = torch.tensor([0, 3, 4, 6, 7, 10, 11, 12])
+    assert sorted(got[firsts].tolist()) == sorted(per_episode.tolist())  # a permutation
+    assert not torch.equal(got, rewards)

@@ -13,7 +13,9 @@ What happens, in order:
    datasets, its evaluation (always scored against the true answers).
 
 ``shuffled`` keeps each batch's reward rate and removes the link between a completion and
-its reward, so whatever the held-out accuracy does then is drift, not learning.
+its reward (agent batches, one row per model call, are permuted by episode: the rows of an
+episode keep one reward between them, as in the true run), so whatever the held-out
+accuracy does then is drift, not learning.
 ``constant`` (every reward 1.0) gives every group zero advantage: the deliberate break
 that ``benchmarks/claims/run.py --break demo`` uses to show the claims fail without a signal.
 """
@@ -25,6 +27,7 @@ import sys
 import torch
 
 from areal import PPOTrainer
+from areal.utils.rl_statistics import episode_first_rows
 
 
 class RewardOverride:
@@ -35,11 +38,22 @@ class RewardOverride:
         self.mode = mode
         self.generator = torch.Generator().manual_seed(seed)
 
+    def shuffle(self, rewards: torch.Tensor, episode_ids: torch.Tensor | None) -> torch.Tensor:
+        """Permute ``rewards`` ``[B]`` across episodes: with ``episode_ids`` (agent rows, one
+        per model call) every row of an episode gets the reward of the same other episode,
+        so an episode's calls stay credited alike, as in the true run; else across rows."""
+        if episode_ids is None:
+            return rewards[torch.randperm(rewards.shape[0], generator=self.generator)]
+        first, episode_of_row = episode_first_rows(torch.as_tensor(episode_ids))
+        per_episode = rewards[first]
+        perm = torch.randperm(per_episode.shape[0], generator=self.generator)
+        return per_episode[perm][episode_of_row]
+
     def __call__(self, batch, *args, **kwargs):
         rewards = batch["rewards"]  # on a BatchRef: fetches this one tensor from the workers
         if self.mode == "shuffled":
-            perm = torch.randperm(rewards.shape[0], generator=self.generator)
-            rewards = rewards[perm]
+            episodes = batch["episode_ids"] if "episode_ids" in batch else None
+            rewards = self.shuffle(rewards, episodes)
         else:
             rewards = torch.ones_like(rewards)
         if isinstance(batch, dict):
