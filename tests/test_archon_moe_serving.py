@@ -208,3 +208,34 @@ def test_vllm_with_return_routed_experts_is_refused():
 
     with pytest.raises(ValueError, match="vLLM does not return MoE routing"):
         RemotevLLMEngine(InferenceEngineConfig(return_routed_experts=True))
+
+
+def test_server_loads_per_expert_checkpoint_tensors_into_fused_experts(moe_dir, tmp_path):
+    """transformers fuses the experts (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``) that the
+    checkpoint (and the trainers' export) keeps per expert: the server's disk load fills
+    every slice, names by checkpoint name, and refuses a directory missing one expert."""
+    from safetensors.torch import load_file, save_file
+
+    from areal.engine.local_server.weights import checkpoint_tensors, load_weights_from_disk
+
+    disk = load_file(os.path.join(moe_dir, "model.safetensors"))
+    model = hf_model(moe_dir)
+    assert any(n.endswith("experts.gate_up_proj") for n, _ in model.named_parameters())
+    want = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    assert load_weights_from_disk(model, moe_dir) == len(disk)
+    for n, p in model.named_parameters():
+        assert torch.equal(p, want[n]), n
+    view = checkpoint_tensors(model)
+    assert set(disk) <= set(view)  # every checkpoint name is a view of the live model
+    assert torch.equal(
+        view["model.layers.0.mlp.experts.1.up_proj.weight"],
+        disk["model.layers.0.mlp.experts.1.up_proj.weight"],
+    )
+    partial = {k: v for k, v in disk.items() if "experts.3.down_proj" not in k}
+    os.makedirs(tmp_path / "partial")
+    save_file(partial, str(tmp_path / "partial" / "model.safetensors"))
+    with pytest.raises(ValueError, match="parameters missing"):
+        load_weights_from_disk(model, str(tmp_path / "partial"))

@@ -134,13 +134,13 @@ class WeightRoutes:
     def _live_fingerprints(self) -> tuple[Any, dict[str, str]]:
         """(``LiveFingerprints`` of the model's tensors, their dtypes), looked up once per
         model: every loader of this server updates the tensors in place (copy_)."""
-        from areal.engine.local_server.weights import named_tensors, tied_names
+        from areal.engine.local_server.weights import checkpoint_tensors, tied_names
         from areal.utils.weight_fingerprint import LiveFingerprints
 
         model = self.core.model
         cached = self.__dict__.get("_live_fp_cache")
         if cached is None or cached[0] is not model:
-            named = named_tensors(model)
+            named = checkpoint_tensors(model)  # by checkpoint name, as the trainer exports
             for alias in tied_names(model):  # the same storage as another name
                 named.pop(alias, None)
             dtypes = {n: str(t.dtype).removeprefix("torch.") for n, t in named.items()}

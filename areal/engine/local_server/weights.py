@@ -5,6 +5,13 @@ The broadcast group follows ``areal.api.io_struct``'s xccl contract: a standalon
 keys prefixed by ``group_name``) where the trainer is rank 0 (broadcast root) and the
 servers are ranks 1..n. It never touches the default process group, so a trainer that
 already runs FSDP can join it too: both sides use ``areal.utils.dist.init_custom_process_group``.
+
+Names are the HuggingFace checkpoint's (``checkpoint_tensors``). Where transformers'
+module fuses tensors that the checkpoint keeps apart (mixture-of-experts:
+``mlp.experts.{e}.gate_proj/up_proj/down_proj.weight`` on disk, ``mlp.experts.gate_up_proj``
+``[E, 2I, H]`` and ``mlp.experts.down_proj`` ``[E, H, I]`` in the module), each checkpoint
+name is a view of its slice of the fused parameter: loads, broadcasts and fingerprints
+all speak the checkpoint layout, which is what trainers export.
 """
 
 from __future__ import annotations
@@ -26,6 +33,28 @@ def named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     named = dict(model.named_parameters(remove_duplicate=False))
     named.update(dict(model.named_buffers(remove_duplicate=False)))
     return named
+
+
+def checkpoint_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``named_tensors`` by checkpoint name: fused expert parameters (3-D
+    ``*.experts.gate_up_proj`` / ``*.experts.down_proj``) replaced by one view per expert
+    and projection (``*.experts.{e}.gate_proj.weight``: rows ``[:I]`` of ``gate_up_proj[e]``,
+    ``up_proj``: rows ``[I:]``, ``down_proj``: ``down_proj[e]``); other names unchanged."""
+    named = named_tensors(model)
+    out: dict[str, torch.Tensor] = {}
+    for name, t in named.items():
+        prefix, _, leaf = name.rpartition(".")
+        if t.ndim == 3 and prefix.endswith(".experts") and leaf == "gate_up_proj":
+            half = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{prefix}.{e}.gate_proj.weight"] = t[e, :half]
+                out[f"{prefix}.{e}.up_proj.weight"] = t[e, half:]
+        elif t.ndim == 3 and prefix.endswith(".experts") and leaf == "down_proj":
+            for e in range(t.shape[0]):
+                out[f"{prefix}.{e}.down_proj.weight"] = t[e]
+        else:
+            out[name] = t
+    return out
 
 
 def tied_names(model: torch.nn.Module) -> set[str]:
@@ -101,7 +130,7 @@ def load_weights_from_disk(model: torch.nn.Module, path: str) -> int:
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {path!r}")
-    named = named_tensors(model)
+    named = checkpoint_tensors(model)
     loaded: set[str] = set()
     unknown: list[str] = []
     for f in files:
@@ -116,9 +145,8 @@ def load_weights_from_disk(model: torch.nn.Module, path: str) -> int:
                 )
             dst.copy_(t.to(dst.dtype))
             loaded.add(name)
-    missing = (
-        {n for n, _ in model.named_parameters(remove_duplicate=False)} - loaded - tied_names(model)
-    )
+    params = {n for n, _ in model.named_parameters(remove_duplicate=False)} - tied_names(model)
+    missing = {n for n in named if n in params or ".experts." in n} - loaded
     if unknown:
         logger.warning(
             "ignored %d unknown tensors from %s, e.g. %s", len(unknown), path, unknown[:3]
@@ -149,7 +177,7 @@ def receive_bucket(model: torch.nn.Module, group, specs: list[ParamSpec]) -> int
     Every announced tensor is received even if its name is unknown (so the group stays in
     step with the trainer); unknown names raise afterwards.
     """
-    named = named_tensors(model)
+    named = checkpoint_tensors(model)
     unknown: list[str] = []
     # NCCL broadcasts CUDA tensors; gloo CPU tensors.
     device = _group_device(group, model)

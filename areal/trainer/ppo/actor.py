@@ -73,6 +73,7 @@ _TRAIN_KEYS = (
     "teacher_logp",
     "rl_loss_weight",
     "distill_loss_weight",
+    "routed_experts",  # MoE routing replay (rollout.return_routed_experts)
 )
 
 
