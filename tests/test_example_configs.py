@@ -28,6 +28,7 @@ EXAMPLES = {
     "math/gsm8k_eval_cpu.yaml": ("math/gsm8k_eval.py", "GRPOConfig"),
     "math/gsm8k_grpo.yaml": ("math/gsm8k_rl.py", "GRPOConfig"),
     "math/gsm8k_grpo_cpu.yaml": ("math/gsm8k_rl.py", "GRPOConfig"),
+    "math/gsm8k_grpo_moe_cpu.yaml": ("math/gsm8k_rl.py", "GRPOConfig"),
     "math/gsm8k_grpo_lora.yaml": ("math/gsm8k_rl.py", "GRPOConfig"),
     "math/gsm8k_gspo.yaml": ("math/gsm8k_rl.py", "GRPOConfig"),
     "math/gsm8k_liteppo.yaml": ("math/gsm8k_rl.py", "GRPOConfig"),
