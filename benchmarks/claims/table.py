@@ -143,20 +143,6 @@ CLAIMS: tuple[Claim, ...] = (
         controls=(SHUFFLED,),
     ),
     Claim(
-        name="moe",
-        stated="GRPO on tiny-moe (4 experts, top-2) with the Archon engine at d2e2 and "
-        "routing replay, held-out greedy 24.6% -> 69.1% (8 steps; shuffled 25.0%)",
-        reproduce="python examples/math/gsm8k_rl.py --config examples/math/gsm8k_grpo_moe_cpu.yaml",
-        script="examples/math/gsm8k_rl.py",
-        config="examples/math/gsm8k_grpo_moe_cpu.yaml",
-        steps=8,
-        overrides=HELDOUT_256,
-        metric="held-out greedy accuracy (256)",
-        parse=ACCURACY,
-        threshold=0.45,  # 20 points above the base
-        controls=(SHUFFLED,),
-    ),
-    Claim(
         name="proxy-agent",
         stated="openai-SDK agent through the proxy, 23.2% -> 94.7% (600 s; shuffled 35.9%)",
         reproduce="python examples/agent_workflow/math_agent.py "
