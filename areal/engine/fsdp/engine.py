@@ -91,7 +91,7 @@ class FSDPEngine(
     fingerprint digests are the mixins of this folder (one module each)."""
 
     def __init__(self, config: TrainEngineConfig):
-        if getattr(config, "enable_tree_training", False):
+        if config.enable_tree_training:
             raise NotImplementedError(
                 "enable_tree_training=True: FSDPEngine's training/logprob forward does not "
                 "run prefix tries yet (allowed: False); the trie packer and a model-level "
