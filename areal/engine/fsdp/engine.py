@@ -91,6 +91,12 @@ class FSDPEngine(
     fingerprint digests are the mixins of this folder (one module each)."""
 
     def __init__(self, config: TrainEngineConfig):
+        if config.enable_tree_training:
+            raise NotImplementedError(
+                "enable_tree_training=True: FSDPEngine's training/logprob forward does not "
+                "run prefix tries yet (allowed: False); the trie packer and a model-level "
+                "tree forward live in areal.utils.prefix_tree"
+            )
         self.config = config
         self.model: nn.Module | None = None
         self.model_config: Any = None
