@@ -116,6 +116,7 @@ def _flat(model, seqs):
     return res
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workload", [_grpo, _agent, _dpo])
 @pytest.mark.parametrize("budget", [None, 48])
 def test_tree_forward_logprobs_workloads_equal_flat_path(tiny, workload, budget):

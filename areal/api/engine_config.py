@@ -596,7 +596,12 @@ class TrainEngineConfig:
         factory=list,
     )
     peft_type: str = cfield("lora", "PEFT method. " + NOT_ACTED)
-    enable_tree_training: bool = cfield(False, "Tree training with flex attention. " + NOT_ACTED)
+    enable_tree_training: bool = cfield(
+        False,
+        "Tree training (sequences sharing prefixes packed into tries, attention to ancestors "
+        "only): the packer and the forward are areal.utils.prefix_tree; the FSDP engine does "
+        "not run it yet and refuses True.",
+    )
     _version: str = cfield(
         "v1",
         "AReaL's train-controller version: 'v1' (this project's controller) or 'v2' (AReaL's "
