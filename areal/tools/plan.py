@@ -152,7 +152,6 @@ def _fit(plan: dict, alloc: AllocationMode, config, on_gpu: bool, device_memory:
         colocated = alloc.type_ is AllocationType.COLOCATE
         need = t + s if colocated else max(t, s)
         plan["devices"] = {"declared": devices, "needed": alloc.world_size}
-        where = "one device (trainer + colocated server)" if colocated else "one device"
         if alloc.world_size > devices:
             plan.update(fits=False, needed_bytes=need)
             plan["refusal"] = (
@@ -160,9 +159,12 @@ def _fit(plan: dict, alloc: AllocationMode, config, on_gpu: bool, device_memory:
                 f"{devices} (cluster.n_nodes x cluster.n_gpus_per_node)"
             )
             return
-        items = (
-            everything if colocated else (plan["trainer_rank"] if t >= s else plan["server_device"])
-        )
+        if colocated:
+            items, where = everything, "one device (trainer rank + colocated server)"
+        elif t >= s:
+            items, where = plan["trainer_rank"], "one trainer rank's device"
+        else:
+            items, where = plan["server_device"], "one inference server's device"
     else:  # CPU: every trainer rank and server process shares the host's RAM
         ranks = alloc.train_world_size
         servers = plan.get("server_load", {}).get("n_servers", 0)
