@@ -116,3 +116,13 @@ def test_server_estimate_10m_point_within_20pct_of_measured_rss():
         mp.server_memory(mp.ModelShape.from_hf_config(cfg), 4, 4, **bench_planner.SERVER).values()
     )
     assert abs(est / m["measured_bytes"] - 1) <= 0.2, (est, m)
+
+
+def test_plan_with_ref_model_adds_forward_only_items(capsys):
+    args = ["--config", CPU_YAML, "--json", "--device-memory-gib", "16"]
+    ref = ["+ref.path=areal/models/assets/tiny-base", "+ref.mb_spec.max_tokens_per_mb=4096"]
+    assert plan_cli.main(args + ref) == 0
+    items = json.loads(capsys.readouterr().out)["trainer_rank"]
+    assert items["ref parameters"] == items["actor parameters"]
+    assert "ref gradients" not in items and "ref optimizer states" not in items
+    assert 0 < items["ref activations"] < items["actor activations"]

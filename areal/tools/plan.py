@@ -70,7 +70,8 @@ def default_device_memory(on_gpu: bool) -> int:
 def _engine_items(eng, shape, layout, on_gpu: bool, trainable: bool) -> dict[str, int]:
     compute = _dtype_bytes(eng.dtype, "dtype") if on_gpu else 4
     opt = eng.optimizer.type if (trainable and eng.optimizer is not None) else "adam"
-    opt = "sgd" if opt == "sgd" else "adam"
+    if opt == "adam_bf16" and not on_gpu:
+        opt = "adam"  # CPU trains in float32
     tokens = eng.mb_spec.max_tokens_per_mb
     if tokens is None:
         raise PlanError(
@@ -102,7 +103,7 @@ def make_plan(config, device_memory: int | None = None, prompt_tokens: int | Non
         for k, v in _engine_items(config.actor, shape, layout, on_gpu, True).items():
             trainer[f"actor {k}"] = v
         for name in ("critic", "ref"):
-            eng = getattr(config, name, None) if hasattr(config, name) else None
+            eng = getattr(config, name, None)  # critic / ref exist on PPO-family configs only
             if eng is None:
                 continue
             eshape = _model_shape(eng.path, f"{name}.path")
