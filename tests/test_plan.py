@@ -25,6 +25,11 @@ QWEN25_1P5B = dict(
 )  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def _in_repo_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the demo YAML's actor.path is relative, as for the trainer
+
+
 def _model_dir(tmp_path: Path, cfg: dict) -> str:
     d = tmp_path / "model"
     d.mkdir()
@@ -120,7 +125,8 @@ def test_server_estimate_10m_point_within_20pct_of_measured_rss():
 
 def test_plan_with_ref_model_adds_forward_only_items(capsys):
     args = ["--config", CPU_YAML, "--json", "--device-memory-gib", "16"]
-    ref = ["+ref.path=areal/models/assets/tiny-base", "+ref.mb_spec.max_tokens_per_mb=4096"]
+    tiny = ROOT / "areal" / "models" / "assets" / "tiny-base"
+    ref = [f"+ref.path={tiny}", "+ref.mb_spec.max_tokens_per_mb=4096"]
     assert plan_cli.main(args + ref) == 0
     items = json.loads(capsys.readouterr().out)["trainer_rank"]
     assert items["ref parameters"] == items["actor parameters"]
