@@ -52,8 +52,10 @@ def _pp_rank(rank, world, schedule):
     ref = _model()
     ref_loss = _reference(ref, tokens, target)
     model = _model()
-    stage = DenseStage(model, rank, world)
-    sched = build_schedule(stage, dist.group.WORLD, M, _loss, schedule)
+    v = 2 if schedule == "Interleaved1F1B" else 1
+    mods = [DenseStage(model, rank + k * world, world * v) for k in range(v)]
+    stage = torch.nn.ModuleList(mods)
+    sched = build_schedule(mods if v > 1 else mods[0], dist.group.WORLD, M, _loss, schedule)
     losses = []
     if rank == 0:
         sched.step(tokens)
@@ -62,7 +64,8 @@ def _pp_rank(rank, world, schedule):
     loss = torch.stack(losses).mean() if losses else torch.zeros(())
     dist.broadcast(loss, src=world - 1)
     ref_grads = dict(ref.named_parameters())
-    grads = {n: p.grad for n, p in stage.named_parameters()}
+    named = {n: p for m in mods for n, p in m.named_parameters()}
+    grads = {n: p.grad for n, p in named.items()}
     ref_g = {n: ref_grads[n].grad for n in grads}
     opt = torch.optim.SGD(stage.parameters(), lr=0.1)
     opt.step()
@@ -72,7 +75,7 @@ def _pp_rank(rank, world, schedule):
     ref_w = {n: ref_grads[n].detach() for n in grads}
     return {
         "loss": loss, "ref_loss": ref_loss, "grads": grads, "ref_grads": ref_g,
-        "weights": {n: p.detach() for n, p in stage.named_parameters()}, "ref_weights": ref_w,
+        "weights": {n: p.detach() for n, p in named.items()}, "ref_weights": ref_w,
     }  # fmt: skip
 
 
@@ -88,13 +91,13 @@ def test_stage_tied_embeddings_pp2_refused():
         DenseStage(_model(tie=True), 0, 2)
 
 
-def test_schedule_interleaved_refused_by_name():
-    with pytest.raises(ValueError, match="'Interleaved1F1B': not supported"):
-        build_schedule(DenseStage(_model(), 0, 1), None, M, _loss, "Interleaved1F1B")
+def test_schedule_zero_bubble_refused_by_name():
+    with pytest.raises(ValueError, match="'ZBVZeroBubble': not supported"):
+        build_schedule(DenseStage(_model(), 0, 1), None, M, _loss, "ZBVZeroBubble")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B", "Interleaved1F1B"])
 def test_pp2_qwen2_one_step_equals_one_rank(schedule):
     res = run_ranks(_pp_rank, 2, (schedule,), timeout=300)
     owned = set()

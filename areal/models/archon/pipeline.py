@@ -76,21 +76,30 @@ class DenseStage(nn.Module):
 
 
 def build_schedule(
-    stage_module: DenseStage,
+    stage_modules: DenseStage | list[DenseStage],
     group,
     n_microbatches: int,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     schedule: str = "1F1B",
 ):
-    """A ``torch.distributed.pipelining`` schedule over one stage per rank of ``group``."""
+    """A ``torch.distributed.pipelining`` schedule over this rank's stage(s) of ``group``:
+    one stage for 'GPipe'/'1F1B', several virtual stages (``rank``, ``rank + pp``, ...) of a
+    ``pp * v``-stage split for 'Interleaved1F1B'."""
     from torch.distributed import pipelining as pl
 
-    if schedule not in ("GPipe", "1F1B"):
+    if schedule not in SCHEDULES:
         raise ValueError(
-            f"archon.pp_schedule={schedule!r}: not supported by the pipeline stages yet; "
-            "allowed: 'GPipe', '1F1B'"
+            f"archon.pp_schedule={schedule!r}: not supported by the pipeline stages; "
+            f"allowed: {list(SCHEDULES)}"
         )
-    device = next(stage_module.parameters()).device
-    st = pl.PipelineStage(stage_module, stage_module.stage, stage_module.pp, device, group=group)
+    mods = stage_modules if isinstance(stage_modules, list) else [stage_modules]
+    if schedule != "Interleaved1F1B" and len(mods) != 1:
+        raise ValueError(
+            f"archon.pp_schedule={schedule!r} takes one stage per rank, got {len(mods)}"
+        )
+    device = next(mods[0].parameters()).device
+    stages = [pl.PipelineStage(m, m.stage, m.pp, device, group=group) for m in mods]
+    if schedule == "Interleaved1F1B":
+        return pl.ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
     cls = pl.ScheduleGPipe if schedule == "GPipe" else pl.Schedule1F1B
-    return cls(st, n_microbatches=n_microbatches, loss_fn=loss_fn)
+    return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
