@@ -98,6 +98,7 @@ def test_trainer_memory_archon_dims_divide_what_they_shard():
         mp.TrainLayout(tp=0)
 
 
+@pytest.mark.slow
 def test_trainer_estimate_10m_point_within_20pct_of_measured_rss():
     cfg = bench_planner.qwen2_config("10m")
     m = bench_planner.run_point(
