@@ -9,11 +9,14 @@ from areal.api.cli_args import InferenceEngineConfig
 
 
 @contextlib.contextmanager
-def local_engine(model_dir: str, setup_timeout: float = 120.0) -> Iterator[object]:
-    """``RemoteLocalEngine`` connected to one built-in server serving ``model_dir``."""
+def local_engine(
+    model_dir: str, setup_timeout: float = 120.0, **config: object
+) -> Iterator[object]:
+    """``RemoteLocalEngine`` connected to one built-in server serving ``model_dir``
+    (``config``: more ``InferenceEngineConfig`` fields)."""
     from areal.engine.local_remote import RemoteLocalEngine
 
-    eng = RemoteLocalEngine(InferenceEngineConfig(setup_timeout=setup_timeout))
+    eng = RemoteLocalEngine(InferenceEngineConfig(setup_timeout=setup_timeout, **config))
     eng.launch_server({"model_path": model_dir})
     try:
         eng.initialize()

@@ -492,3 +492,63 @@ def test_openai_agents_sdk_calls_the_function_tool_through_proxy(tool_proxy):
     last = list(out.values())[-1]
     # the reward the agent computed from the tool call reaches the exported answer turn
     assert last.reward == 1.0 and last.to_tensor_dict()["loss_mask"].sum() >= 1
+
+
+class TwoCallAgent:
+    """Two model calls per episode through whatever proxy URL it is given; reward 1."""
+
+    async def run(self, data, **extra_kwargs):
+        from openai import AsyncOpenAI
+
+        client = AsyncOpenAI(
+            base_url=extra_kwargs["base_url"],
+            api_key=extra_kwargs["api_key"],
+            http_client=extra_kwargs["http_client"],
+        )
+        messages = list(data["messages"])
+        for _ in range(2):
+            out = await client.chat.completions.create(model="m", messages=messages, max_tokens=4)
+            messages += [
+                out.choices[0].message.model_dump(exclude_none=True),
+                {"role": "user", "content": "Again?"},
+            ]
+        return float(len(data["messages"][0]["content"]) % 2)
+
+
+def test_ppo_trainer_trains_through_the_gateway_with_two_proxy_workers(tiny_lm_dir, tmp_path):
+    """``rollout.agent.proxy_workers=2``: the trainer's scheduler starts two proxy worker
+    processes behind the session-affine gateway; two training steps run on what they
+    export (two rows per episode), both workers carry sessions, none fails."""
+    from test_rl_trainer import _grpo_config, _rows
+
+    from areal import PPOTrainer
+    from areal.dataset import get_custom_dataset
+    from areal.experimental.openai.proxy.gateway import GatewayServer
+    from areal.utils.hf_utils import load_hf_tokenizer
+
+    cfg = _grpo_config(
+        tiny_lm_dir,
+        str(tmp_path),
+        "total_train_steps=2",
+        "allocation_mode=local:d1+fsdp:d1",
+        "gconfig.n_samples=2",
+        "gconfig.max_new_tokens=4",
+        "rollout.max_head_offpolicyness=1",
+        "rollout.agent.proxy_workers=2",
+        "rollout.agent.export_style=individual",
+    )
+    tok = load_hf_tokenizer(cfg.tokenizer_path)
+    train = get_custom_dataset("train", cfg.train_dataset, tok)
+    with PPOTrainer(cfg, train_dataset=train) as trainer:
+        result = trainer.train(workflow=TwoCallAgent())
+        gateway = trainer._agents.server
+        assert isinstance(gateway, GatewayServer)
+        stats = gateway.stats()
+    assert result["steps_done"] == 2
+    rows = _rows(result["log_dir"])
+    # 4 groups x 2 episodes x 2 calls, one row per call
+    assert [r["batch/n_seqs"] for r in rows] == [16, 16]
+    per_worker = [w["sessions_total"] for w in stats["workers"]]
+    assert len(per_worker) == 2 and min(per_worker) > 0, per_worker
+    assert sum(per_worker) >= 16  # every trained episode was a gateway session
+    assert stats["sessions_failed"] == 0 and stats["requests_failed"] == 0

@@ -4,7 +4,9 @@ built-in server's generation core serves it (prefill and decode) with greedy out
 to transformers' ``generate`` and, on ``return_routed_experts``, the experts of every
 token, which are the archon model's routing of the same tokens; replaying the rollout's
 routing in the trainer's forward lowers the mean |trainer logprob - rollout logprob| of a
-bf16 rollout (both figures printed)."""
+bf16 rollout (both figures printed). With ``rollout.return_routed_experts`` the routing
+travels from a real built-in server through ``RemoteInfEngine`` and the RLVR workflow into
+the training batch, where the Archon engine replays it."""
 
 from __future__ import annotations
 
@@ -15,11 +17,13 @@ import threading
 import pytest
 import torch
 from _hf_reference import hf_greedy, hf_logprobs, hf_model
+from _local_engine import local_engine
 
 from areal.engine.local_server.core import GenerationCore, SamplingParams
 from areal.models.tiny_moe import get_tiny_moe_path
 
 ATOL = 1e-5
+REWARD = "areal.reward.gsm8k.gsm8k_reward_fn"
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +143,68 @@ def test_routing_replay_lowers_trainer_rollout_logprob_mismatch(moe_dir):
     with_replay = torch.cat(gaps["with"]).mean().item()
     print(f"mean |trainer - rollout logprob|: without replay {without:.5f}, with {with_replay:.5f}")
     assert with_replay < without
+
+
+def test_rollout_routed_experts_reach_the_batch_through_the_real_server(moe_dir):
+    """Real server on 127.0.0.1 -> RemoteInfEngine -> RLVRWorkflow: the trajectory's
+    ``routed_experts`` ``[1, L, n_moe_layers, top_k]`` is the archon model's routing of the
+    same tokens, and the Archon engine's replay forward accepts the batch."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from areal.api.cli_args import GenerationHyperparameters
+    from areal.workflow.rlvr import RLVRWorkflow
+
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(moe_dir)
+    gconfig = GenerationHyperparameters(n_samples=1, max_new_tokens=12, greedy=True)
+    wf = RLVRWorkflow(reward_fn=REWARD, gconfig=gconfig, tokenizer=tok)
+    data = {"messages": [{"role": "user", "content": "What is 3 + 4?"}], "answer": "7"}
+    with local_engine(moe_dir, return_routed_experts=True) as eng:
+        traj = asyncio.run(wf.arun_episode(eng, data))
+    seq = traj["input_ids"][0].tolist()
+    routed = traj["routed_experts"]
+    assert routed.dtype == torch.int32 and routed.shape == (1, len(seq), 4, 2)
+    _, want = _forward(_archon(moe_dir), seq[:-1])
+    got = routed[0, :-1].long()
+    assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+    assert not routed[0, -1].any()  # the last token was never fed: no routing
+
+
+def test_return_routed_experts_from_a_dense_server_fails_clearly(tmp_path):
+    import asyncio
+
+    from areal.api.cli_args import GenerationHyperparameters
+    from areal.api.io_struct import ModelRequest
+    from areal.models.tiny import get_tiny_base_path
+
+    g = GenerationHyperparameters(n_samples=1, max_new_tokens=4, greedy=True)
+    with local_engine(get_tiny_base_path(), return_routed_experts=True) as eng:
+        with pytest.raises(RuntimeError, match="dense model routes nothing"):
+            asyncio.run(eng.agenerate(ModelRequest(rid="r", input_ids=[5, 6, 7], gconfig=g)))
+
+
+def test_splice_routing_keeps_each_position_from_the_chunk_that_generated_it():
+    from areal.utils.moe_routing import routing_row, splice_routing
+
+    # chunk 1: prompt of 4 + 3 new tokens -> rows for positions 0..5 (value 1)
+    first = splice_routing(None, torch.ones(6, 2, 2, dtype=torch.int32), 4, "r")
+    # resumed as 7 tokens + 2 new -> rows 0..7 (value 2): positions 0..5 keep chunk 1's
+    both = splice_routing(first, torch.full((8, 2, 2), 2, dtype=torch.int32), 7, "r")
+    assert both.shape == (8, 2, 2)
+    assert (both[:6] == 1).all() and (both[6:] == 2).all()
+    with pytest.raises(RuntimeError, match="returned no routed experts"):
+        splice_routing(first, None, 7, "r")
+    row = routing_row(both, 9)
+    assert row.shape == (1, 9, 2, 2) and not row[0, -1].any()
+    with pytest.raises(ValueError, match="5 rows for a sequence of 9"):
+        routing_row(both[:5], 9)
+
+
+def test_vllm_with_return_routed_experts_is_refused():
+    from areal.api.cli_args import InferenceEngineConfig
+    from areal.engine.vllm_remote import RemotevLLMEngine
+
+    with pytest.raises(ValueError, match="vLLM does not return MoE routing"):
+        RemotevLLMEngine(InferenceEngineConfig(return_routed_experts=True))

@@ -243,7 +243,6 @@ NOT_ACTED_ON: tuple[tuple[str, str, str], ...] = (
     ("GenerationHyperparameters", "lora_name", _LORA_SELECT),
     ("GenerationHyperparameters", "use_beam_search", "vLLM beam search"),
     ("InferenceEngineConfig", "use_lora", _LORA_SELECT),
-    ("InferenceEngineConfig", "return_routed_experts", "SGLang with MoE models"),
     ("InferenceEngineConfig", "_version", _GATEWAY),
     ("InferenceEngineConfig", "model", _GATEWAY),
     ("InferenceEngineConfig", "routing_strategy", _GATEWAY),

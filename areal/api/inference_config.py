@@ -677,7 +677,12 @@ class InferenceEngineConfig:
         None,
         "DEPRECATED (AReaL's earlier name of `agent`): moved into rollout.agent with a warning.",
     )
-    return_routed_experts: bool = cfield(False, "Return MoE routing (SGLang). " + NOT_ACTED)
+    return_routed_experts: bool = cfield(
+        False,
+        "Ask the inference servers (built-in, SGLang) for the experts each token was routed "
+        "to; RLVR and multi-turn workflows put them in the batch as 'routed_experts' for "
+        "the Archon engine's routing replay (actor.archon.router_replay). Refused for vLLM.",
+    )
     _version: str = cfield(
         "v1",
         "AReaL's rollout-controller version: 'v1' (this project's controller) or 'v2' (AReaL's "

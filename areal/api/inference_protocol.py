@@ -48,6 +48,8 @@ class GenParams:
     stop_token_ids: list[int]
     ignore_eos: bool
     seed: int | None = None  # per-request sampling seed (reproducible sampling)
+    # MoE models: also return, per token, the experts it was routed to (routing replay)
+    return_routed_experts: bool = False
 
 
 @dataclasses.dataclass
@@ -56,6 +58,9 @@ class GenChunk:
     logprobs: list[float]
     versions: list[int] | None  # None: the backend does not report versions
     stop_reason: str  # "stop" | "length" | "abort"
+    # with GenParams.return_routed_experts: expert ids [prompt + new tokens - 1, n_moe_layers,
+    # top_k] (or [rows, n_moe_layers * top_k] where the server sends them flat)
+    routed_experts: Any = None
 
 
 @dataclasses.dataclass

@@ -70,6 +70,10 @@ class ModelResponse:
     ttft: float = float("inf")  # time to first token, seconds
     tokenizer: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    # MoE, with rollout.return_routed_experts: the experts each token was routed to,
+    # [input_len + output_len - 1, n_moe_layers, top_k] int32 (row i: the forward at
+    # position i, which produced token i + 1); None otherwise
+    routed_experts: Any = None
 
     @property
     def input_len(self) -> int:

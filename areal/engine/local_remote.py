@@ -40,6 +40,7 @@ class LocalBackend(BackendAdapter):
             list(data["output_logprobs"]),
             list(data["output_versions"]),
             stop_reason(data["finish_reason"]),
+            routed_experts=data.get("routed_experts"),
         )
 
     def with_images(self, call, image_data, messages):

@@ -7,12 +7,18 @@ stop reason from ``meta_info.finish_reason.type``), ``/pause_generation``,
 ``/update_weights_from_distributed``, ``/health``. SGLang does not track weight versions;
 the client stamps each chunk with its own version. Prompts with images add
 ``image_data`` (base64 strings) to ``/generate``; these formats were unit-tested on the
-request/response JSON only, not run against a real SGLang server here.
+request/response JSON only, not run against a real SGLang server here. With
+``rollout.return_routed_experts`` the request asks ``return_routed_experts`` (the server
+must run with ``--enable-return-routed-experts``, set from the same field) and
+``meta_info.routed_experts`` (base64 int32) becomes ``[tokens, n_moe_layers * top_k]``.
 """
 
 from __future__ import annotations
 
+import base64
 from typing import Any
+
+import numpy as np
 
 from areal.api.cli_args import (
     SGLANG_SERVER_MODULE,
@@ -42,23 +48,27 @@ class SGLangBackend(BackendAdapter):
         }
         if p.seed is not None:
             sp["sampling_seed"] = p.seed
-        return HttpCall(
-            "/generate",
-            {
-                "rid": rid,
-                "input_ids": input_ids,
-                "sampling_params": sp,
-                "return_logprob": True,
-                "stream": False,
-            },
-        )
+        payload = {
+            "rid": rid,
+            "input_ids": input_ids,
+            "sampling_params": sp,
+            "return_logprob": True,
+            "stream": False,
+        }
+        if p.return_routed_experts:  # needs the server's --enable-return-routed-experts
+            payload["return_routed_experts"] = True
+        return HttpCall("/generate", payload)
 
     def parse_generate(self, data):
         meta = data["meta_info"]
         lps = meta.get("output_token_logprobs") or []
         tokens = [int(x[1]) for x in lps] if lps else list(data.get("output_ids", []))
         return GenChunk(
-            tokens, [float(x[0]) for x in lps], None, stop_reason(meta.get("finish_reason"))
+            tokens,
+            [float(x[0]) for x in lps],
+            None,
+            stop_reason(meta.get("finish_reason")),
+            routed_experts=sglang_routed_experts(meta),
         )
 
     def with_images(self, call, image_data, messages):
@@ -126,9 +136,26 @@ class RemoteSGLangEngine(RemoteInfEngine):
         if not model:
             raise ValueError("no model for the SGLang server: set sglang.model_path or actor.path")
         args["model_path"] = model
+        if config.rollout.return_routed_experts:  # as AReaL: the rollout field turns it on
+            args["enable_return_routed_experts"] = True
         return args
 
     @classmethod
     def build_server_command(cls, server_args: dict[str, Any]) -> tuple[str, dict[str, str]]:
         """``python -m sglang.launch_server --host {host} --port {port} --flags...``."""
         return server_command_line(SGLANG_SERVER_MODULE, server_args), {}
+
+
+def sglang_routed_experts(meta: dict[str, Any]) -> np.ndarray | None:
+    """SGLang's ``meta_info["routed_experts"]``: base64 of int32 expert ids, one row per
+    token the server ran (prompt + completion - 1), ``n_moe_layers * top_k`` per row."""
+    raw = meta.get("routed_experts")
+    if raw is None:
+        return None
+    rows = int(meta["prompt_tokens"]) + int(meta["completion_tokens"]) - 1
+    flat = np.frombuffer(base64.b64decode(raw), dtype=np.int32)
+    if rows <= 0 or flat.size % rows:
+        raise ValueError(
+            f"SGLang returned {flat.size} routed expert ids for {rows} tokens (not a multiple)"
+        )
+    return flat.reshape(rows, -1)

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from areal.infra import stack_dump
+
 WAIT_LOG_EVERY_S = 10.0
 WAIT_LOG_FIRST_S = 5.0
 
@@ -45,6 +47,7 @@ class WaitLog:
         every: float = WAIT_LOG_EVERY_S,
         first_after: float = WAIT_LOG_FIRST_S,
         level: str = "warning",
+        deadline_s: float | None = None,
     ):
         self.logger = logger
         self.every = float(every)
@@ -53,6 +56,15 @@ class WaitLog:
         self.start = time.monotonic()
         self._next = self.start + self.first_after
         self.lines = 0
+        # past this, every worker's and server's stacks are dumped once (areal.infra.stack_dump)
+        self.deadline_s = deadline_s if deadline_s is not None else stack_dump.hang_deadline_s()
+        self.dump_files: list[str] | None = None
+
+    def next_event(self) -> float:
+        """Monotonic time of the next line or of the deadline, whichever comes first."""
+        if self.deadline_s is None or self.dump_files is not None:
+            return self._next
+        return min(self._next, self.start + self.deadline_s)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -60,6 +72,12 @@ class WaitLog:
     def tick(self, describe: Callable[[], str] | str) -> bool:
         """Log one line if one is due; returns whether it logged."""
         now = time.monotonic()
+        if (
+            self.deadline_s is not None
+            and self.dump_files is None
+            and now - self.start >= self.deadline_s
+        ):
+            self.dump_files = stack_dump.on_wait_deadline(_text(describe), now - self.start)
         if now < self._next:
             return False
         self._next = now + self.every
@@ -82,7 +100,7 @@ def waiting(
     done = threading.Event()
 
     def _run() -> None:
-        while not done.wait(max(0.05, log._next - time.monotonic())):
+        while not done.wait(max(0.05, log.next_event() - time.monotonic())):
             log.tick(describe)
 
     t = threading.Thread(target=_run, name="wait-log", daemon=True)

@@ -50,7 +50,7 @@ from areal.api.cli_args import BaseExperimentConfig, PPOConfig
 from areal.api.io_struct import StepInfo, WeightUpdateMeta
 from areal.api.workflow_api import RolloutWorkflow
 from areal.experimental.openai.proxy.trainer_wiring import TrainerAgentProxy, online_dataset
-from areal.infra import workflow_context
+from areal.infra import stack_dump, workflow_context
 from areal.infra.controller.train_controller import start_train_controller
 from areal.infra.grouped_workflow import (
     GroupedRolloutWorkflow,
@@ -122,6 +122,8 @@ class PPOTrainer:
             train_dataset = online_dataset(config)
         run = setup_run(config, train_dataset, model_path=config.actor.path)
         self.log_dir, self.tokenizer = run.log_dir, run.tokenizer
+        # before any process starts: hung waits (and SIGUSR1) dump every process's stacks
+        stack_dump.enable(os.path.join(self.log_dir, "stacks"))
         self.train_dataloader, self.ft_spec = run.train_dataloader, run.ft_spec
         self.train_dataset = train_dataset
         self.valid_dataset = valid_dataset

@@ -38,6 +38,7 @@ from areal.api.io_struct import ModelRequest
 from areal.api.workflow_api import RolloutWorkflow
 from areal.infra import workflow_context
 from areal.utils import logging
+from areal.utils.moe_routing import splice_routing
 from areal.utils.seeding import request_seed
 from areal.workflow.trajectory import trajectory_tensors
 
@@ -175,6 +176,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         loss_mask = [0] * len(seq)
         logprobs = [0.0] * len(seq)
         versions = [-1] * len(seq)
+        routed = None  # MoE routing per position (rollout.return_routed_experts)
         reward, turns, stop_reason = 0.0, 0, "stop"
         while turns < self.max_turns:
             req = ModelRequest(
@@ -192,6 +194,8 @@ class MultiTurnWorkflow(RolloutWorkflow):
                     f"{len(resp.output_logprobs)} logprobs and {len(resp.output_versions)} versions"
                 )
             turns += 1
+            if resp.routed_experts is not None:
+                routed = splice_routing(routed, resp.routed_experts, len(seq), req.rid)
             stop_reason = resp.stop_reason
             seq += list(resp.output_tokens)
             loss_mask += [1] * n
@@ -228,6 +232,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
             versions=versions,
             reward=reward,
             no_eos=stop_reason == "length",
+            routed_experts=routed,
         )
 
     @staticmethod

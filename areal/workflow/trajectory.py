@@ -3,6 +3,11 @@
 ``trajectory_tensors(...)`` pads one sequence into the layout of
 ``areal.api.engine_api`` (per-token values at the position of the token they score);
 ``single_turn_trajectory(...)`` builds it from a prompt and one ``ModelResponse``.
+
+Mixture-of-experts rollouts with ``rollout.return_routed_experts`` add ``routed_experts``
+``[1, L, n_moe_layers, top_k]`` (int32): row i holds the experts the inference server
+routed position i to (the forward that produced token i + 1; the last row, which
+produced nothing, is 0). The Archon engine replays them with ``archon.router_replay``.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from areal.utils.batch import pad_sequences_to_tensors
+from areal.utils.moe_routing import routing_row
 
 if TYPE_CHECKING:
     from areal.api.io_struct import ModelResponse
@@ -35,8 +41,10 @@ def trajectory_tensors(
     versions: list[int],
     reward: float,
     no_eos: bool,
+    routed_experts: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """One trajectory as padded tensors: the per-token lists must have equal lengths."""
+    """One trajectory as padded tensors: the per-token lists must have equal lengths;
+    ``routed_experts`` ``[L - 1 or L, n_moe_layers, top_k]`` when the rollout has them."""
     n = len(input_ids)
     if not len(loss_mask) == len(logprobs) == len(versions) == n:
         raise ValueError(
@@ -53,7 +61,10 @@ def trajectory_tensors(
         seqlen=n,
         no_eos=bool(no_eos),
     )
-    return pad_sequences_to_tensors([seq], dtypes=TRAJECTORY_DTYPES)
+    out = pad_sequences_to_tensors([seq], dtypes=TRAJECTORY_DTYPES)
+    if routed_experts is not None:
+        out["routed_experts"] = routing_row(routed_experts, n)
+    return out
 
 
 def single_turn_trajectory(
@@ -73,4 +84,5 @@ def single_turn_trajectory(
         versions=[-1] * p_len + [int(v) for v in resp.output_versions],
         reward=reward,
         no_eos=resp.stop_reason == "length",
+        routed_experts=resp.routed_experts,
     )

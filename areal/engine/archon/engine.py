@@ -128,6 +128,7 @@ class ArchonEngine(FSDPEngine):
             hf.num_labels = 1
         self.model_config = hf
         self._tie_word_embeddings = args.tie_word_embeddings
+        self._top_k = int(args.top_k) if args.n_experts else 0
         model = model.to(self.device)
         ac_every = 0
         if self.config.gradient_checkpointing and ac.ac_mode != "none":
@@ -226,6 +227,8 @@ class ArchonEngine(FSDPEngine):
                     "inference server for return_routed_experts)"
                 )
             routed = mb["routed_experts"].long()
+            if routed.ndim == 2:  # SGLang's flat rows: [n, n_moe_layers * top_k]
+                routed = routed.reshape(n, -1, self._top_k)
         cp = dims.cp
         if cp > 1:
             pad = (-n) % cp

@@ -40,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    from areal.infra import stack_dump
+
+    stack_dump.install_process_handler("server")  # the controller's hang dumps reach us
     from areal.engine.local_server.app import LocalInferenceServer
 
     server = LocalInferenceServer.from_pretrained(

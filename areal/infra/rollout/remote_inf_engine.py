@@ -17,6 +17,9 @@ What the engine does on top of the adapters:
   ``abort`` (a pause for a weight update) is resubmitted after ``continue_generation``
   as prompt + tokens so far, with ``max_new_tokens`` reduced; tokens, logprobs and
   per-token versions are concatenated, so one response may span several weight versions.
+  With ``return_routed_experts`` (MoE) each chunk also brings the experts every token
+  was routed to; ``splice_routing`` keeps, per position, the routing of the chunk that
+  generated it (``ModelResponse.routed_experts``, for routing replay in the trainer).
 - health deadlines: a background thread probes every server's health endpoint every
   ``health_check_interval`` s. A server that answers neither a probe nor a request for
   ``health_check_timeout`` s (alive but silent: SIGSTOPped, deadlocked, swapping) is
@@ -75,6 +78,7 @@ from areal.infra.rollout.server_launch import ServerLaunchMixin
 from areal.infra.rollout.server_rotation import ServerRotationMixin
 from areal.infra.rollout.workflow_executor import WorkflowExecutor
 from areal.utils import logging, stats_tracker
+from areal.utils.moe_routing import splice_routing
 
 logger = logging.getLogger("RemoteInfEngine")
 
@@ -101,6 +105,11 @@ class RemoteInfEngine(
                 "areal.engine.inference_backends.make_inference_engine(name, config)"
             )
         self.backend = backend
+        if self.config.return_routed_experts and backend.name == "vllm":
+            raise ValueError(
+                "rollout.return_routed_experts=True: vLLM does not return MoE routing; use "
+                "the built-in server (local) or SGLang, or set it to False"
+            )
         self.addresses: list[str] = []
         self.workflow_executor = None
         self._healthy: dict[str, bool] = {}
@@ -293,6 +302,7 @@ class RemoteInfEngine(
         tokens: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
+        routed = None  # expert ids per token run so far (return_routed_experts)
         stop_reason = "abort"
         start = time.perf_counter()
         ttft = float("inf")
@@ -310,6 +320,7 @@ class RemoteInfEngine(
                     ignore_eos=g.ignore_eos,
                     # A resumed chunk continues the same seeded stream deterministically.
                     seed=None if seed is None else seed + len(tokens),
+                    return_routed_experts=self.config.return_routed_experts,
                 )
                 version_before = self._version
                 if req.image_data:  # vision-language request
@@ -324,6 +335,10 @@ class RemoteInfEngine(
                     chunk = await self._generate_chunk(req.rid, list(req.input_ids) + tokens, p)
                 if chunk.tokens and ttft == float("inf"):
                     ttft = time.perf_counter() - start
+                if p.return_routed_experts:
+                    routed = splice_routing(
+                        routed, chunk.routed_experts, len(req.input_ids) + len(tokens), req.rid
+                    )
                 tokens += chunk.tokens
                 logprobs += chunk.logprobs
                 versions += (
@@ -355,6 +370,7 @@ class RemoteInfEngine(
             ttft=ttft,
             tokenizer=req.tokenizer,
             metadata=dict(req.metadata),
+            routed_experts=routed,
         )
 
     # ------------------------------------------------------------------ pause / version

@@ -57,6 +57,7 @@ from typing import Any
 
 from aiohttp import web
 
+from areal.infra import stack_dump
 from areal.infra.rpc.batch_store import STORE_ENGINE, BatchStore
 from areal.infra.rpc.serialization import CONTENT_TYPE, deserialize, serialize
 from areal.utils import auth, logging
@@ -349,6 +350,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.num_threads)
     signal.signal(signal.SIGTERM, lambda *_: _hard_exit(128 + signal.SIGTERM))
+    stack_dump.install_process_handler("worker")  # the controller's hang dumps reach us
     parent = args.parent_pid if args.parent_pid is not None else os.getppid()
     if parent > 1:
         threading.Thread(
