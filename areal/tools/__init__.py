@@ -1,1 +1,1 @@
-"""Command-line tools (``python -m areal.tools.<name>``)."""
+"""Command-line tools (``python -m areal.tools.<name>``): the memory planner, the installation check."""
