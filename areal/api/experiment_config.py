@@ -225,7 +225,6 @@ NOT_ACTED_ON: tuple[tuple[str, str, str], ...] = (
     ("TrainEngineConfig", "megatron", _MEGATRON),
     ("TrainEngineConfig", "offload", f"{_CUDA} (torch_memory_saver)"),
     ("TrainEngineConfig", "use_kernels", f"{_CUDA} (HuggingFace kernels)"),
-    ("TrainEngineConfig", "enable_tree_training", f"{_CUDA} (flex-attention tree training)"),
     ("TrainEngineConfig", "peft_type", "peft adapter types other than LoRA"),
     ("TrainEngineConfig", "_version", _GATEWAY),
     ("TrainEngineConfig", "admin_api_key", _GATEWAY),
