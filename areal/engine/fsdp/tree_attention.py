@@ -51,18 +51,24 @@ class TreePlan:
 
 
 def _buckets(q_len: list[int], k_len: list[int]) -> list[list[int]]:
-    order = sorted(range(len(q_len)), key=lambda i: (-k_len[i], -q_len[i]))
-    out: list[list[int]] = []
+    """Chains by query length (a bucket's shortest has at least CHAIN_BUCKET_RATIO of its
+    longest's tokens), each split where the key lengths spread by more than 2x."""
+    order = sorted(range(len(q_len)), key=lambda i: -q_len[i])
+    by_q: list[list[int]] = []
     for i in order:
-        if out:
-            head = out[-1][0]
-            qmax = max(q_len[j] for j in out[-1])
-            if k_len[i] >= CHAIN_BUCKET_RATIO * k_len[head] and (
-                CHAIN_BUCKET_RATIO * qmax <= q_len[i] <= qmax / CHAIN_BUCKET_RATIO
-            ):
+        if by_q and q_len[i] >= CHAIN_BUCKET_RATIO * q_len[by_q[-1][0]]:
+            by_q[-1].append(i)
+        else:
+            by_q.append([i])
+    out: list[list[int]] = []
+    for bucket in by_q:
+        bucket.sort(key=lambda i: -k_len[i])
+        out.append([bucket[0]])
+        for i in bucket[1:]:
+            if k_len[i] >= 0.5 * k_len[out[-1][0]]:
                 out[-1].append(i)
-                continue
-        out.append([i])
+            else:
+                out.append([i])
     return out
 
 
