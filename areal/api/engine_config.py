@@ -558,7 +558,9 @@ class TrainEngineConfig:
     )
     is_critic: bool = cfield(False, "The model has a scalar value head (critic or reward model).")
     pad_to_maximum: bool = cfield(
-        False, "Pad every micro-batch to max_tokens_per_mb (steadier memory, slower)."
+        False,
+        "With enable_tree_training: pad every trie to mb_spec.max_tokens_per_mb rows "
+        "(steadier memory, slower; padding rows attend to themselves only).",
     )
     grad_reduce_dtype: str = cfield("float32", "Dtype of gradient reduction.", choices=_DTYPES)
     scheduling_spec: list[SchedulingSpec] = cfield(
@@ -598,9 +600,10 @@ class TrainEngineConfig:
     peft_type: str = cfield("lora", "PEFT method. " + NOT_ACTED)
     enable_tree_training: bool = cfield(
         False,
-        "Tree training (sequences sharing prefixes packed into tries, attention to ancestors "
-        "only): the packer and the forward are areal.utils.prefix_tree; the FSDP engine does "
-        "not run it yet and refuses True.",
+        "Tree training (FSDP engine, actors): each micro-batch's sequences packed as one "
+        "prefix trie, every shared token computed once, attention restricted to each "
+        "token's ancestors (exact); mb_spec.max_tokens_per_mb counts the stored trie tokens. "
+        "Pays off when rows repeat each other's prefixes (agent exports, DPO/RW pairs).",
     )
     _version: str = cfield(
         "v1",

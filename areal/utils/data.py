@@ -183,8 +183,39 @@ def _all_reduce_max(values: list[int], group: dist.ProcessGroup) -> list[int]:
     return t.cpu().tolist()
 
 
+def _tree_allocate_fn(data: dict[str, Any], lens: torch.Tensor, granularity: int, fallback: Any):
+    """An allocate function (``ffd_allocate``'s contract) whose bins are prefix tries:
+    greedy first-fit of the sequence groups, the budget counting stored trie tokens
+    (``pack_tries``). More bins when required (``min_groups``, ``divisor``): the budget
+    shrinks until there are enough, else the plain allocator on raw lengths."""
+    from areal.utils.prefix_trie import pack_tries
+
+    mask = data["attention_mask"].bool().cpu()
+    pad = torch.where(
+        mask, data["input_ids"].cpu().long(), torch.full_like(mask, -1, dtype=torch.long)
+    )
+    lens_l = lens.tolist()
+
+    def allocate(values, capacity, min_groups=1, divisor=1):
+        cap = int(capacity)
+        while True:
+            bins, _ = pack_tries(pad, lens_l, cap, granularity)
+            if len(bins) >= min_groups and len(bins) % divisor == 0:
+                return bins
+            smaller = int(cap * 0.8)
+            if len(bins) >= len(values) or smaller < 1:
+                return fallback(values, capacity, min_groups=min_groups, divisor=divisor)
+            try:
+                pack_tries(pad, lens_l, smaller, granularity)
+            except ValueError:
+                return fallback(values, capacity, min_groups=min_groups, divisor=divisor)
+            cap = smaller
+
+    return allocate
+
+
 def _plan_bins(
-    data: dict[str, Any], mb_spec: Any, name: str
+    data: dict[str, Any], mb_spec: Any, name: str, tree: bool = False
 ) -> tuple[list[int], int, list[list[int]]]:
     lens = validate_padded_batch(data, name)
     n_mbs = int(_spec_value(mb_spec, "n_mbs", 1))
@@ -198,7 +229,10 @@ def _plan_bins(
         raise ValueError(f"{name} size {b} is not a multiple of mb_spec.granularity={granularity}")
     group_lens = lens.view(-1, granularity).sum(1).tolist()
     longest = max(group_lens)
-    if longest > max_tokens:
+    allocate = get_allocate_fn(_spec_value(mb_spec, "packing_algorithm", "ffd"))
+    if tree:  # tries are the packing unit: the budget counts stored trie tokens
+        allocate = _tree_allocate_fn(data, lens, granularity, allocate)
+    elif longest > max_tokens:
         what = "sequence" if granularity == 1 else f"group of {granularity} sequences"
         raise ValueError(
             f"a {what} of {name} has {longest} tokens > mb_spec.max_tokens_per_mb={max_tokens}; "
@@ -209,7 +243,6 @@ def _plan_bins(
             f"mb_spec.n_mbs={n_mbs} micro-batches requested but {name} has only "
             f"{len(group_lens)} sequence group(s)"
         )
-    allocate = get_allocate_fn(_spec_value(mb_spec, "packing_algorithm", "ffd"))
     bins = allocate(group_lens, max_tokens, min_groups=n_mbs, divisor=divisor)
     return group_lens, granularity, bins
 
@@ -219,6 +252,7 @@ def split_padded_tensor_dict_into_mb_list(
     mb_spec: Any = None,
     group: dist.ProcessGroup | None = None,
     name: str = "batch",
+    tree: bool = False,
 ) -> MicroBatchList:
     """Split a padded batch into micro-batches of at most ``mb_spec.max_tokens_per_mb`` tokens.
 
@@ -231,14 +265,16 @@ def split_padded_tensor_dict_into_mb_list(
     data-parallel process group) every rank ends up with the same number of micro-batches
     (the maximum over ranks), as FSDP needs matching collectives on every rank; a bad
     batch on any rank makes every rank raise ``ValueError`` (no rank is left waiting).
+    With ``tree`` (tree training) the micro-batches are prefix tries: groups are packed
+    greedily, first fit, and the budget counts each shared token once.
     """
     multi = group is not None and dist.get_world_size(group) > 1
     if not multi:
-        group_lens, granularity, bins = _plan_bins(data, mb_spec, name)
+        group_lens, granularity, bins = _plan_bins(data, mb_spec, name, tree)
     else:
         err: ValueError | None = None
         try:
-            group_lens, granularity, bins = _plan_bins(data, mb_spec, name)
+            group_lens, granularity, bins = _plan_bins(data, mb_spec, name, tree)
         except ValueError as e:
             err, group_lens, granularity, bins = e, [], 1, []
         any_err, k, neg_min_groups = _all_reduce_max(
@@ -257,6 +293,10 @@ def split_padded_tensor_dict_into_mb_list(
         max_tokens = int(_spec_value(mb_spec, "max_tokens_per_mb", 1 << 62))
         divisor = int(_spec_value(mb_spec, "n_mbs_divisor", 1))
         allocate = get_allocate_fn(_spec_value(mb_spec, "packing_algorithm", "ffd"))
+        if tree and group_lens:
+            allocate = _tree_allocate_fn(
+                data, validate_padded_batch(data, name), granularity, allocate
+            )
         # Every rank must run the same number of micro-batches (FSDP collectives).
         while True:
             if len(bins) != k:

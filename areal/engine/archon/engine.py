@@ -94,6 +94,11 @@ class ArchonEngine(FSDPEngine):
         ac.refuse_unsupported("ArchonEngine", self.config.gradient_checkpointing)
         if self.config.use_lora:
             raise ValueError("TrainEngineConfig.use_lora=True is not supported by ArchonEngine")
+        if self.config.enable_tree_training:
+            raise ValueError(
+                "TrainEngineConfig.enable_tree_training=True is not supported by ArchonEngine; "
+                "use the FSDP engine (backend 'fsdp:...') for tree training"
+            )
         if ac.use_deterministic_algorithms:
             torch.use_deterministic_algorithms(True)
         dims = ArchonParallelDims(

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from areal.engine.fsdp.tree_attention import tree_attention
+
 VARLEN_SDPA = "areal_varlen_sdpa"
 
 
@@ -283,7 +285,9 @@ def varlen_sdpa_attention(
     Without ``cu_seq_lens_q``: causal SDPA on the whole row, which is exact for unpadded
     or right-padded rows. With ``shared_prefix_plan`` in ``kwargs`` (a
     :class:`SharedPrefixPlan`; the inputs are its compressed layout), each group segment
-    runs as one row of a padded SDPA under the plan's prefix/branch mask. Returns
+    runs as one row of a padded SDPA under the plan's prefix/branch mask; with
+    ``tree_plan`` (a ``tree_attention.TreePlan``: tree training) each token attends to
+    its trie ancestors. Returns
     ``[B, N, heads, D]`` like transformers' own attention functions.
     """
     if attention_mask is not None:
@@ -293,6 +297,9 @@ def varlen_sdpa_attention(
         )
     gqa = getattr(module, "num_key_value_groups", 1) > 1
     p = dropout if module.training else 0.0
+    tree = kwargs.get("tree_plan")
+    if tree is not None and query.shape[0] == 1:
+        return tree_attention(tree, query, key, value, p, scaling, gqa), None
     plan = kwargs.get("shared_prefix_plan")
     if plan is not None and query.shape[0] == 1:
         return _shared_prefix_attention(plan, query, key, value, p, scaling, gqa), None

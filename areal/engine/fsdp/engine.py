@@ -31,7 +31,10 @@ is installed (untested here), otherwise ``areal.engine.fsdp.attention.varlen_sdp
 latter, sequences of a micro-batch that start with the same tokens (GRPO's samples of
 one prompt) run their shared prefix once (``plan_shared_prefixes``: exact, 1.8x less
 CPU per ``train_batch`` on the demo's batches; ``engine.share_prefixes = False`` turns
-it off).
+it off). With ``enable_tree_training`` the micro-batches are packed as prefix tries of any
+depth (``tree_attention.plan_tree``; ``mb_spec.max_tokens_per_mb`` counts the stored trie
+tokens; ``pad_to_maximum`` pads each trie to it): agent rows that repeat the conversation
+so far, DPO/RW pairs and GRPO groups store each shared token once (exact).
 Qwen2-VL-family actors (``engine.dedup_images``, on by default) run each distinct image
 of a micro-batch through the vision tower once (GRPO's samples of one prompt carry equal
 copies) and pack shared prefixes with their images once too (``vision_inputs.py``:
@@ -62,6 +65,7 @@ from areal.engine.fsdp.checkpoint import FSDPCheckpointMixin
 from areal.engine.fsdp.fingerprints import FSDPFingerprintMixin
 from areal.engine.fsdp.logprob_head import ChunkedLogprobHead
 from areal.engine.fsdp.parallelize import apply_fsdp2, lr_lambda
+from areal.engine.fsdp.tree_attention import TreePlan, plan_tree
 from areal.engine.fsdp.vision_inputs import VisionFeatureInjector, language_model_of, pack_images
 from areal.engine.fsdp.weight_export import DTYPES as _DTYPES
 from areal.engine.fsdp.weight_export import FSDPWeightExportMixin
@@ -91,12 +95,6 @@ class FSDPEngine(
     fingerprint digests are the mixins of this folder (one module each)."""
 
     def __init__(self, config: TrainEngineConfig):
-        if config.enable_tree_training:
-            raise NotImplementedError(
-                "enable_tree_training=True: FSDPEngine's training/logprob forward does not "
-                "run prefix tries yet (allowed: False); the trie packer and a model-level "
-                "tree forward live in areal.utils.prefix_tree"
-            )
         self.config = config
         self.model: nn.Module | None = None
         self.model_config: Any = None
@@ -193,6 +191,9 @@ class FSDPEngine(
         """flash_attention_2 (varlen via cu_seq_lens) on CUDA when flash_attn is installed;
         otherwise the per-sequence SDPA of ``areal.engine.fsdp.attention.varlen_sdpa_attention``."""
         want = self.config.attn_impl or "flash_attention_2"
+        if self.config.enable_tree_training:
+            # the trie's ancestor mask runs on our SDPA attention (any device)
+            return register_varlen_sdpa()
         if want == "flash_attention_2" and self.device.type == "cuda":
             try:
                 import flash_attn  # noqa: F401
@@ -397,6 +398,7 @@ class FSDPEngine(
             self.config.mb_spec,
             group=self.data_parallel_group,
             name="input_",
+            tree=self.config.enable_tree_training and not self.is_critic,
         )
 
     def _forward_packed(self, mb: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -447,10 +449,11 @@ class FSDPEngine(
             extra = {"position_ids": positions.index_select(-1, plan.src)}
             if token_rows is not None:
                 token_rows = token_rows.index_select(0, plan.src)
-            varlen = dict(
-                cu_seq_lens_q=seg, cu_seq_lens_k=seg, max_length_q=plan.seg_len,
-                max_length_k=plan.seg_len, shared_prefix_plan=plan,
-            )  # fmt: skip
+            key = "tree_plan" if isinstance(plan, TreePlan) else "shared_prefix_plan"
+            varlen = {
+                "cu_seq_lens_q": seg, "cu_seq_lens_k": seg, "max_length_q": plan.seg_len,
+                "max_length_k": plan.seg_len, key: plan,
+            }  # fmt: skip
         if images is not None:
             self._vision_inputs.request(images.pixel_values, images.image_grid_thw, token_rows)
         try:
@@ -477,9 +480,15 @@ class FSDPEngine(
         ``keys`` are the token ids (text) or :func:`pack_images`' keys (VLM: equal only
         where the tokens and the images are); ``positions`` (VLM: ``[3, 1, N]``) are checked
         to agree inside every shared prefix when given (the engine always gives them)."""
-        if not self.share_prefixes or self._attn_impl != VARLEN_SDPA:
+        if self._attn_impl != VARLEN_SDPA:
             return None
-        plan = plan_shared_prefixes(keys, cu)
+        if self.config.enable_tree_training:
+            pad = self.config.mb_spec.max_tokens_per_mb if self.config.pad_to_maximum else 0
+            plan = plan_tree(keys, cu, pad_to=int(pad or 0))
+        elif not self.share_prefixes:
+            return None
+        else:
+            plan = plan_shared_prefixes(keys, cu)
         if plan is not None and self.is_vlm and positions is not None:
             # M-RoPE positions depend on the images before a token: a shared row must
             # have the same position in every member (guaranteed by the keys; checked)
