@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from areal.engine.fsdp.tree_attention import tree_attention
+from areal.engine.fsdp.tree_attention import gather, padded, tree_attention
 
 VARLEN_SDPA = "areal_varlen_sdpa"
 
@@ -234,26 +234,17 @@ def _shared_prefix_attention(
 ) -> torch.Tensor:
     """Attention over a :class:`SharedPrefixPlan`'s compressed layout: ``[1, H, Nc, D]``
     inputs -> ``[1, Nc, H, D]``."""
-
-    def padded(x: torch.Tensor) -> torch.Tensor:  # [1, H, Nc, D] -> [Nc + 1, H, D]
-        x = x[0].transpose(0, 1)
-        return torch.cat([x, x.new_zeros(1, x.shape[1], x.shape[2])])
-
-    def rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:  # -> [n, H, k, D]
-        n, k = idx.shape
-        return x.index_select(0, idx.reshape(-1)).view(n, k, x.shape[1], x.shape[2]).transpose(1, 2)
-
     query, key, value = padded(query), padded(key), padded(value)
     pr = plan.prefix_rows
     out_p = F.scaled_dot_product_attention(
-        rows(query, pr), rows(key, pr), rows(value, pr), dropout_p=dropout, is_causal=True,
+        gather(query, pr), gather(key, pr), gather(value, pr), dropout_p=dropout, is_causal=True,
         scale=scaling, enable_gqa=gqa,
     )  # fmt: skip
     h, d = out_p.shape[1], out_p.shape[3]
     parts = [out_p.transpose(1, 2).reshape(-1, h, d)]
     for mr, mk, mask in zip(plan.member_rows, plan.member_keys, plan.member_mask, strict=True):
         out_m = F.scaled_dot_product_attention(
-            rows(query, mr), rows(key, mk), rows(value, mk), attn_mask=mask,
+            gather(query, mr), gather(key, mk), gather(value, mk), attn_mask=mask,
             dropout_p=dropout, scale=scaling, enable_gqa=gqa,
         )  # fmt: skip
         parts.append(out_m.transpose(1, 2).reshape(-1, h, d))

@@ -131,6 +131,19 @@ def plan_tree(
     )
 
 
+def padded(x: torch.Tensor) -> torch.Tensor:
+    """``[1, H, N, D]`` -> ``[N + 1, H, D]``: token-major, with a zero row at index ``N``
+    (the index that padding entries of a gather point at)."""
+    x = x[0].transpose(0, 1)
+    return torch.cat([x, x.new_zeros(1, x.shape[1], x.shape[2])])
+
+
+def gather(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Rows ``idx`` ``[n, k]`` of a ``padded`` tensor as an SDPA batch ``[n, H, k, D]``."""
+    n, k = idx.shape
+    return x.index_select(0, idx.reshape(-1)).view(n, k, x.shape[1], x.shape[2]).transpose(1, 2)
+
+
 def tree_attention(
     plan: TreePlan,
     query: torch.Tensor,
@@ -142,15 +155,6 @@ def tree_attention(
 ) -> torch.Tensor:
     """Attention over a :class:`TreePlan`'s layout: ``[1, H, Nc, D]`` inputs ->
     ``[1, Nc, H, D]``; each stored token attends to its ancestors and itself."""
-
-    def padded(x: torch.Tensor) -> torch.Tensor:  # [1, H, Nc, D] -> [Nc + 1, H, D]
-        x = x[0].transpose(0, 1)
-        return torch.cat([x, x.new_zeros(1, x.shape[1], x.shape[2])])
-
-    def gather(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:  # -> [n, H, k, D]
-        n, k = idx.shape
-        return x.index_select(0, idx.reshape(-1)).view(n, k, x.shape[1], x.shape[2]).transpose(1, 2)
-
     query, key, value = padded(query), padded(key), padded(value)
     parts = []
     for rows, keys, mask in zip(plan.rows, plan.keys, plan.mask, strict=True):
