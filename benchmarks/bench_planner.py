@@ -53,10 +53,21 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _peak_bytes() -> int:
-    import resource
+def _reset_peak() -> None:
+    """Reset the kernel's peak-RSS mark (VmHWM) to the current RSS, so that a peak taken
+    during imports or the warm-up (ru_maxrss is a lifetime mark) cannot count as the
+    measured point's peak. Linux >= 4.0: writing 5 to clear_refs."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+def _peak_bytes() -> int:
+    """The peak RSS since the last `_reset_peak` (VmHWM of /proc/self/status)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _hf_config(transformers, config: dict):
@@ -96,6 +107,7 @@ def measure_point(point: dict) -> dict:
     torch.manual_seed(0)
     _warm_up(torch, transformers, chunked_logprobs_entropy)
     base = _rss_bytes()
+    _reset_peak()
     cfg = _hf_config(transformers, point["config"])
     model = transformers.Qwen2ForCausalLM(cfg).float()
     if point["kind"] == "train":
