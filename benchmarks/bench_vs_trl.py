@@ -509,6 +509,8 @@ def main() -> None:
 
     import torch
 
+    from areal.utils.cpu_info import cpu_kind
+
     checkpoints = [float(x) for x in args.checkpoints.split(",") if x.strip()]
     checkpoints = [c for c in checkpoints if c <= args.seconds] or [args.seconds]
     settings = ["demo", "longtail"] if args.setting == "both" else [args.setting]
@@ -519,6 +521,7 @@ def main() -> None:
         "lr": LR,
         "seconds": args.seconds,
         "cpu_count": os.cpu_count(),
+        "cpu": cpu_kind(),  # a ratio measured on one CPU kind does not carry to another
         "areal_overrides": args.overrides,
         "load_average_before": os.getloadavg(),
     }
