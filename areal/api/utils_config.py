@@ -186,7 +186,7 @@ class MemoryProfilerConfig:
 
 @dataclass
 class PerfTracerConfig:
-    """Performance tracing. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
+    """Performance tracing: spans of the trainer's phases, one JSONL file per rank."""
 
     experiment_name: str = cfield(
         MISSING, "Experiment name; defaults to the top-level experiment_name."
@@ -194,9 +194,14 @@ class PerfTracerConfig:
     trial_name: str = cfield(MISSING, "Trial name; defaults to the top-level trial_name.")
     fileroot: str = cfield(MISSING, "Root directory; defaults to cluster.fileroot.")
     enabled: bool = cfield(False, "Capture performance traces.")
-    save_interval: int = cfield(1, "Flush traces every this many steps.")
-    profile_steps: list[int] | None = cfield(None, "Steps with detailed profiles.")
-    session_tracer: SessionTracerConfig | None = cfield(None, "Session tracing.")
+    save_interval: int = cfield(1, "Flush traces every this many steps; >= 1.")
+    profile_steps: list[int] | None = cfield(None, "Steps with detailed profiles. " + NOT_ACTED)
+    session_tracer: SessionTracerConfig | None = cfield(
+        None, "Session tracing (session phases are recorded as plain spans)."
+    )
+
+    def __post_init__(self):
+        check_range("PerfTracerConfig", "save_interval", self.save_interval, ge=1)
 
 
 @dataclass
