@@ -113,6 +113,12 @@ def teardown_run(trainer: Any, components: tuple[str, ...]) -> None:
     from areal.utils import logging
 
     logger = logging.getLogger("Trainer")
+    handler = getattr(trainer, "recover_handler", None)
+    if handler is not None:
+        try:  # before the engines go: shutdown waits for a background checkpoint write
+            handler.close()
+        except Exception as e:  # the previous complete checkpoint stays the valid one
+            logger.error(f"the background recover checkpoint write failed: {e}")
     for name in components:
         comp = getattr(trainer, name, None)
         if comp is None:
