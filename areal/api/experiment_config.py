@@ -73,7 +73,11 @@ class BaseExperimentConfig:
     enable_offload: bool = cfield(
         False, "Offload training memory between steps (GPU). " + NOT_ACTED
     )
-    perf_tracer: PerfTracerConfig | None = cfield(None, "Performance tracing. " + NOT_ACTED)
+    perf_tracer: PerfTracerConfig | None = cfield(
+        None,
+        "Performance tracing: with enabled, the trainer's phases as spans in "
+        "{log_dir}/perf_tracer/traces-r{rank}.jsonl (python -m areal.tools.perf_trace_converter).",
+    )
     memory_profiler: MemoryProfilerConfig | None = cfield(
         None, "CUDA memory snapshots. " + NOT_ACTED
     )
@@ -261,7 +265,6 @@ NOT_ACTED_ON: tuple[tuple[str, str, str], ...] = (
     ("SchedulerConfig", "reward_model_path", "AReaL's reward-model service"),
     ("SchedulerConfig", "reward_model_service_url", "AReaL's reward-model service"),
     ("BaseExperimentConfig", "enable_offload", f"{_CUDA} (torch_memory_saver)"),
-    ("BaseExperimentConfig", "perf_tracer", "AReaL's performance tracer"),
     ("BaseExperimentConfig", "memory_profiler", f"{_CUDA} (memory snapshots)"),
     ("BaseExperimentConfig", "launcher", "AReaL's SPMD launchers"),
 )

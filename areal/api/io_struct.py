@@ -127,6 +127,10 @@ class SaveLoadMeta:
 
     ``weight_format``: ``hf`` (safetensors + config, gathered on rank 0; for export and
     weight updates) or ``dcp`` (sharded torch.distributed.checkpoint; exact resume).
+    ``save_mode`` (``dcp`` saves): ``sync`` writes before ``save`` returns; ``async``
+    stages the state to CPU memory and writes it on a background thread (``save`` returns
+    ``True``: the write is pending until the engine's ``wait_async_save()``); ``auto`` is
+    ``async`` when the engine supports it and the state is large enough to gain from it.
     """
 
     path: str
@@ -134,11 +138,16 @@ class SaveLoadMeta:
     with_optim: bool = False
     tokenizer: Any = None
     base_model_path: str | None = None
+    save_mode: Literal["sync", "async", "auto"] = "sync"
 
     def __post_init__(self):
         if self.weight_format not in ("hf", "dcp"):
             raise ValueError(
                 f"SaveLoadMeta.weight_format={self.weight_format!r}; allowed: 'hf', 'dcp'"
+            )
+        if self.save_mode not in ("sync", "async", "auto"):
+            raise ValueError(
+                f"SaveLoadMeta.save_mode={self.save_mode!r}; allowed: 'sync', 'async', 'auto'"
             )
 
 

@@ -41,7 +41,9 @@ class SaverConfig(_Timer):
 
     mode: str = cfield(
         "auto",
-        "'auto' (synchronous here), 'sync' or 'async' saving.",
+        "'auto', 'sync' or 'async'. Hugging Face exports are written synchronously in "
+        "every mode (rank 0 writes each shard on a thread while the next is gathered); "
+        "the asynchronous write is that of recover checkpoints (recover.save_mode).",
         choices=["auto", "sync", "async"],
     )
 
@@ -60,6 +62,7 @@ class EvaluatorConfig(_Timer):
 
 
 _RECOVER_MODES = ["on", "off", "auto", "disabled"]
+_SAVE_MODES = ["auto", "sync", "async"]
 
 
 @dataclass
@@ -75,10 +78,19 @@ class RecoverConfig(_Timer):
     retries: int = cfield(3, "How many times a failed run is restarted when recovery is on; >= 0.")
     no_save_optim: bool = cfield(False, "Leave optimizer states out of recovery checkpoints.")
     no_load_optim: bool = cfield(False, "Do not restore optimizer states when resuming.")
+    save_mode: str = cfield(
+        "auto",
+        "'sync': a recover checkpoint is on disk before training continues; 'async': the "
+        "state is copied to CPU memory and written in the background while training goes "
+        "on (valid once the write has finished; the next checkpoint and shutdown wait for "
+        "it); 'auto': async from 64 MiB of model + optimizer state per rank, else sync.",
+        choices=_SAVE_MODES,
+    )
 
     def __post_init__(self):
         super().__post_init__()
         check_choice("RecoverConfig", "mode", self.mode, _RECOVER_MODES)
+        check_choice("RecoverConfig", "save_mode", self.save_mode, _SAVE_MODES)
         check_range("RecoverConfig", "retries", self.retries, ge=0)
 
 
@@ -186,7 +198,7 @@ class MemoryProfilerConfig:
 
 @dataclass
 class PerfTracerConfig:
-    """Performance tracing. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
+    """Performance tracing: spans of the trainer's phases, one JSONL file per rank."""
 
     experiment_name: str = cfield(
         MISSING, "Experiment name; defaults to the top-level experiment_name."
@@ -194,9 +206,14 @@ class PerfTracerConfig:
     trial_name: str = cfield(MISSING, "Trial name; defaults to the top-level trial_name.")
     fileroot: str = cfield(MISSING, "Root directory; defaults to cluster.fileroot.")
     enabled: bool = cfield(False, "Capture performance traces.")
-    save_interval: int = cfield(1, "Flush traces every this many steps.")
-    profile_steps: list[int] | None = cfield(None, "Steps with detailed profiles.")
-    session_tracer: SessionTracerConfig | None = cfield(None, "Session tracing.")
+    save_interval: int = cfield(1, "Flush traces every this many steps; >= 1.")
+    profile_steps: list[int] | None = cfield(None, "Steps with detailed profiles. " + NOT_ACTED)
+    session_tracer: SessionTracerConfig | None = cfield(
+        None, "Session tracing (session phases are recorded as plain spans)."
+    )
+
+    def __post_init__(self):
+        check_range("PerfTracerConfig", "save_interval", self.save_interval, ge=1)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from typing import Any
 
 from areal.api.cli_args import get_log_path, save_config
 from areal.api.io_struct import FinetuneSpec, StepInfo
+from areal.utils import perf_tracer
 from areal.utils.evaluator import Evaluator
 from areal.utils.recover import RecoverHandler
 from areal.utils.saver import Saver
@@ -38,6 +39,7 @@ def setup_run(config: Any, train_dataset: Any, model_path: str) -> RunSetup:
     log_dir = get_log_path(config)
     os.makedirs(log_dir, exist_ok=True)
     save_config(config, log_dir)
+    configure_perf_tracer(config, log_dir)
     tokenizer = load_hf_tokenizer(config.tokenizer_path or model_path)
     bs = config.train_dataset.batch_size
     if len(train_dataset) < bs:
@@ -52,6 +54,22 @@ def setup_run(config: Any, train_dataset: Any, model_path: str) -> RunSetup:
         total_train_steps_override=config.total_train_steps,
     )
     return RunSetup(log_dir, tokenizer, dataloader, ft_spec)
+
+
+def configure_perf_tracer(config: Any, log_dir: str) -> None:
+    """Turn the perf tracer on when ``config.perf_tracer.enabled``: this process (the
+    controller, rank 0) appends its spans to ``{log_dir}/perf_tracer/traces-r0.jsonl``."""
+    tracer_config = config.perf_tracer
+    if tracer_config is None or not tracer_config.enabled:
+        return
+    perf_tracer.configure(tracer_config, rank=0, save_dir=os.path.join(log_dir, "perf_tracer"))
+
+
+def flush_perf_tracer(config: Any, global_step: int) -> None:
+    """Flush the trace every ``perf_tracer.save_interval`` steps (a no-op when off)."""
+    tracer_config = config.perf_tracer
+    if tracer_config is not None and (global_step + 1) % tracer_config.save_interval == 0:
+        perf_tracer.flush()
 
 
 def attach_services(trainer: Any, config: Any, ft_spec: FinetuneSpec) -> None:
@@ -95,6 +113,12 @@ def teardown_run(trainer: Any, components: tuple[str, ...]) -> None:
     from areal.utils import logging
 
     logger = logging.getLogger("Trainer")
+    handler = getattr(trainer, "recover_handler", None)
+    if handler is not None:
+        try:  # before the engines go: shutdown waits for a background checkpoint write
+            handler.close()
+        except Exception as e:  # the previous complete checkpoint stays the valid one
+            logger.error(f"the background recover checkpoint write failed: {e}")
     for name in components:
         comp = getattr(trainer, name, None)
         if comp is None:
@@ -109,6 +133,7 @@ def teardown_run(trainer: Any, components: tuple[str, ...]) -> None:
             sched.delete_workers(None)
         except Exception as e:
             logger.warning(f"deleting workers failed: {e}")
+    perf_tracer.flush()  # spans since the last periodic flush (no-op when off)
     sl = getattr(trainer, "stats_logger", None)
     if sl is not None:
         png = sl.close()
@@ -186,16 +211,19 @@ def run_step_loop(
             data_iter = iter(loader)
             rows = next(data_iter)
         t0 = time.monotonic()
-        loss, stats = train_step(rows)
+        with perf_tracer.trace_scope("trainer.train_step", perf_tracer.Category.COMPUTE):
+            loss, stats = train_step(rows)
         stats["time/train_step"] = time.monotonic() - t0
         losses.append(loss)
         ev = trainer.evaluator.evaluate(evaluate, epoch, step, global_step)
         if ev is not None:
             stats.update(eval_stats(global_step, ev))
         trainer.saver.save(engine, epoch, step, global_step, tokenizer=trainer.tokenizer)
-        trainer.recover_handler.dump(
-            engine, StepInfo(epoch, step, global_step, spe), *services, loader
-        )
+        with perf_tracer.trace_scope("trainer.checkpoint_for_recover", perf_tracer.Category.IO):
+            trainer.recover_handler.dump(
+                engine, StepInfo(epoch, step, global_step, spe), *services, loader
+            )
+        flush_perf_tracer(trainer.config, global_step)
         trainer.stats_logger.commit(
             epoch, step, global_step, {f"{prefix}{k}": v for k, v in stats.items()}
         )

@@ -59,11 +59,11 @@ from areal.infra.grouped_workflow import (
 )
 from areal.infra.rollout.failure_monitor import EpisodeFailureMonitor
 from areal.infra.rollout.rollout_results import WaitInterrupted
-from areal.trainer.common import make_scheduler, setup_run, teardown_run
+from areal.trainer.common import flush_perf_tracer, make_scheduler, setup_run, teardown_run
 from areal.trainer.engine_select import select_engine
 from areal.trainer.ppo.stats import batch_stats
 from areal.trainer.rl_step import PPORoles, train_on_batch
-from areal.utils import logging, stats_tracker
+from areal.utils import logging, perf_tracer, stats_tracker
 from areal.utils.dynamic_import import import_from_string
 from areal.utils.evaluator import Evaluator, run_evaluation
 from areal.utils.recover import RecoverHandler, RecoverInfo
@@ -105,6 +105,11 @@ def resolve_allocation(config: PPOConfig) -> AllocationMode:
         "allocation_mode is empty and rollout.backend/actor.backend are not both set; "
         "give e.g. allocation_mode='local:d1+fsdp:d1'"
     )
+
+
+# perf-tracer span names of the timed phases whose timing key would be ambiguous
+# ("trainer.train_step" is the whole step)
+_SPAN_NAMES = {"train_step": "ppo_update"}
 
 
 class PPOTrainer:
@@ -405,7 +410,10 @@ class PPOTrainer:
                 steps_per_epoch=steps_per_epoch,
             )
             try:
-                stats = self._train_step(step_info, workflow, workflow_kwargs, dynamic_filter_fn)
+                with perf_tracer.trace_scope("trainer.train_step", perf_tracer.Category.COMPUTE):
+                    stats = self._train_step(
+                        step_info, workflow, workflow_kwargs, dynamic_filter_fn
+                    )
             except WaitInterrupted:
                 self._stop_during_wait(global_step, last_dumped)
                 break
@@ -435,6 +443,7 @@ class PPOTrainer:
             stats["time/elapsed"] = time.monotonic() - t_run
             stats["time/train_elapsed"] = self.training_seconds()
             self.stats_logger.commit(epoch, step, global_step, stats)
+            flush_perf_tracer(config, global_step)
             pbar.set_postfix(reward=f"{stats.get('batch/reward', float('nan')):.3f}")
             pbar.update(1)
             result["steps_done"] = global_step + 1 - self.start_step
@@ -526,11 +535,17 @@ class PPOTrainer:
         timings: dict[str, float] = {}
 
         def timed(name: str):
+            # a perf-tracer span too: trainer.rollout, trainer.ppo_update, ...
+            span = f"trainer.{_SPAN_NAMES.get(name, name)}"
+
             class _T:
                 def __enter__(s):
                     s.t = time.monotonic()
+                    s.span = perf_tracer.trace_scope(span, perf_tracer.Category.COMPUTE)
+                    s.span.__enter__()
 
                 def __exit__(s, *a):
+                    s.span.__exit__(*a)
                     timings[f"time/{name}"] = time.monotonic() - s.t
 
             return _T()

@@ -5,10 +5,13 @@ Decorators and context managers (``trace_perf``, ``trace_scope`` / ``atrace_scop
 ``atrace_session_phase``, ``trace_session_event``, ``instant``) cost nothing until
 :func:`configure` is called with an enabled config; then every span is kept as a Chrome
 trace event (``ph: X``, microseconds) and :func:`save` writes them as JSON to
-``{save_dir}/perf_trace_rank{rank}.json`` (open in ``chrome://tracing`` or Perfetto).
+``{save_dir}/perf_trace_rank{rank}.json`` (open in ``chrome://tracing`` or Perfetto), and
+:func:`flush` appends the events recorded since its last call, one JSON object a line, to
+``{save_dir}/traces-r{rank}.jsonl`` (what the trainers do: ``perf_tracer.enabled`` in the
+YAML, files under ``{log_dir}/perf_tracer``, flushed every ``save_interval`` steps;
+``python -m areal.tools.perf_trace_converter`` merges them into one trace file).
 Session metrics (AReaL's session tracer) are not computed: session phases are plain
-spans. The trainer does not configure tracing by itself (``perf_tracer`` in a YAML is
-accepted but not acted on, see ``docs/cli_reference.md``).
+spans.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ __all__ = [
     "atrace_scope",
     "atrace_session_phase",
     "configure",
+    "flush",
     "get_task_id",
     "instant",
     "is_configured",
@@ -65,7 +69,7 @@ PerfTraceCategory = Category
 
 _lock = threading.Lock()
 _events: list[dict[str, Any]] = []
-_state: dict[str, Any] = {"enabled": False, "rank": 0, "save_dir": None}
+_state: dict[str, Any] = {"enabled": False, "rank": 0, "save_dir": None, "flushed": 0}
 _task_id: ContextVar[int | None] = ContextVar("areal_perf_task_id", default=None)
 
 
@@ -83,7 +87,9 @@ def configure(
         if all(parts):
             save_dir = os.path.join(parts[0], "logs", parts[1], parts[2])
     with _lock:
-        _state.update(enabled=enabled, rank=int(rank), save_dir=save_dir or os.getcwd())
+        _state.update(
+            enabled=enabled, rank=int(rank), save_dir=save_dir or os.getcwd(), flushed=len(_events)
+        )
 
 
 def is_configured() -> bool:
@@ -94,7 +100,7 @@ def reset() -> None:
     """Drop recorded events and turn tracing off."""
     with _lock:
         _events.clear()
-        _state.update(enabled=False, rank=0, save_dir=None)
+        _state.update(enabled=False, rank=0, save_dir=None, flushed=0)
 
 
 def _category(category: Any) -> str:
@@ -227,4 +233,27 @@ def save(*, step: int | None = None, force: bool = False) -> str | None:
     path = os.path.join(_state["save_dir"], f"perf_trace_rank{_state['rank']}.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+    return path
+
+
+def jsonl_path() -> str | None:
+    """The file :func:`flush` appends to (``None`` when tracing is off)."""
+    if not _state["enabled"]:
+        return None
+    return os.path.join(_state["save_dir"], f"traces-r{_state['rank']}.jsonl")
+
+
+def flush() -> str | None:
+    """Append the events recorded since the last flush to :func:`jsonl_path` (one JSON
+    object a line); returns the path, or ``None`` when tracing is off."""
+    path = jsonl_path()
+    if path is None:
+        return None
+    with _lock:
+        events = _events[_state["flushed"] :]
+        _state["flushed"] = len(_events)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        for ev in events:
+            f.write(json.dumps(ev) + "\n")
     return path

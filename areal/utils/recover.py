@@ -12,6 +12,13 @@ full disk, a copy cut short, a filesystem that lost data on a crash), logs which
 falls back to the previous complete checkpoint.
 The last ``KEEP_LAST`` (2) complete checkpoints are kept.
 
+Asynchronous saves (``recover.save_mode``: ``async``, or ``auto`` with a large state, see
+``SaveLoadMeta.save_mode``): the engine copies its state to CPU memory and writes it in the
+background while training continues; the manifest, the marker and the rename come only
+after that write has finished, at the next checkpoint or at :meth:`RecoverHandler.close`
+(shutdown), so a process killed during the write leaves the previous checkpoint as the
+newest complete one.
+
 Modes (``recover.mode``): ``disabled``: nothing written, never resumed. ``off``: written,
 never resumed (every run starts fresh). ``on`` / ``auto``: written, and a rerun of the same
 experiment/trial resumes from the newest complete checkpoint.
@@ -163,6 +170,8 @@ class RecoverHandler:
         self.freq_ctl = EpochStepTimeFreqCtl(
             freq_epoch=config.freq_epochs, freq_step=config.freq_steps, freq_sec=config.freq_secs
         )
+        # (engine, tmp dir, final dir, global step, start time) of a background write
+        self._pending: tuple[Any, str, str, int, float] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -192,18 +201,20 @@ class RecoverHandler:
         last = step_info.global_step + 1 >= self.ft_spec.total_train_steps
         if not (self.freq_ctl.check(epochs=epoch_done, steps=1) or force or last):
             return None
+        self.wait_pending()  # a new checkpoint waits for the previous background write
         t0 = time.monotonic()
         os.makedirs(self.root, exist_ok=True)
         final = os.path.join(self.root, f"step{step_info.global_step:08d}")
         tmp = os.path.join(self.root, f".tmp-step{step_info.global_step:08d}-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
-        engine.save(
+        background = engine.save(
             SaveLoadMeta(
                 path=os.path.join(tmp, "model"),
                 weight_format="dcp",
                 with_optim=not self.config.no_save_optim,
                 tokenizer=tokenizer,
+                save_mode=self.config.save_mode,
             )
         )
         version = (
@@ -224,19 +235,65 @@ class RecoverHandler:
             extra={"pending_data": pending},
         )
         torch.save(info, os.path.join(tmp, _INFO))
+        if background is True:
+            self._pending = (engine, tmp, final, step_info.global_step, t0)
+            logger.info(
+                f"Recover checkpoint for step {step_info.global_step} staged in "
+                f"{time.monotonic() - t0:.2f}s; writing in the background"
+            )
+            return final
+        self._complete(tmp, final, step_info.global_step)
+        logger.info(
+            f"Recover checkpoint for step {step_info.global_step} written in {time.monotonic() - t0:.2f}s"
+        )
+        return final
+
+    def _complete(self, tmp: str, final: str, global_step: int) -> None:
+        """Manifest, marker, rename into place, prune: from here ``final`` is valid."""
         write_manifest(tmp)
         with open(os.path.join(tmp, _MARKER), "w") as f:
-            f.write(f"{step_info.global_step}\n")
+            f.write(f"{global_step}\n")
             f.flush()
             os.fsync(f.fileno())
         if os.path.exists(final):
             shutil.rmtree(final)
         os.replace(tmp, final)
         self._prune()
+
+    @property
+    def pending(self) -> bool:
+        """Whether a background checkpoint write has not been completed yet."""
+        return self._pending is not None
+
+    def wait_pending(self) -> str | None:
+        """Finish the pending background write (if any): wait for the engine's write,
+        then manifest, marker and rename. Returns the completed directory. When the write
+        failed, its temporary directory is removed (the previous checkpoint stays the
+        newest complete one) and the error is raised."""
+        if self._pending is None:
+            return None
+        engine, tmp, final, global_step, t0 = self._pending
+        self._pending = None
+        try:
+            engine.wait_async_save()
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self._complete(tmp, final, global_step)
         logger.info(
-            f"Recover checkpoint for step {step_info.global_step} written in {time.monotonic() - t0:.2f}s"
+            f"Recover checkpoint for step {global_step} complete "
+            f"{time.monotonic() - t0:.2f}s after it was staged"
         )
         return final
+
+    def close(self) -> None:
+        """Shutdown: wait for a pending background write and complete its checkpoint."""
+        if self._pending is not None:
+            logger.info(
+                f"Waiting for the background write of the recover checkpoint of step "
+                f"{self._pending[3]} before shutting down"
+            )
+            self.wait_pending()
 
     def _prune(self) -> None:
         complete = list_complete_checkpoints(self.root)
@@ -280,6 +337,7 @@ class RecoverHandler:
         """
         if not self.resumes:
             return None
+        self.wait_pending()
         path = self.latest()
         if path is None:
             logger.info(f"No recover checkpoint under {self.root}; starting fresh")

@@ -206,10 +206,14 @@ class DistributedStatsTracker:
 
     @contextmanager
     def record_timing(self, key: str) -> Iterator[None]:
-        """Time the block; exported (seconds) as ``timeperf/<key>``, outside any scope."""
+        """Time the block; exported (seconds) as ``timeperf/<key>``, outside any scope
+        (and a ``timeperf.<key>`` span of the perf tracer when it is on)."""
+        from areal.utils import perf_tracer
+
         start = time.perf_counter()
         try:
-            yield
+            with perf_tracer.trace_scope(f"timeperf.{key}", perf_tracer.Category.MISC):
+                yield
         finally:
             elapsed = time.perf_counter() - start
             with self._lock:

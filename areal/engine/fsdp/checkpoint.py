@@ -1,6 +1,10 @@
 """Checkpoints of ``FSDPEngine``: Hugging Face directories (full weights gathered bucket
 by bucket, rank 0 writing each safetensors shard on a thread while the next is gathered)
-and DCP (sharded model, optimizer and LR scheduler for an exact resume).
+and DCP (sharded model, optimizer and LR scheduler for an exact resume), synchronous or
+asynchronous (``SaveLoadMeta.save_mode``: the state is copied to CPU memory by
+``torch.distributed.checkpoint.async_save`` and written by a background thread over a
+gloo group of its own while training continues; ``wait_async_save`` finishes it, and the
+next save, a load and ``destroy`` wait for it first).
 
 ``FSDPCheckpointMixin`` holds ``save`` / ``load``; ``write_safetensors`` writes one shard
 straight from the tensors' memory.
@@ -76,6 +80,23 @@ _SAFETENSORS_NAME = "model.safetensors"
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 
 _EXTRA_STATE_NAME = "engine_extra_state.pt"
+
+# save_mode="auto": asynchronous from this much checkpoint state per rank (model +
+# optimizer). Below it the write takes well under a second and the staging copy (as much
+# CPU memory again) buys little.
+AUTO_ASYNC_MIN_BYTES = 64 << 20
+
+
+def _state_bytes(state: Any) -> int:
+    """Bytes of the (local shards of the) tensors in a nested state dict."""
+    if isinstance(state, dict):
+        return sum(_state_bytes(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return sum(_state_bytes(v) for v in state)
+    if isinstance(state, torch.Tensor):
+        local = state.to_local() if hasattr(state, "to_local") else state
+        return local.numel() * local.element_size()
+    return 0
 
 
 class FSDPCheckpointMixin:
@@ -191,17 +212,35 @@ class FSDPCheckpointMixin:
             return msd, osd
         return get_model_state_dict(model), {}
 
-    def save(self, meta: SaveLoadMeta) -> None:
+    def save(self, meta: SaveLoadMeta) -> bool:
         """``hf``: full weights (+ config, tokenizer) written by rank 0. ``dcp``: sharded
-        model (+ optimizer and LR scheduler with ``with_optim``) for exact resume."""
+        model (+ optimizer and LR scheduler with ``with_optim``) for exact resume.
+
+        Returns ``True`` when the DCP write goes on in the background (``save_mode``
+        ``async``, or ``auto`` with at least ``AUTO_ASYNC_MIN_BYTES`` of state): the files
+        are complete only after :meth:`wait_async_save`. A save first waits for the
+        previous pending write."""
+        self.wait_async_save()
         if meta.weight_format == "hf":
             self._save_hf(meta.path, meta.tokenizer)
-            return
+            return False
         import torch.distributed.checkpoint as dcp
 
         state = self._dcp_target(meta)
         os.makedirs(meta.path, exist_ok=True)
-        dcp.save(state, checkpoint_id=meta.path)
+        background = meta.save_mode == "async" or (
+            meta.save_mode == "auto" and _state_bytes(state) >= AUTO_ASYNC_MIN_BYTES
+        )
+        t0 = time.perf_counter()
+        if background:
+            # staged (copied to CPU memory) before async_save returns; the write uses a
+            # gloo group of its own so its collectives never interleave with training's
+            future = dcp.async_save(
+                state, checkpoint_id=meta.path, process_group=self._async_ckpt_group()
+            )
+            self._pending_save = (future, meta.path, t0)
+        else:
+            dcp.save(state, checkpoint_id=meta.path)
         if dist.get_rank() == 0:
             extra = {"version": self._version}
             if meta.with_optim and self.lr_scheduler is not None:
@@ -209,7 +248,39 @@ class FSDPCheckpointMixin:
             torch.save(extra, os.path.join(meta.path, _EXTRA_STATE_NAME))
         if meta.tokenizer is not None and dist.get_rank() == 0:
             meta.tokenizer.save_pretrained(meta.path)
+        if not background:
+            dist.barrier(group=self.data_parallel_group)
+        return background
+
+    def _async_ckpt_group(self) -> Any:
+        group = getattr(self, "_ckpt_group", None)
+        if group is None:
+            group = self._ckpt_group = dist.new_group(backend="gloo")
+        return group
+
+    def has_pending_save(self) -> bool:
+        return getattr(self, "_pending_save", None) is not None
+
+    def wait_async_save(self) -> str | None:
+        """Block until the pending background DCP write (if any) is on disk on every rank;
+        returns its directory (``None`` when nothing was pending). Raises what the write
+        raised."""
+        pending = getattr(self, "_pending_save", None)
+        if pending is None:
+            return None
+        self._pending_save = None
+        future, path, t0 = pending
+        t_wait = time.perf_counter()
+        future.result()
         dist.barrier(group=self.data_parallel_group)
+        now = time.perf_counter()
+        logger.info(
+            "Background DCP write of %s finished %.2fs after the save (waited %.2fs)",
+            path,
+            now - t0,
+            now - t_wait,
+        )
+        return path
 
     def _dcp_target(self, meta: SaveLoadMeta) -> dict[str, Any]:
         """What a DCP save or load covers: the sharded model, plus the optimizer with
@@ -223,6 +294,7 @@ class FSDPCheckpointMixin:
         return state
 
     def load(self, meta: SaveLoadMeta) -> None:
+        self.wait_async_save()
         if not os.path.isdir(meta.path):
             raise FileNotFoundError(f"SaveLoadMeta.path={meta.path!r} does not exist")
         if meta.weight_format == "hf":

@@ -348,6 +348,13 @@ class FSDPEngine(
         )
 
     def destroy(self) -> None:
+        if self.has_pending_save():  # shutdown waits for the background checkpoint write
+            logger.info("destroy: waiting for the pending background checkpoint write")
+            try:
+                self.wait_async_save()
+            except Exception as e:  # the previous complete checkpoint stays the valid one
+                logger.error(f"destroy: the background checkpoint write failed: {e}")
+        self._ckpt_group = None
         self._weight_update_group = None
         self.model = None
         self.optimizer = None

@@ -598,8 +598,10 @@ class TrainController:
         """Split by tokens (whole groups); returns rank 0's list of stats."""
         return self.custom_function_call("ppo_update", batch, *args, **kwargs)
 
-    def save(self, meta: SaveLoadMeta) -> None:
-        self.custom_function_call("save", meta)
+    def save(self, meta: SaveLoadMeta) -> Any:
+        """Rank 0's answer: ``True`` when an asynchronous write is pending (finish it with
+        ``wait_async_save()``, forwarded to every rank)."""
+        return self.custom_function_call("save", meta)
 
     def load(self, meta: SaveLoadMeta) -> None:
         self.custom_function_call("load", meta)
