@@ -103,6 +103,7 @@ from areal.api.experiment_config import (
     walk_dataclasses,
     warn_not_acted_on,
 )
+from areal.api.health_config import RunHealthConfig
 from areal.api.inference_config import (
     OPENAI_UNSUPPORTED_GCONFIG_ARGS,
     SGLANG_SERVER_MODULE,
@@ -181,6 +182,7 @@ __all__ = [
     "PerfTracerConfig",
     "RWConfig",
     "RecoverConfig",
+    "RunHealthConfig",
     "RejectionSamplingConfig",
     "SFTConfig",
     "SGLANG_SERVER_MODULE",
