@@ -91,6 +91,8 @@ class CorruptWeightsHook(WeightSyncHook):
     def verify(self, ctx: Any) -> None:
         if ctx.version < self.from_version or ctx.meta.type != "disk" or not ctx.meta.path:
             return
+        if ctx.reason != "step":
+            return
         from safetensors.torch import load_file, save_file
 
         from areal.infra.weights.transports import resolve
@@ -117,6 +119,16 @@ class CorruptWeightsHook(WeightSyncHook):
         self.corrupted.append(ctx.version)
 
 
+class SyncLog(WeightSyncHook):
+    """Records ``(reason, version)`` of every successful sync."""
+
+    def __init__(self) -> None:
+        self.syncs: list[tuple[str, int]] = []
+
+    def after_sync(self, ctx: Any) -> None:
+        self.syncs.append((ctx.reason, int(ctx.version)))
+
+
 def run_demo(
     config: Any,
     schedule: list[tuple[int, str]] | None = None,
@@ -124,7 +136,8 @@ def run_demo(
 ) -> dict[str, Any]:
     """Train ``config`` with ``HealthScriptWorkflow(schedule)`` (and the corrupting hook
     from ``corrupt_from``); returns the trainer's result plus ``health`` (the events of
-    ``health.jsonl``) and ``rows`` (``stats.jsonl``)."""
+    ``health.jsonl``), ``rows`` (``stats.jsonl``) and ``syncs`` (reason, version of every
+    weight sync)."""
     from areal import PPOTrainer
     from areal.dataset import get_custom_dataset
     from areal.utils.hf_utils import load_hf_tokenizer
@@ -142,6 +155,8 @@ def run_demo(
     with PPOTrainer(config, train_dataset=train, valid_dataset=valid) as trainer:
         if corrupt_from is not None:
             trainer.weight_sync.add_hook(CorruptWeightsHook(corrupt_from))
+        sync_log = SyncLog()
+        trainer.weight_sync.add_hook(sync_log)
         result = trainer.train(
             workflow=HealthScriptWorkflow,
             workflow_kwargs=dict(kwargs, schedule=schedule),
@@ -151,6 +166,7 @@ def run_demo(
     log_dir = result["log_dir"]
     result["health"] = read_jsonl(os.path.join(log_dir, "health.jsonl"))
     result["rows"] = read_jsonl(os.path.join(log_dir, "stats.jsonl"))
+    result["syncs"] = sync_log.syncs
     return result
 
 

@@ -54,8 +54,8 @@ class RunHealthConfig:
     window: int = cfield(4, "Steps averaged for the current value of a metric; >= 1.")
     baseline_steps: int = cfield(
         3,
-        "The first this many measured steps form a metric's baseline (entropy and length: "
-        "the largest, resp. the median of them); >= 1.",
+        "The median of the first this many measured steps is a metric's baseline (entropy, "
+        "length, truncation); >= 1.",
     )
     clear_steps: int = cfield(
         2, "An alarm clears after this many consecutive steps without its condition; >= 1."
@@ -146,6 +146,13 @@ class RunHealthConfig:
     rollback_lr_factor: float = cfield(
         0.5, "rollback: the learning rate is multiplied by this after a rollback; in (0, 1]."
     )
+    rollback_margin_steps: int = cfield(
+        2,
+        "rollback: the checkpoint restored is of a step before start - 1 - this (the "
+        "statistics of step s measure the weights of step s - 1, and a detector averages "
+        "a few steps, so the first bad weights can predate the alarm); with rollback the "
+        "recover handler keeps this + 3 checkpoints; >= 0.",
+    )
     max_rollbacks: int = cfield(
         2, "rollback: after this many rollbacks a further rollback alarm stops the run; >= 0."
     )
@@ -179,6 +186,7 @@ class RunHealthConfig:
         check_range(owner, "heldout_train_rise", self.heldout_train_rise, ge=0)
         check_range(owner, "z", self.z, ge=0)
         check_range(owner, "rollback_lr_factor", self.rollback_lr_factor, gt=0, le=1)
+        check_range(owner, "rollback_margin_steps", self.rollback_margin_steps, ge=0)
         check_range(owner, "max_rollbacks", self.max_rollbacks, ge=0)
 
     def action_for(self, alarm: str) -> str:

@@ -16,8 +16,14 @@ learning rate is multiplied by ``run_health.rollback_lr_factor`` on every actor 
 (also in the optimizer's saved schedule, so later checkpoints keep it); the monitor
 forgets the undone steps and clears its alarms; the loop continues at the checkpoint's
 next step. The statistics of step ``start`` were measured during the update from the
-weights of step ``start - 1``, so those weights are already suspect: hence the
-checkpoint must be older than ``start - 1``.
+weights of step ``start - 1``, and a detector averages a few steps (the fast ones two), so
+the first bad weights can be older than the alarm: the checkpoint must be of a step
+before ``start - 1 - run_health.rollback_margin_steps`` (the recover handler then keeps
+``rollback_margin_steps + 3`` checkpoints instead of 2), and, for the alarms judging one
+value per step (``Detector.bad``), not one whose own weights measured a value past the
+alarm's threshold (step ``k + 1`` measures the weights of checkpoint ``k``: a slow slide
+that crossed the threshold before the averaged alarm started). Without one the action becomes
+``stop``; after ``max_rollbacks`` rollbacks too.
 """
 
 from __future__ import annotations
@@ -53,6 +59,10 @@ class TrainerHealth:
         self.config = trainer.config.run_health
         self.monitor = RunHealthMonitor(self.config, trainer.log_dir)
         self._filtered_seen = self._filtered()
+        if self.config.enabled and self.config.uses_rollback():
+            # enough checkpoints that one older than the alarm's margin is still on disk
+            handler = trainer.recover_handler
+            handler.keep_last = max(handler.keep_last, self.config.rollback_margin_steps + 3)
 
     # ------------------------------------------------------------------ signals
     def _filtered(self) -> int:
@@ -90,10 +100,15 @@ class TrainerHealth:
             if self.monitor.rollbacks >= self.config.max_rollbacks:
                 why = f"run_health.max_rollbacks={self.config.max_rollbacks} rollbacks done already"
                 return self._stop(step, trigger, why)
-            path = self.trainer.recover_handler.latest_before(step - 1)
+            before = step - 1 - self.config.rollback_margin_steps
+            # nor one whose weights measured a bad value (step k + 1 measures those of k)
+            alarm, thr = trigger["alarm"], trigger["threshold"]
+            path = self.trainer.recover_handler.latest_before(
+                before, skip=lambda k: self.monitor.measured_bad(alarm, k + 1, thr)
+            )
             if path is None:
                 why = (
-                    f"no verified recover checkpoint from before step {step - 1} under "
+                    f"no verified recover checkpoint from before step {before} under "
                     f"{self.trainer.recover_handler.root} to roll back to (recover.freq_steps "
                     "sets how often they are written)"
                 )

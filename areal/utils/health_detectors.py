@@ -110,7 +110,7 @@ def entropy_collapse(h: SignalHistory, c: RunHealthConfig) -> Finding | None:
     pts = h.get("entropy")
     if len(pts) < c.baseline_steps + 1:
         return None
-    base = max(v for _, v in pts[: c.baseline_steps])
+    base = statistics.median(v for _, v in pts[: c.baseline_steps])
     recent = pts[c.baseline_steps :][-SHORT:]  # each value already averages every token
     now = _mean(recent)
     thr = c.entropy_collapse_ratio * base
@@ -119,7 +119,7 @@ def entropy_collapse(h: SignalHistory, c: RunHealthConfig) -> Finding | None:
         now,
         thr,
         f"mean token entropy {_fmt(now)} over the last {len(recent)} steps; baseline "
-        f"{_fmt(base)} (largest of the first {c.baseline_steps}), alarm below "
+        f"{_fmt(base)} (median of the first {c.baseline_steps}), alarm below "
         f"{c.entropy_collapse_ratio} x baseline",
         recent,
     )
@@ -262,7 +262,7 @@ def _fall_while_reward_rises(
     if len(pts) < 2 or not rewards:
         return None
     last_step, last = pts[-1]
-    best_step, best = max(pts[:-1], key=lambda p: p[1])
+    best_step, best = max(reversed(pts[:-1]), key=lambda p: p[1])  # ties: the latest
     ns = dict(h.get("heldout_n"))
     n = ns.get(last_step, 0.0) if name == "heldout" else 0.0
     se = 0.0
@@ -270,7 +270,8 @@ def _fall_while_reward_rises(
         se = math.sqrt(best * (1 - best) / n + last * (1 - last) / n)
     thr = max(c.heldout_drop, c.z * se)
     drop = best - last
-    around_best = [p for p in rewards if p[0] <= best_step][-c.window :]
+    # the evaluation before training (step -1) has no train reward before it: the first ones
+    around_best = [p for p in rewards if p[0] <= best_step][-c.window :] or rewards[: c.window]
     now = [p for p in rewards if p[0] <= last_step][-c.window :]
     if not around_best or not now:
         return None
@@ -324,6 +325,10 @@ class Detector:
     metric: str  # the signal it mainly reads (health.jsonl "metric")
     fn: Callable[[SignalHistory, Any], Finding | None]
     suggestion: str
+    #: ``bad(value, threshold)``: one step's value of ``metric`` is past the alarm's
+    #: threshold (None: the alarm judges several values together). A rollback restores
+    #: no checkpoint whose weights measured a bad value.
+    bad: Callable[[float, float], bool] | None = None
 
 
 DETECTORS: tuple[Detector, ...] = (
@@ -333,6 +338,7 @@ DETECTORS: tuple[Detector, ...] = (
         entropy_collapse,
         "lower the learning rate, raise the sampling temperature or add an entropy bonus; "
         "check the reward is not satisfied by one fixed answer",
+        bad=lambda v, thr: v < thr,
     ),
     Detector(
         "reward_drop",
@@ -353,6 +359,7 @@ DETECTORS: tuple[Detector, ...] = (
         length_blowup,
         "check the reward does not pay for length (reward_hacking), add an overlong "
         "penalty (actor.overlong_reward_penalty) or lower the learning rate",
+        bad=lambda v, thr: v > thr,
     ),
     Detector(
         "truncation_rise",
@@ -360,6 +367,7 @@ DETECTORS: tuple[Detector, ...] = (
         truncation_rise,
         "responses hit max_new_tokens: raise gconfig.max_new_tokens, mask truncated "
         "responses (actor.mask_no_eos_with_zero) or penalise overlong ones",
+        bad=lambda v, thr: v >= thr,
     ),
     Detector(
         "importance_weight_blowup",
@@ -367,12 +375,14 @@ DETECTORS: tuple[Detector, ...] = (
         importance_weight_blowup,
         "the update moves the policy too far: lower the learning rate, use more "
         "minibatches or a tighter eps_clip; check actor.rejection_sampling",
+        bad=lambda v, thr: abs(v - 1.0) > thr,
     ),
     Detector(
         "kl_blowup",
         "kl",
         kl_blowup,
         "lower the learning rate or ppo_n_minibatches' step size; roll back if it persists",
+        bad=lambda v, thr: abs(v) > thr,
     ),
     Detector(
         "clip_fraction",
@@ -380,6 +390,7 @@ DETECTORS: tuple[Detector, ...] = (
         clip_fraction,
         "most tokens are clipped: the learning rate is too high for eps_clip, or the "
         "rollouts are too stale (rollout.max_head_offpolicyness)",
+        bad=lambda v, thr: v > thr,
     ),
     Detector(
         "logprob_mismatch",
@@ -387,6 +398,7 @@ DETECTORS: tuple[Detector, ...] = (
         logprob_mismatch,
         "the servers do not run the trainer's weights: enable rollout.verify_weights, "
         "check the weight sync and the dtype/kernels of both sides",
+        bad=lambda v, thr: v > thr,
     ),
     Detector(
         "no_signal_groups",

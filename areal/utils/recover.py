@@ -301,11 +301,12 @@ class RecoverHandler:
             weight_sync=weight_sync,
         )
 
-    def latest_before(self, step: int) -> str | None:
+    def latest_before(self, step: int, skip: Any = None) -> str | None:
         """The newest complete, verified checkpoint of a step before ``step`` (a damaged
-        one is logged and skipped); None when there is none (run health's rollback)."""
+        one is logged and skipped, and so is one whose step ``skip(step)`` refuses); None
+        when there is none (run health's rollback)."""
         for d in reversed(list_complete_checkpoints(self.root)):
-            if checkpoint_step(d) >= step:
+            if checkpoint_step(d) >= step or (skip is not None and skip(checkpoint_step(d))):
                 continue
             problem = verify_checkpoint(d)
             if problem is None:

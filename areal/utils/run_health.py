@@ -157,6 +157,15 @@ class RunHealthMonitor:
         out["health/rollbacks"] = float(self.rollbacks)
         return out
 
+    def measured_bad(self, alarm: str, step: int, threshold: float) -> bool:
+        """Whether the value of ``alarm``'s metric at ``step`` was past ``threshold``
+        (False when the alarm judges several values together or none was measured)."""
+        det = next(d for d in DETECTORS if d.name == alarm)
+        if det.bad is None:
+            return False
+        value = dict(self.history.get(det.metric)).get(step)
+        return value is not None and det.bad(value, threshold)
+
     def active(self) -> dict[str, int]:
         """Active alarms and the step each started at."""
         return {n: s.start_step for n, s in self.states.items() if s.active}
