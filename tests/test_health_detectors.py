@@ -274,3 +274,15 @@ def test_per_alarm_actions_from_the_command_line(tmp_path):
     assert cfg.run_health.action_for("entropy_collapse") == "rollback"
     assert cfg.run_health.action_for("kl_blowup") == "stop"
     assert cfg.run_health.action_for("clip_fraction") == "warn"
+
+
+def test_measured_bad_tells_which_checkpoint_weights_were_already_bad():
+    m = RunHealthMonitor(RunHealthConfig())
+    for step, e in enumerate([0.3, 0.3, 0.3, 0.2, 0.01, 0.001]):
+        m.observe(step, {K["entropy"]: e})
+    thr = 0.2 * 0.3
+    # step 4 measured the weights of checkpoint 3: already collapsed
+    assert m.measured_bad("entropy_collapse", 4, thr)
+    assert not m.measured_bad("entropy_collapse", 3, thr)
+    assert not m.measured_bad("entropy_collapse", 99, thr)  # not measured
+    assert not m.measured_bad("reward_drop", 4, 0.3)  # judges several values together

@@ -28,6 +28,8 @@ engines are built), runs the rollout side
    batch crosses to each role's workers once; proximal logprobs, reference / teacher
    logprobs, values, advantages, ``ppo_update``, LR step; held batches freed;
 4. ``weight_sync.sync``: pause, push weights, bump versions (rollout stays paused);
+4b. run health (``areal.trainer.health``): the step's alarms; ``stop`` ends the run
+   here, ``rollback`` restores an earlier recover checkpoint and the loop goes on from it;
 5. the recover checkpoint, then ``rollout.resume()``;
 6. evaluation when due (``areal.utils.evaluator``: ``Evaluator`` + ``run_evaluation``),
    ``saver.save``, ``stats_logger.commit``.
