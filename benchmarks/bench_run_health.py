@@ -74,11 +74,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--seeds", type=int, default=3, help="seeds 1..N (the demo's is 1)")
+    p.add_argument("--seed", type=int, action="append", help="these seeds instead of 1..N")
     p.add_argument("--eval-n", type=int, default=512)
     p.add_argument("--root", default=None, help="output folder (default: a temporary one)")
     args = p.parse_args()
     root = args.root or tempfile.mkdtemp(prefix="bench-run-health-")
-    runs = [run_seed(s, args.steps, args.eval_n, root) for s in range(1, args.seeds + 1)]
+    seeds = args.seed or list(range(1, args.seeds + 1))
+    runs = [run_seed(s, args.steps, args.eval_n, root) for s in seeds]
     out = {
         "benchmark": "run_health_unmodified_demo",
         "steps": args.steps,

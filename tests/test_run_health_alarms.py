@@ -10,8 +10,8 @@ checked by several tests:
   signal), then a reward paying for length (the length probe of reward hacking, responses
   running into max_new_tokens), then weight syncs that deliver noisy weights to the
   server (trainer-vs-server logprob mismatch);
-- a too-high learning rate (SGD, lr 3, on the un-normalised reward: every sampled token
-  reinforced) that collapses the entropy within a few steps, with action ``rollback``: the
+- a too-high learning rate (SGD warming up to lr 3, on the un-normalised reward: every
+  sampled token reinforced) that collapses the entropy within a few steps, with action ``rollback``: the
   checkpoint from before the alarm is restored, the learning rate lowered, the run goes on.
 """
 
@@ -118,8 +118,8 @@ def test_alarms_reach_stats_tensorboard_and_curves(scripted_run):
 
 
 # ----------------------------------------------------------------------------- rollback
-TOTAL = 10
-LR, FACTOR, WARMUP = 3.0, 0.01, 6  # linear warm-up to lr 3 over 6 steps
+TOTAL = 12
+LR, FACTOR, WARMUP = 3.0, 0.01, 8  # linear warm-up to lr 3 over 8 steps
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +133,7 @@ def rollback_run(tmp_path_factory):
         "actor.reward_norm=null",
         "actor.dynamic_sampling=false",
         "recover.freq_steps=1",
+        "rollout.max_head_offpolicyness=1",
         "run_health.actions.entropy_collapse=rollback",
         f"run_health.rollback_lr_factor={FACTOR}",
         "evaluator.freq_steps=50",
@@ -151,8 +152,8 @@ def test_too_high_learning_rate_collapses_entropy_and_rollback_restores(rollback
     assert collapse["value"] < collapse["threshold"]
     rollback = _rollback(rollback_run)
     assert rollback["step"] == collapse["step"]
-    # the newest checkpoint older than the alarm's margin (rollback_margin_steps=2)
-    assert rollback["to_step"] <= collapse["step"] - 4
+    # older than the alarm's margin: rollback_margin_steps (2) + max_head_offpolicyness (1)
+    assert rollback["to_step"] <= collapse["step"] - 5
     assert rollback["checkpoint"].endswith(f"step{rollback['to_step']:08d}")
     # every alarm active then was cleared by the rollback
     cleared = [e for e in events if e.get("reason") == f"rollback to step {rollback['to_step']}"]

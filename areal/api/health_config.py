@@ -148,10 +148,11 @@ class RunHealthConfig:
     )
     rollback_margin_steps: int = cfield(
         2,
-        "rollback: the checkpoint restored is of a step before start - 1 - this (the "
-        "statistics of step s measure the weights of step s - 1, and a detector averages "
-        "a few steps, so the first bad weights can predate the alarm); with rollback the "
-        "recover handler keeps this + 3 checkpoints; >= 0.",
+        "rollback: the checkpoint restored is of a step before start - 1 - this - lag "
+        "(lag: rollout.max_head_offpolicyness when asynchronous, else 0; the statistics of "
+        "step s measure the weights of step s - 1 and a detector averages a few steps, so "
+        "the first bad weights can predate the alarm); with rollback the recover handler "
+        "keeps that margin + 3 checkpoints; >= 0.",
     )
     max_rollbacks: int = cfield(
         2, "rollback: after this many rollbacks a further rollback alarm stops the run; >= 0."

@@ -17,12 +17,14 @@ learning rate is multiplied by ``run_health.rollback_lr_factor`` on every actor 
 forgets the undone steps and clears its alarms; the loop continues at the checkpoint's
 next step. The statistics of step ``start`` were measured during the update from the
 weights of step ``start - 1``, and a detector averages a few steps (the fast ones two), so
-the first bad weights can be older than the alarm: the checkpoint must be of a step
-before ``start - 1 - run_health.rollback_margin_steps`` (the recover handler then keeps
-``rollback_margin_steps + 3`` checkpoints instead of 2), and, for the alarms judging one
-value per step (``Detector.bad``), not one whose own weights measured a value past the
-alarm's threshold (step ``k + 1`` measures the weights of checkpoint ``k``: a slow slide
-that crossed the threshold before the averaged alarm started). Without one the action becomes
+the first bad weights can be older than the alarm; with asynchronous rollout the weights
+of step ``k`` are judged on their own samples only up to ``lag =
+rollout.max_head_offpolicyness`` steps later. So the checkpoint must be of a step before
+``start - 1 - run_health.rollback_margin_steps - lag`` (the recover handler then keeps
+that margin + 3 checkpoints instead of 2), and, for the alarms judging one value per step
+(``Detector.bad``), not one whose weights measured a value past the alarm's threshold at
+steps ``k + 1 .. k + 1 + lag`` (a slow slide that crossed the threshold before the
+averaged alarm started). Without one the action becomes
 ``stop``; after ``max_rollbacks`` rollbacks too.
 """
 
@@ -59,10 +61,15 @@ class TrainerHealth:
         self.config = trainer.config.run_health
         self.monitor = RunHealthMonitor(self.config, trainer.log_dir)
         self._filtered_seen = self._filtered()
+        # asynchronous rollout: the weights of step k are judged on their own samples only
+        # up to max_head_offpolicyness steps later
+        cfg = trainer.config
+        self.lag = int(cfg.rollout.max_head_offpolicyness) if cfg.async_training else 0
+        self.margin = int(self.config.rollback_margin_steps) + self.lag
         if self.config.enabled and self.config.uses_rollback():
             # enough checkpoints that one older than the alarm's margin is still on disk
             handler = trainer.recover_handler
-            handler.keep_last = max(handler.keep_last, self.config.rollback_margin_steps + 3)
+            handler.keep_last = max(handler.keep_last, self.margin + 3)
 
     # ------------------------------------------------------------------ signals
     def _filtered(self) -> int:
@@ -100,12 +107,16 @@ class TrainerHealth:
             if self.monitor.rollbacks >= self.config.max_rollbacks:
                 why = f"run_health.max_rollbacks={self.config.max_rollbacks} rollbacks done already"
                 return self._stop(step, trigger, why)
-            before = step - 1 - self.config.rollback_margin_steps
-            # nor one whose weights measured a bad value (step k + 1 measures those of k)
+            before = step - 1 - self.margin
+            # nor one whose weights measured a bad value (steps k + 1 .. k + 1 + lag
+            # measure those of checkpoint k)
             alarm, thr = trigger["alarm"], trigger["threshold"]
-            path = self.trainer.recover_handler.latest_before(
-                before, skip=lambda k: self.monitor.measured_bad(alarm, k + 1, thr)
-            )
+
+            def skip(k: int) -> bool:
+                steps = range(k + 1, k + 2 + self.lag)
+                return any(self.monitor.measured_bad(alarm, s, thr) for s in steps)
+
+            path = self.trainer.recover_handler.latest_before(before, skip=skip)
             if path is None:
                 why = (
                     f"no verified recover checkpoint from before step {before} under "
