@@ -35,6 +35,7 @@ CONFIG_MODULES = [
     "areal.api.inference_config",
     "areal.api.dataset_config",
     "areal.api.utils_config",
+    "areal.api.health_config",
 ]
 
 # Experiment configs first (what a YAML's top level is), then every class they reach.

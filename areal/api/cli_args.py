@@ -103,6 +103,13 @@ from areal.api.experiment_config import (
     walk_dataclasses,
     warn_not_acted_on,
 )
+from areal.api.health_config import (
+    ACTIONABLE_ALARMS,
+    ALARMS,
+    HEALTH_ACTIONS,
+    INFORMATIONAL_ALARMS,
+    RunHealthConfig,
+)
 from areal.api.inference_config import (
     OPENAI_UNSUPPORTED_GCONFIG_ARGS,
     SGLANG_SERVER_MODULE,
@@ -148,6 +155,10 @@ _walk_dataclasses = _experiment_config.walk_dataclasses
 _field_default = _experiment_config.field_default
 
 __all__ = [
+    "ACTIONABLE_ALARMS",
+    "ALARMS",
+    "HEALTH_ACTIONS",
+    "INFORMATIONAL_ALARMS",
     "AgentConfig",
     "ArchonEngineConfig",
     "ArchonFP8Config",
@@ -181,6 +192,7 @@ __all__ = [
     "PerfTracerConfig",
     "RWConfig",
     "RecoverConfig",
+    "RunHealthConfig",
     "RejectionSamplingConfig",
     "SFTConfig",
     "SGLANG_SERVER_MODULE",

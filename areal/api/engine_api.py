@@ -114,6 +114,11 @@ class TrainEngine(abc.ABC):
     def step_lr_scheduler(self) -> None:
         raise NotImplementedError
 
+    def scale_lr(self, factor: float) -> float:
+        """Multiply the learning rate (and the LR schedule's base) by ``factor`` from now
+        on; returns the new learning rate (run health's rollback)."""
+        raise NotImplementedError
+
     # --- persistence and weight sync -------------------------------------------------
     @abc.abstractmethod
     def save(self, meta: SaveLoadMeta) -> None: ...

@@ -15,6 +15,7 @@ from areal.api.actor_config import DPOEngineConfig, PPOActorConfig, PPOCriticCon
 from areal.api.config_common import NOT_ACTED, cfield, check_range, warn_once
 from areal.api.dataset_config import TrainDatasetConfig, ValidDatasetConfig
 from areal.api.engine_config import SchedulingSpec, TrainEngineConfig
+from areal.api.health_config import RunHealthConfig
 from areal.api.inference_config import (
     GenerationHyperparameters,
     InferenceEngineConfig,
@@ -197,11 +198,24 @@ class PPOConfig(BaseExperimentConfig):
         "On-policy distillation teacher (a frozen model scoring every trajectory; reverse-KL "
         "term weighted by teacher.rl_loss_weight / distill_loss_weight); None: no teacher.",
     )
+    run_health: RunHealthConfig = cfield(
+        help="Per-step alarms: entropy collapse, reward drop/saturation, length and truncation, "
+        "importance-weight / KL / clip blow-ups, trainer-vs-server logprob mismatch, groups "
+        "without signal, held-out divergence, reward hacking (docs/run_health.md).",
+        factory=RunHealthConfig,
+    )
 
     def __post_init__(self):
         if self.eval_gconfig is None:
             self.eval_gconfig = self.gconfig.new()
         super().__post_init__()
+        if self.run_health.enabled and self.run_health.uses_rollback():
+            if self.recover.mode == "disabled":
+                raise ValueError(
+                    f"{type(self).__name__}.run_health: action 'rollback' restores a recover "
+                    "checkpoint, but recover.mode='disabled' writes none; set recover.mode to "
+                    "'off', 'on' or 'auto' (and recover.freq_steps), or use 'warn'/'stop'"
+                )
 
 
 @dataclass

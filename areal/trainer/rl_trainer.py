@@ -28,6 +28,8 @@ engines are built), runs the rollout side
    batch crosses to each role's workers once; proximal logprobs, reference / teacher
    logprobs, values, advantages, ``ppo_update``, LR step; held batches freed;
 4. ``weight_sync.sync``: pause, push weights, bump versions (rollout stays paused);
+4b. run health (``areal.trainer.health``): the step's alarms; ``stop`` ends the run
+   here, ``rollback`` restores an earlier recover checkpoint and the loop goes on from it;
 5. the recover checkpoint, then ``rollout.resume()``;
 6. evaluation when due (``areal.utils.evaluator``: ``Evaluator`` + ``run_evaluation``),
    ``saver.save``, ``stats_logger.commit``.
@@ -61,6 +63,7 @@ from areal.infra.rollout.failure_monitor import EpisodeFailureMonitor
 from areal.infra.rollout.rollout_results import WaitInterrupted
 from areal.trainer.common import flush_perf_tracer, make_scheduler, setup_run, teardown_run
 from areal.trainer.engine_select import select_engine
+from areal.trainer.health import TrainerHealth
 from areal.trainer.ppo.stats import batch_stats
 from areal.trainer.rl_step import PPORoles, train_on_batch
 from areal.utils import logging, perf_tracer, stats_tracker
@@ -176,6 +179,8 @@ class PPOTrainer:
         self.evaluator = Evaluator(config.evaluator, self.ft_spec)
         self.stats_logger = StatsLogger(config.stats_logger, self.ft_spec)
         self.recover_handler = RecoverHandler(config.recover, self.ft_spec)
+        # alarms on every step's statistics; stop / rollback (areal.trainer.health)
+        self.health = TrainerHealth(self)
         self.start_step = 0
         self.eval_history: list[dict[str, float]] = []
 
@@ -373,6 +378,7 @@ class PPOTrainer:
         if recover_info is not None:
             self.start_step = recover_info.last_step_info.next().global_step
             logger.info(f"Resumed from recover checkpoint: continuing at step {self.start_step}")
+            self.health.on_resume(self.start_step - 1)
 
         result: dict[str, Any] = {"start_step": self.start_step}
         if (
@@ -386,6 +392,7 @@ class PPOTrainer:
             )
             # Logged as step -1: the accuracy before the first update.
             self.stats_logger.commit(0, -1, -1, dict(result["initial_eval"]))
+            self.health.add_eval(-1, result["initial_eval"])
 
         from tqdm import tqdm
 
@@ -400,7 +407,9 @@ class PPOTrainer:
         self._stop = StopOnSignal().install()
         self.rollout.workflow_executor.interrupt_waits_on(self._stop.event)
         last_dumped = self.start_step - 1 if recover_info is not None else None
-        for global_step in range(self.start_step, total_steps):
+        global_step = self.start_step - 1
+        while global_step + 1 < total_steps:
+            global_step += 1
             epoch = global_step // steps_per_epoch
             step = global_step % steps_per_epoch
             step_info = StepInfo(
@@ -416,6 +425,19 @@ class PPOTrainer:
                     )
             except WaitInterrupted:
                 self._stop_during_wait(global_step, last_dumped)
+                break
+            # run health: alarms on this step's stats, before its recover checkpoint
+            verdict = self.health.check(global_step, stats)
+            if verdict.kind == "rolled_back":
+                global_step = last_dumped = verdict.next_step - 1
+                pbar.n = verdict.next_step
+                pbar.refresh()
+                result.setdefault("health_rollbacks", []).append(verdict.event)
+                continue
+            if verdict.kind == "stop":
+                self.stats_logger.commit(epoch, step, global_step, stats)
+                result["steps_done"] = global_step + 1 - self.start_step
+                result["health_stop"] = verdict.message
                 break
 
             with stats_tracker.record_timing("checkpoint_for_recover"):
@@ -438,6 +460,7 @@ class PPOTrainer:
             self._eval_seconds += time.monotonic() - t_eval
             if evaluated:
                 stats.update(evaluated)
+                self.health.add_eval(global_step, evaluated)
             with stats_tracker.record_timing("save"):
                 self.saver.save(self.actor, epoch, step, global_step, tokenizer=self.tokenizer)
             stats["time/elapsed"] = time.monotonic() - t_run
@@ -569,6 +592,7 @@ class PPOTrainer:
                 batch = self._sync_rollout(workflow, workflow_kwargs, should_accept_fn, group_size)
         version = step_info.global_step
         stats: dict[str, float] = batch_stats(batch, version)
+        stats.update(self.health.batch_signals(batch))
         self._log_consumed(batch, step_info.global_step)
         roles = PPORoles(self.actor, self.ref, self.teacher, self.critic)
         train_stats = train_on_batch(roles, batch, config, version, timed)

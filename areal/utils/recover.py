@@ -151,6 +151,11 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
+def checkpoint_step(ckpt_dir: str) -> int:
+    """The global step of a checkpoint directory ``.../step{N:08d}``."""
+    return int(os.path.basename(ckpt_dir.rstrip("/"))[len("step") :])
+
+
 def list_complete_checkpoints(root: str) -> list[str]:
     """Complete checkpoint directories, oldest first."""
     dirs = [
@@ -343,6 +348,45 @@ class RecoverHandler:
             logger.info(f"No recover checkpoint under {self.root}; starting fresh")
             return None
         logger.info(f"Resuming from {path}")
+        return self.restore(
+            path,
+            engine,
+            saver,
+            evaluator,
+            stats_logger,
+            dataloader,
+            inference_engine=inference_engine,
+            weight_sync=weight_sync,
+        )
+
+    def latest_before(self, step: int, skip: Any = None) -> str | None:
+        """The newest complete, verified checkpoint of a step before ``step`` (a damaged
+        one is logged and skipped, and so is one whose step ``skip(step)`` refuses); None
+        when there is none (run health's rollback)."""
+        for d in reversed(list_complete_checkpoints(self.root)):
+            if checkpoint_step(d) >= step or (skip is not None and skip(checkpoint_step(d))):
+                continue
+            problem = verify_checkpoint(d)
+            if problem is None:
+                return d
+            logger.error(f"Recover checkpoint {d} is damaged: {problem}; trying an older one")
+        return None
+
+    def restore(
+        self,
+        path: str,
+        engine: Any,
+        saver: Any,
+        evaluator: Any,
+        stats_logger: Any,
+        dataloader: Any,
+        inference_engine: Any = None,
+        weight_sync: Any = None,
+        reason: str = "recover",
+    ) -> RecoverInfo:
+        """Restore the checkpoint at ``path`` (whatever ``mode`` says; ``load`` picks the
+        newest): model + optimizer, saver/evaluator/dataloader state, RNG, stats files cut
+        after its step, the servers' weights and version, the rows it had in flight."""
         info: RecoverInfo = torch.load(os.path.join(path, _INFO), weights_only=False)
         engine.load(
             SaveLoadMeta(
@@ -367,7 +411,7 @@ class RecoverHandler:
         version = info.inference_version
         # The servers still hold the initial weights: push the restored ones before any rollout.
         if weight_sync is not None:
-            weight_sync.sync(version, resume=True, reason="recover")
+            weight_sync.sync(version, resume=True, reason=reason)
         else:
             engine.set_version(version)
             if inference_engine is not None:

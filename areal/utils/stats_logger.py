@@ -4,7 +4,10 @@ their local modes need no network: :mod:`areal.utils.trackers`).
 
 Files under ``get_log_path(config)``: ``stats.jsonl`` (one JSON object per step),
 ``tensorboard/`` (unless ``tensorboard.path`` points elsewhere) and, at ``close()``, a
-``curves.png`` plot of reward / accuracy / eval metrics against the step.
+``curves.png`` plot of reward / accuracy / eval metrics against the step, with the
+starts of run-health alarms (``health.jsonl``, ``areal.utils.run_health``) marked:
+actionable ones as red lines, informational ones as grey dashed lines, rollbacks as
+purple dotted lines.
 """
 
 from __future__ import annotations
@@ -142,9 +145,25 @@ class StatsLogger:
         path = path or os.path.join(self.log_path, "curves.png")
         fig = Figure(figsize=(5 * len(panels), 3.5))
         axes = fig.subplots(1, len(panels), squeeze=False)
+        marks = health_marks(os.path.join(self.log_path, "health.jsonl"))
         for ax, (title, key, pts) in zip(axes[0], panels, strict=True):
             xs, ys = zip(*pts, strict=True)
             ax.plot(xs, ys, marker="o" if len(xs) < 30 else None)
+            for i, (x, label, style) in enumerate(marks):
+                ax.axvline(x, **style)
+                if ax is axes[0][0]:
+                    ax.annotate(
+                        label,
+                        (x, 1.0),
+                        xycoords=("data", "axes fraction"),
+                        rotation=90,
+                        fontsize=6,
+                        va="top",
+                        ha="right",
+                        color=style["color"],
+                        xytext=(-1, -2 - 40 * (i % 2)),
+                        textcoords="offset points",
+                    )
             ax.set_title(f"{title}\n({key})", fontsize=9)
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
@@ -174,6 +193,31 @@ class StatsLogger:
             with open(self.jsonl_path, "w") as f:
                 for row in kept:
                     f.write(json.dumps(row) + "\n")
+
+
+_MARK_STYLES = {
+    "actionable": {"color": "tab:red", "linestyle": "-", "linewidth": 1.0, "alpha": 0.8},
+    "informational": {"color": "0.5", "linestyle": "--", "linewidth": 0.8, "alpha": 0.8},
+    "rollback": {"color": "tab:purple", "linestyle": ":", "linewidth": 1.2, "alpha": 0.9},
+}
+
+
+def health_marks(path: str) -> list[tuple[int, str, dict[str, Any]]]:
+    """``(step, label, line style)`` of every alarm start and rollback in ``health.jsonl``."""
+    if not os.path.exists(path):
+        return []
+    marks = []
+    with open(path) as f:
+        for line in f:
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if e.get("event") == "start":
+                marks.append((e["step"], e["alarm"], _MARK_STYLES[e.get("kind", "actionable")]))
+            elif e.get("event") == "rollback":
+                marks.append((e["step"], f"rollback->{e['to_step']}", _MARK_STYLES["rollback"]))
+    return marks
 
 
 def _to_float(v: Any) -> float:

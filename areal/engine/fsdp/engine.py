@@ -593,6 +593,20 @@ class FSDPEngine(
             raise RuntimeError("this engine has no LR scheduler (config.optimizer is None)")
         self.lr_scheduler.step()
 
+    def scale_lr(self, factor: float) -> float:
+        """The learning rate times ``factor`` from now on: every parameter group's ``lr``
+        and the schedule's ``base_lrs`` (saved with it, so a resumed run keeps it)."""
+        if self.optimizer is None:
+            raise RuntimeError("this engine has no optimizer (config.optimizer is None)")
+        for group in self.optimizer.param_groups:
+            group["lr"] *= factor
+            if "initial_lr" in group:
+                group["initial_lr"] *= factor
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.base_lrs = [lr * factor for lr in self.lr_scheduler.base_lrs]
+            self.lr_scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+        return float(self.optimizer.param_groups[0]["lr"])
+
     @torch.no_grad()
     def eval_batch(
         self,

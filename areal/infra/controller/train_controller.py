@@ -609,6 +609,10 @@ class TrainController:
     def step_lr_scheduler(self) -> None:
         self.custom_function_call("step_lr_scheduler")
 
+    def scale_lr(self, factor: float) -> float:
+        """Every rank's learning rate times ``factor``; returns rank 0's new value."""
+        return self.custom_function_call("scale_lr", float(factor))
+
     def set_version(self, version: int) -> None:
         self.custom_function_call("set_version", version)
 

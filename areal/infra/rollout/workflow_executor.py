@@ -240,6 +240,32 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
                     self.staleness_manager.on_rollout_dequeued()
             self._pending.clear()
 
+    def discard_all(self) -> int:
+        """Drop every training rollout: queued, running (cancelled), finished but not
+        consumed, and the rows waiting to be re-run; restart the loop with fresh staleness
+        counters and read the dataloader afresh at the next ``prepare_batch``. Returns how
+        many were dropped. For a rollback to a recover checkpoint
+        (``areal.trainer.health_rollback``): these rollouts came from weights that no
+        longer exist, and the restored checkpoint re-queues the rows it had in flight."""
+        with self._cv:
+            n = sum(not t.is_eval for t in self._pending) + len(self._inflight)
+            n += len(self._results) + len(self._replay)
+        mcr, cbs = self.max_concurrent_rollouts, self.consumer_batch_size
+        self.destroy()
+        with self._cv:
+            self._results = []
+            self._inflight.clear()
+            self._replay.clear()
+            self._dynamic_rejected = 0
+            self._eval_running = 0
+        self._data_iter = None
+        self.initialize()
+        self.max_concurrent_rollouts, self.consumer_batch_size = mcr, cbs
+        self.staleness_manager.max_concurrent_rollouts = mcr
+        self.staleness_manager.consumer_batch_size = cbs
+        self.logger.warning("Discarded %d rollouts (rollback)", n)
+        return n
+
     def __enter__(self) -> WorkflowExecutor:
         self.initialize()
         return self
