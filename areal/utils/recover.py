@@ -362,7 +362,9 @@ class RecoverHandler:
     def latest_before(self, step: int, skip: Any = None) -> str | None:
         """The newest complete, verified checkpoint of a step before ``step`` (a damaged
         one is logged and skipped, and so is one whose step ``skip(step)`` refuses); None
-        when there is none (run health's rollback)."""
+        when there is none (run health's rollback). A pending background write is
+        completed first, so its checkpoint is a candidate too."""
+        self.wait_pending()
         for d in reversed(list_complete_checkpoints(self.root)):
             if checkpoint_step(d) >= step or (skip is not None and skip(checkpoint_step(d))):
                 continue
@@ -387,6 +389,7 @@ class RecoverHandler:
         """Restore the checkpoint at ``path`` (whatever ``mode`` says; ``load`` picks the
         newest): model + optimizer, saver/evaluator/dataloader state, RNG, stats files cut
         after its step, the servers' weights and version, the rows it had in flight."""
+        self.wait_pending()  # never load while a background write still runs
         info: RecoverInfo = torch.load(os.path.join(path, _INFO), weights_only=False)
         engine.load(
             SaveLoadMeta(

@@ -31,6 +31,12 @@ class Saver:
         self.freq_ctl = EpochStepTimeFreqCtl(
             freq_epoch=config.freq_epochs, freq_step=config.freq_steps, freq_sec=config.freq_secs
         )
+        if config.mode == "async":
+            logger.warning(
+                "saver.mode='async': Hugging Face exports are written synchronously by this "
+                "engine (as AReaL does for non-Archon engines); the background write is that "
+                "of recover checkpoints, recover.save_mode=async"
+            )
 
     @staticmethod
     def get_save_checkpoint_path(
