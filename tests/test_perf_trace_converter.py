@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from areal.tools.perf_trace_converter import convert_jsonl_to_chrome_trace
+from areal.tools.trace_timeline import draw_timeline
 
 SCOPES = {
     "trainer.rollout",
@@ -65,3 +66,37 @@ def test_perf_tracer_three_demo_steps_valid_chrome_trace(tmp_path):
         if e["name"] == "trainer.update_weights":
             assert any(a <= e["ts"] and e["ts"] + e["dur"] <= b + 1 for a, b in steps)
     assert [e["name"] for e in events if e["ph"] == "M"] == ["process_name"]
+    # the project's own picture of it (no browser here)
+    png = tmp_path / "timeline.png"
+    drawn = draw_timeline(out, png)
+    assert drawn["bars"] == len(spans)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_timeline_one_row_per_name_and_bad_input(tmp_path):
+    trace = {
+        "traceEvents": [
+            {"name": "process_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "rank 0"}},
+            {"name": "trainer.train_step", "ph": "X", "ts": 0, "dur": 2_000_000, "pid": 0},
+            {"name": "trainer.rollout", "ph": "X", "ts": 100, "dur": 500_000, "pid": 0},
+            {"name": "trainer.train_step", "ph": "X", "ts": 2_000_000, "dur": 1_000_000, "pid": 0},
+            {"name": "trainer.rollout", "ph": "X", "ts": 2_000_100, "dur": 0, "pid": 0},
+        ]
+    }
+    src = tmp_path / "t.json"
+    src.write_text(json.dumps(trace))
+    drawn = draw_timeline(src, tmp_path / "a.png")
+    assert drawn["rows"] == ["r0 trainer.train_step", "r0 trainer.rollout"]
+    assert drawn["bars"] == 4 and abs(drawn["span_s"] - 3.0) < 1e-9
+    only = draw_timeline(src, tmp_path / "b.png", names=["trainer.rollout"])
+    assert only["rows"] == ["r0 trainer.rollout"] and only["bars"] == 2
+    with pytest.raises(ValueError, match="no complete"):
+        draw_timeline(src, tmp_path / "c.png", names=["nothing"])
+    (tmp_path / "bad.json").write_text("{}")
+    r = subprocess.run(
+        [sys.executable, "-m", "areal.tools.trace_timeline", str(tmp_path / "bad.json"), "x.png"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "no 'traceEvents' list" in r.stderr
