@@ -225,3 +225,66 @@ def netns_cluster() -> Iterator[NetnsCluster]:
         yield cluster
     finally:
         destroy_cluster(cluster)
+
+
+def etcd_skip_reason() -> str | None:
+    if shutil.which("etcd") is None:
+        return "etcd missing (apt-get install -y etcd-server; .ci/run installs it)"
+    return None
+
+
+def start_etcd(
+    data_dir: str, host: str, client_port: int, peer_port: int, popen=subprocess.Popen
+) -> subprocess.Popen:
+    """Start a one-member etcd (Debian's ``etcd-server``) serving ``http://host:client_port``.
+
+    ``popen`` runs it where it should live (``subprocess.Popen`` for the root namespace,
+    ``functools.partial(cluster.popen, "a")`` for node A). Returns once ``/health`` answers.
+    """
+    import json
+    import urllib.request
+
+    os.makedirs(data_dir, exist_ok=True)
+    client, peer = f"http://{host}:{client_port}", f"http://{host}:{peer_port}"
+    log = open(os.path.join(data_dir, "etcd.log"), "w")
+    proc = popen(
+        [
+            "etcd",
+            "--name=areal-test",
+            f"--data-dir={os.path.join(data_dir, 'data')}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=areal-test={peer}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            with open(os.path.join(data_dir, "etcd.log")) as f:
+                tail = f.read()[-2000:]
+            raise RuntimeError(f"etcd exited with {proc.returncode}: {tail}")
+        try:
+            with urllib.request.urlopen(client + "/health", timeout=1) as r:
+                if json.loads(r.read()).get("health") == "true":
+                    return proc
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError(f"etcd at {client} not healthy after 60 s")
+        time.sleep(0.2)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
