@@ -215,3 +215,33 @@ def test_etcd3_across_nodes_owner_on_b_lost_with_its_node(netns_cluster, tmp_pat
         _wait_gone(repo, "e/nodes/b", within=8)
     finally:
         stop_process(etcd)
+
+
+@pytest.mark.slow
+@needs_etcd
+def test_local_scheduler_etcd3_config_publishes_workers_in_etcd(etcd_addr, tmp_path):
+    """``cluster.name_resolve.type=etcd3``: the scheduler's addresses land in the etcd server."""
+    from areal.api.cli_args import BaseExperimentConfig, ClusterSpecConfig
+    from areal.api.scheduler_api import Job, SchedulingSpec
+    from areal.infra.scheduler import LocalScheduler
+
+    nr = NameResolveConfig(type="etcd3", etcd3_addr=etcd_addr)
+    cfg = BaseExperimentConfig(
+        experiment_name="e",
+        trial_name="etcd",
+        cluster=ClusterSpecConfig(fileroot=str(tmp_path), name_resolve=nr),
+    )
+    sched = LocalScheduler(exp_config=cfg, fileroot=str(tmp_path))
+    try:
+        assert isinstance(sched.name_resolve, Etcd3NameRecordRepository)
+        # a command worker (a plain HTTP server) starts in well under a second
+        cmd = f"{sys.executable} -m http.server {{port}} --bind {{host}} --directory {tmp_path}"
+        spec = SchedulingSpec(cpu=1, mem=1, cmd=cmd)
+        sched.create_workers(Job(replicas=1, tasks=[spec], role="w", health_path="/"))
+        (w,) = sched.get_workers("w")
+        reader = Etcd3NameRecordRepository(etcd_addr)
+        assert reader.get("e/etcd/workers/w/0") == w.address
+    finally:
+        sched.delete_workers(None)
+        sched.close()
+    assert not (tmp_path / "name_resolve").exists()
