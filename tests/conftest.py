@@ -7,6 +7,7 @@ import random
 
 import pytest
 from _ci_plugin import CIPlugin, in_ci
+from netns_cluster import netns_cluster  # noqa: F401 - session fixture (tests/netns_cluster.py)
 
 
 def pytest_configure(config):

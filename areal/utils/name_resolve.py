@@ -1,4 +1,4 @@
-"""Key-value registry (AReaL's ``name_resolve``) with a file-system backend.
+"""Key-value registry (AReaL's ``name_resolve``): file-system, etcd3 and Ray backends.
 
 Keys are ``/``-separated names (``{experiment}/{trial}/workers/actor/0``); each value
 is one file under the root directory, written atomically (temp file + ``os.replace``)
@@ -7,14 +7,25 @@ so readers on any process that shares the file system never see a partial value.
 The module-level functions use a default repository rooted at
 ``$AREAL_NAME_RESOLVE_ROOT`` or ``{tempdir}/areal/name_resolve``; call
 ``reconfigure(root)`` (e.g. ``{cluster.fileroot}/name_resolve``) to move it.
+
+``Etcd3NameRecordRepository`` (``name_resolve.type: etcd3``, ``etcd3_addr``) speaks etcd's
+v3 HTTP/JSON gateway (``/v3/kv/*``, ``/v3/lease/*``) with ``requests``: no gRPC client
+needed. ``RayNameRecordRepository`` keeps the values in a named Ray actor.
 """
 
 from __future__ import annotations
 
+import atexit
+import base64
 import os
 import shutil
 import tempfile
+import threading
 import time
+
+from areal.utils import logging
+
+logger = logging.getLogger("NameResolve")
 
 
 class NameEntryExistsError(KeyError):
@@ -25,7 +36,7 @@ class NameEntryNotFoundError(KeyError):
     pass
 
 
-def _check_name(name: str) -> str:
+def check_name(name: str) -> str:
     name = name.strip("/")
     if not name or any(p in ("", ".", "..") for p in name.split("/")):
         raise ValueError(f"Invalid name_resolve key {name!r}")
@@ -41,7 +52,7 @@ class FileNameRecordRepository:
         self.root = os.path.abspath(root)
 
     def _path(self, name: str) -> str:
-        return os.path.join(self.root, _check_name(name), self.VALUE_FILE)
+        return os.path.join(self.root, check_name(name), self.VALUE_FILE)
 
     def add(self, name: str, value: str, replace: bool = False, **_ignored) -> None:
         """Store ``value``; raises ``NameEntryExistsError`` unless ``replace``. (``keepalive_ttl`` is accepted and ignored.)"""
@@ -53,11 +64,17 @@ class FileNameRecordRepository:
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(str(value))
-            os.replace(tmp, path)
-        except BaseException:
+            if replace:
+                os.replace(tmp, path)
+            else:
+                # link() fails if the name exists: of two racing writers, exactly one wins.
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    raise NameEntryExistsError(name) from None
+        finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-            raise
 
     def get(self, name: str) -> str:
         try:
@@ -89,7 +106,7 @@ class FileNameRecordRepository:
         return [self.get(k) for k in self.find_subtree(name_root)]
 
     def find_subtree(self, name_root: str) -> list[str]:
-        base = os.path.join(self.root, _check_name(name_root))
+        base = os.path.join(self.root, check_name(name_root))
         keys = []
         for dirpath, _dirs, files in os.walk(base):
             if self.VALUE_FILE in files:
@@ -97,7 +114,7 @@ class FileNameRecordRepository:
         return sorted(keys)
 
     def clear_subtree(self, name_root: str) -> None:
-        shutil.rmtree(os.path.join(self.root, _check_name(name_root)), ignore_errors=True)
+        shutil.rmtree(os.path.join(self.root, check_name(name_root)), ignore_errors=True)
 
     def reset(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -142,6 +159,235 @@ def find_subtree(name_root: str) -> list[str]:
 
 def clear_subtree(name_root: str) -> None:
     _default.clear_subtree(name_root)
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _unb64(text: str) -> str:
+    return base64.b64decode(text).decode()
+
+
+class Etcd3NameRecordRepository:
+    """Same interface, values held by an etcd v3 server, through its HTTP/JSON gateway.
+
+    ``addr`` is ``host:port`` (or ``http://host:port``) of the server's client URL. Keys
+    are stored as given (``e/t/workers/actor/0``); a subtree is one range request
+    (``[root, root + "0")``, filtered to ``root`` and ``root/...``). ``add`` without
+    ``replace`` is one transaction (put if the key was never created), so two processes
+    racing for a key cannot both win. ``add(..., keepalive_ttl=S)`` binds the key to a
+    lease of ``S`` seconds that a daemon thread of this process refreshes every ``S/3``:
+    when the owner dies (or its node is cut off) the key disappears within ``S``.
+    ``close()`` (also run at exit) stops the refresh, revokes the leases and deletes the
+    keys added with ``delete_on_exit=True``.
+    """
+
+    def __init__(self, addr: str = "localhost:2379", timeout: float = 10.0):
+        import requests
+
+        if not addr or ":" not in addr.removeprefix("http://"):
+            raise ValueError(
+                f"NameResolveConfig.etcd3_addr={addr!r}: expected host:port (e.g. 10.0.0.1:2379)"
+            )
+        self.addr = addr
+        self.url = addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
+        self.timeout = timeout
+        self._session = requests.Session()
+        self._lock = threading.Lock()
+        self._leases: dict[int, float] = {}  # lease id -> ttl, refreshed by the thread
+        self._key_lease: dict[str, int] = {}  # keys we own with a lease
+        self._to_delete: set[str] = set()  # keys deleted by close()
+        self._stop = threading.Event()
+        self._keepalive_thread: threading.Thread | None = None
+        self.keepalive_failures = 0  # refreshes that failed (logged each time)
+        atexit.register(self.close)
+
+    # --- HTTP ---
+    def _post(self, path: str, body: dict, session=None) -> dict:
+        import requests
+
+        try:
+            r = (session or self._session).post(self.url + path, json=body, timeout=self.timeout)
+        except requests.RequestException as e:
+            raise ConnectionError(
+                f"etcd3 name_resolve: {path} to {self.addr} failed: {type(e).__name__}: {e}"
+            ) from e
+        if r.status_code != 200:
+            raise RuntimeError(
+                f"etcd3 name_resolve: {path} to {self.addr} answered {r.status_code}: {r.text[:300]}"
+            )
+        return r.json()
+
+    def _range(self, root: str, keys_only: bool) -> list[tuple[str, str]]:
+        body = {"key": _b64(root), "range_end": _b64(root + "0"), "keys_only": keys_only}
+        kvs = self._post("/v3/kv/range", body).get("kvs", [])
+        out = []
+        for kv in kvs:
+            key = _unb64(kv["key"])
+            if key == root or key.startswith(root + "/"):
+                out.append((key, "" if keys_only else _unb64(kv.get("value", ""))))
+        return sorted(out)
+
+    # --- leases ---
+    def _grant(self, ttl: float) -> int:
+        lease = int(self._post("/v3/lease/grant", {"TTL": max(1, int(ttl))})["ID"])
+        with self._lock:
+            self._leases[lease] = ttl
+            if self._keepalive_thread is None:
+                self._keepalive_thread = threading.Thread(
+                    target=self._keepalive_loop, name="etcd3-keepalive", daemon=True
+                )
+                self._keepalive_thread.start()
+        return lease
+
+    def _revoke(self, lease: int) -> None:
+        with self._lock:
+            self._leases.pop(lease, None)
+        try:
+            self._post("/v3/lease/revoke", {"ID": str(lease)})
+        except (ConnectionError, RuntimeError) as e:
+            logger.warning(f"etcd3 lease {lease} not revoked (expires by itself): {e}")
+
+    def _keepalive_loop(self) -> None:
+        import requests
+
+        session = requests.Session()
+        while True:
+            with self._lock:
+                leases = dict(self._leases)
+            interval = max(0.2, min(leases.values(), default=3.0) / 3)
+            if self._stop.wait(interval):
+                return
+            for lease, ttl in leases.items():
+                try:
+                    res = self._post("/v3/lease/keepalive", {"ID": str(lease)}, session=session)
+                    alive = int(res.get("result", {}).get("TTL", 0)) > 0
+                except (ConnectionError, RuntimeError) as e:
+                    self.keepalive_failures += 1
+                    logger.warning(f"etcd3 lease {lease} (ttl {ttl} s) not refreshed: {e}")
+                    continue
+                if not alive:
+                    self.keepalive_failures += 1
+                    with self._lock:
+                        self._leases.pop(lease, None)
+                        lost = [k for k, v in self._key_lease.items() if v == lease]
+                    logger.warning(f"etcd3 lease {lease} expired; keys gone: {lost}")
+
+    # --- the repository interface ---
+    def add(
+        self,
+        name: str,
+        value: str,
+        replace: bool = False,
+        keepalive_ttl: float | None = None,
+        delete_on_exit: bool = True,
+        **_ignored,
+    ) -> None:
+        """Store ``value``; raises ``NameEntryExistsError`` unless ``replace``."""
+        name = check_name(name)
+        if keepalive_ttl is not None and keepalive_ttl <= 0:
+            raise ValueError(f"keepalive_ttl={keepalive_ttl!r}: must be > 0 seconds or None")
+        lease = self._grant(keepalive_ttl) if keepalive_ttl else None
+        put = {"key": _b64(name), "value": _b64(str(value))}
+        if lease is not None:
+            put["lease"] = str(lease)
+        if replace:
+            self._post("/v3/kv/put", put)
+        else:
+            txn = {
+                "compare": [
+                    {
+                        "key": _b64(name),
+                        "target": "CREATE",
+                        "result": "EQUAL",
+                        "create_revision": "0",
+                    }
+                ],
+                "success": [{"request_put": put}],
+            }
+            if not self._post("/v3/kv/txn", txn).get("succeeded", False):
+                if lease is not None:
+                    self._revoke(lease)
+                raise NameEntryExistsError(name)
+        with self._lock:
+            old = self._key_lease.pop(name, None)
+            if lease is not None:
+                self._key_lease[name] = lease
+            if delete_on_exit:
+                self._to_delete.add(name)
+        if old is not None and old != lease:
+            self._revoke(old)
+
+    def get(self, name: str) -> str:
+        name = check_name(name)
+        kvs = self._post("/v3/kv/range", {"key": _b64(name)}).get("kvs", [])
+        if not kvs:
+            raise NameEntryNotFoundError(name)
+        return _unb64(kvs[0].get("value", ""))
+
+    def wait(self, name: str, timeout: float | None = None, poll_frequency: float = 0.1) -> str:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                return self.get(name)
+            except NameEntryNotFoundError:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"name_resolve key {name!r} did not appear within {timeout} s "
+                        f"(etcd3 at {self.addr})"
+                    ) from None
+                time.sleep(poll_frequency)
+
+    def delete(self, name: str) -> None:
+        name = check_name(name)
+        res = self._post("/v3/kv/deleterange", {"key": _b64(name)})
+        with self._lock:
+            lease = self._key_lease.pop(name, None)
+            self._to_delete.discard(name)
+        if lease is not None:
+            self._revoke(lease)
+        if int(res.get("deleted", 0)) == 0:
+            raise NameEntryNotFoundError(name)
+
+    def find_subtree(self, name_root: str) -> list[str]:
+        return [k for k, _ in self._range(check_name(name_root), keys_only=True)]
+
+    def get_subtree(self, name_root: str) -> list[str]:
+        """Values of every key under ``name_root``, sorted by key (one range request)."""
+        return [v for _, v in self._range(check_name(name_root), keys_only=False)]
+
+    def clear_subtree(self, name_root: str) -> None:
+        root = check_name(name_root)
+        self._post("/v3/kv/deleterange", {"key": _b64(root + "/"), "range_end": _b64(root + "0")})
+        self._post("/v3/kv/deleterange", {"key": _b64(root)})
+        with self._lock:
+            for k in [k for k in self._to_delete if k == root or k.startswith(root + "/")]:
+                self._to_delete.discard(k)
+
+    def reset(self) -> None:
+        """Delete the keys this repository added (``delete_on_exit``) and revoke its leases."""
+        with self._lock:
+            keys, self._to_delete = sorted(self._to_delete), set()
+            leases, self._leases = list(self._leases), {}
+            self._key_lease.clear()
+        for key in keys:
+            try:
+                self._post("/v3/kv/deleterange", {"key": _b64(key)})
+            except (ConnectionError, RuntimeError) as e:
+                logger.warning(f"etcd3 key {key!r} not deleted at reset: {e}")
+        for lease in leases:
+            self._revoke(lease)
+
+    def close(self) -> None:
+        """Stop refreshing leases, then ``reset()``; safe to call twice."""
+        self._stop.set()
+        thread = self._keepalive_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=self.timeout)
+        if self._to_delete or self._leases:
+            self.reset()
+        atexit.unregister(self.close)
 
 
 class _RayKVStore:
@@ -206,12 +452,12 @@ class RayNameRecordRepository:
         return ray.get(ref, timeout=self.timeout)
 
     def add(self, name: str, value: str, replace: bool = False, **_ignored) -> None:
-        name = _check_name(name)
+        name = check_name(name)
         if not self._get(self._actor.add.remote(name, str(value), replace)):
             raise NameEntryExistsError(name)
 
     def get(self, name: str) -> str:
-        name = _check_name(name)
+        name = check_name(name)
         value = self._get(self._actor.get.remote(name))
         if value is None:
             raise NameEntryNotFoundError(name)
@@ -230,18 +476,18 @@ class RayNameRecordRepository:
                 time.sleep(poll_frequency)
 
     def delete(self, name: str) -> None:
-        name = _check_name(name)
+        name = check_name(name)
         if not self._get(self._actor.delete.remote(name)):
             raise NameEntryNotFoundError(name)
 
     def find_subtree(self, name_root: str) -> list[str]:
-        return self._get(self._actor.keys.remote(_check_name(name_root)))
+        return self._get(self._actor.keys.remote(check_name(name_root)))
 
     def get_subtree(self, name_root: str) -> list[str]:
         return [self.get(k) for k in self.find_subtree(name_root)]
 
     def clear_subtree(self, name_root: str) -> None:
-        self._get(self._actor.clear.remote(_check_name(name_root)))
+        self._get(self._actor.clear.remote(check_name(name_root)))
 
     def reset(self) -> None:
         self._get(self._actor.clear.remote(None))
@@ -253,10 +499,14 @@ class RayNameRecordRepository:
         ray.kill(self._actor, no_restart=True)
 
 
-def make_repository(config) -> FileNameRecordRepository | RayNameRecordRepository:
-    """Repository for a ``NameResolveConfig`` (``nfs`` or ``ray``; etcd3 is not implemented)."""
+def make_repository(
+    config,
+) -> FileNameRecordRepository | Etcd3NameRecordRepository | RayNameRecordRepository:
+    """Repository for a ``NameResolveConfig`` (``nfs``, ``etcd3`` or ``ray``)."""
     if config.type == "nfs":
         return FileNameRecordRepository(config.nfs_record_root)
+    if config.type == "etcd3":
+        return Etcd3NameRecordRepository(config.etcd3_addr)
     if config.type == "ray":
         return RayNameRecordRepository(config.ray_actor_name)
-    raise NotImplementedError(f"name_resolve.type={config.type!r}; implemented: 'nfs', 'ray'")
+    raise ValueError(f"name_resolve.type={config.type!r}; allowed: 'nfs', 'etcd3', 'ray'")

@@ -36,12 +36,46 @@ def gethostname() -> str:
 
 
 def gethostip(probe_host: str = "10.255.255.255", probe_port: int = 1) -> str:
-    """This machine's outward-facing IPv4 address (no packet is sent); 127.0.0.1 as fallback."""
+    """This machine's outward-facing IPv4 address (no packet is sent).
+
+    The address of the route to ``probe_host``; on a node without a default route (an
+    isolated cluster network, a network namespace) the first non-loopback interface
+    address instead, so a worker never publishes 127.0.0.1 to other nodes while it has a
+    real address. 127.0.0.1 only when the machine has no other IPv4 address.
+    """
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         s.connect((probe_host, probe_port))
-        return s.getsockname()[0]
+        ip = s.getsockname()[0]
+        if not ip.startswith("127."):
+            return ip
     except OSError:
-        return "127.0.0.1"
+        pass
     finally:
         s.close()
+    return next(iter(interface_ips()), "127.0.0.1")
+
+
+def interface_ips() -> list[str]:
+    """IPv4 addresses of this machine's interfaces, loopback excluded (Linux, SIOCGIFADDR)."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    ips = []
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for name in names:
+            try:
+                packed = fcntl.ioctl(
+                    s.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode())
+                )
+            except OSError:  # no IPv4 address on this interface
+                continue
+            ip = socket.inet_ntoa(packed[20:24])
+            if not ip.startswith("127."):
+                ips.append(ip)
+    return ips

@@ -57,7 +57,7 @@ from areal.infra.scheduler.base import (
 )
 from areal.utils import logging
 from areal.utils.auth import ensure_run_secret
-from areal.utils.name_resolve import FileNameRecordRepository
+from areal.utils.name_resolve import FileNameRecordRepository, make_repository
 from areal.utils.network import find_free_ports
 
 if TYPE_CHECKING:
@@ -146,12 +146,14 @@ class LocalScheduler(SchedulerBase):
         self.host = host
         self.gpu_devices = gpu_devices
         self._next_gpu = 0
-        nr_root = (
-            exp_config.cluster.name_resolve.nfs_record_root if exp_config is not None else None
-        )
-        self.name_resolve = FileNameRecordRepository(
-            nr_root or os.path.join(self.fileroot, "name_resolve")
-        )
+        nr = exp_config.cluster.name_resolve if exp_config is not None else None
+        if nr is not None and nr.type == "etcd3":
+            self.name_resolve = make_repository(nr)
+        else:
+            self.name_resolve = FileNameRecordRepository(
+                (nr.nfs_record_root if nr is not None else None)
+                or os.path.join(self.fileroot, "name_resolve")
+            )
         self._used_ports: set[int] = set()
         self._stop_monitor = threading.Event()
         self._monitor = threading.Thread(

@@ -52,7 +52,11 @@ from areal.infra.scheduler.base import (
 )
 from areal.utils import logging
 from areal.utils.auth import ensure_run_secret
-from areal.utils.name_resolve import FileNameRecordRepository, NameEntryNotFoundError
+from areal.utils.name_resolve import (
+    Etcd3NameRecordRepository,
+    FileNameRecordRepository,
+    NameEntryNotFoundError,
+)
 from areal.utils.network import find_free_ports, gethostip
 
 if TYPE_CHECKING:
@@ -123,7 +127,15 @@ class SlurmScheduler(SchedulerBase):
         self.state_poll_interval = state_poll_interval
         self.command_timeout = command_timeout
         self.name_resolve_root = os.path.join(self.fileroot, "name_resolve")
-        self.name_resolve = FileNameRecordRepository(self.name_resolve_root)
+        nr = exp_config.cluster.name_resolve if exp_config is not None else None
+        # etcd3 (cluster.name_resolve.type): controller and tasks share the server instead
+        # of files under fileroot; the other types keep the shared-file-system store.
+        self.etcd3_addr = nr.etcd3_addr if nr is not None and nr.type == "etcd3" else None
+        self.name_resolve = (
+            Etcd3NameRecordRepository(self.etcd3_addr)
+            if self.etcd3_addr
+            else FileNameRecordRepository(self.name_resolve_root)
+        )
         self._jobs: dict[str, _SlurmJob] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -192,6 +204,8 @@ class SlurmScheduler(SchedulerBase):
             "--port-count", str(n_ports),
             "--timeout", str(self.startup_timeout),
         ]  # fmt: skip
+        if self.etcd3_addr:
+            worker_argv += ["--etcd3-addr", self.etcd3_addr]
         if distributed:
             worker_argv.append("--distributed")
         if not is_rpc:
@@ -396,7 +410,11 @@ def _task_main(args: argparse.Namespace) -> None:
     local_rank = os.environ.get("SLURM_LOCALID", "0")
     ip = os.environ.get("AREAL_WORKER_HOST") or gethostip()
     ports = find_free_ports(args.port_count, host=ip)
-    nr = FileNameRecordRepository(args.name_resolve_root)
+    nr = (
+        Etcd3NameRecordRepository(args.etcd3_addr)
+        if args.etcd3_addr
+        else FileNameRecordRepository(args.name_resolve_root)
+    )
     base = f"{args.prefix}/slurm/{args.role}"
     env = dict(os.environ, AREAL_WORKER_ID=f"{args.role}/{rank}")
     if args.distributed:
@@ -433,6 +451,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="what", required=True)
     w = sub.add_parser("worker", help="run one worker task")
     w.add_argument("--name-resolve-root", required=True)
+    w.add_argument("--etcd3-addr", default=None, help="host:port of etcd (else the file store)")
     w.add_argument("--prefix", required=True)
     w.add_argument("--role", required=True)
     w.add_argument("--port-count", type=int, default=2)
