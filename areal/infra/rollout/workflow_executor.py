@@ -84,6 +84,7 @@ from areal.infra.rollout.grouped_workflow import (
     is_interaction_dict,
     tag_group_rows,
 )
+from areal.infra.rollout.rollout_deterministic import EPISODE_ID_STRIDE, DeterministicMixin
 from areal.infra.rollout.rollout_results import ResultCollectionMixin, RolloutResult
 from areal.infra.rollout.rollout_submission import RolloutTask, SubmissionMixin
 from areal.infra.rollout.staleness_manager import RolloutStat, StalenessManager
@@ -125,7 +126,7 @@ def check_trajectory_format(data: Any) -> None:
                 )
 
 
-class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
+class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin, DeterministicMixin):
     """Background rollout runner with staleness control (see module docstring)."""
 
     def __init__(self, config: InferenceEngineConfig, inference_engine: Any):
@@ -211,6 +212,8 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
             max_staleness=self.max_staleness,
             version_provider=self._get_version,
         )
+        if self.config.deterministic:
+            self._det_init()
         self._shutdown.clear()
         started = threading.Event()
         self._thread = threading.Thread(
@@ -264,6 +267,7 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
         """Tell the staleness bound that the run resumed at ``version`` (see StalenessManager)."""
         self._require_initialized()
         self.staleness_manager.on_version_recovered(version)
+        self.rebase_deterministic(version)
         self._wake_loop()
 
     # ------------------------------------------------------------------ control
@@ -340,6 +344,8 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
         self._wake = asyncio.Event()
         started.set()
         while not self._shutdown.is_set():
+            if self._det is not None:
+                self._det_advance()
             waiting_for_capacity = self._start_ready_tasks()
             timeout = _VERSION_POLL_S if waiting_for_capacity else None
             try:
@@ -367,7 +373,8 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
                 if not self._pending:
                     return False
                 task = self._pending[0]
-                if task.is_eval:
+                if task.is_eval or task.wave is not None:
+                    # evaluation, and deterministic tasks (the schedule fixes their version)
                     stat = sm.get_stats()
                     ok = stat.running + self._eval_running < self.max_concurrent_rollouts
                 else:
@@ -398,7 +405,9 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
         failure: BaseException | None = None  # the episode failed (not merely rejected)
         traj = None
         workflow_context.set(
-            workflow_context.WorkflowContext(is_eval=task.is_eval, task_id=task.task_id)
+            workflow_context.WorkflowContext(
+                is_eval=task.is_eval, task_id=task.task_id, data_index=task.data_index
+            )
         )
         try:
             traj = await task.workflow.arun_episode(self.inference_engine, task.data)
@@ -407,7 +416,12 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
             if _is_row_batch(traj):
                 # one task = one group: its id, and episode ids unique across the executor
                 traj = dict(traj)
-                self._next_episode_id += tag_group_rows(traj, task.task_id, self._next_episode_id)
+                if task.wave is not None:  # deterministic: ids fixed by the submission order
+                    tag_group_rows(traj, task.task_id, task.task_id * EPISODE_ID_STRIDE)
+                else:
+                    self._next_episode_id += tag_group_rows(
+                        traj, task.task_id, self._next_episode_id
+                    )
         except asyncio.CancelledError:
             reason = "cancelled"
         except Exception as e:
@@ -450,7 +464,8 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
                     traceback.format_exc(),
                 )
         version = self._get_version()
-        if reason is None and not task.is_eval and version - submit_version > self.max_staleness:
+        stale = version - submit_version > self.max_staleness
+        if reason is None and not task.is_eval and task.wave is None and stale:
             reason = "stale"
         monitor = self.eval_failures if task.is_eval else self.failures
         if failure is not None:
@@ -473,7 +488,22 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
                 sm.on_rollout_accepted()
             else:
                 sm.on_rollout_rejected()
-            if reason is None:
+            if task.wave is not None:
+                result = None
+                if reason is None:
+                    result = RolloutResult(
+                        task_id=task.task_id,
+                        trajectory=traj,
+                        submit_version=submit_version,
+                        accept_version=version,
+                        is_eval=False,
+                        seq=next(self._accept_seq),
+                        data=task.data,
+                    )
+                else:
+                    self._reject_locked(reason)
+                self._det_on_finished_locked(task, result, reason)
+            elif reason is None:
                 self._results.append(
                     RolloutResult(
                         task_id=task.task_id,
