@@ -59,7 +59,9 @@ variable size (at least one result), instead of replacing every rejected result.
 Where the parts live: submission and staleness (``submit``, topping up from a
 dataloader, stale drops, pending rows) in ``rollout_submission``; result collection
 (``wait``, ``rollout_batch``, ``prepare_batch``, the wait log) in ``rollout_results``;
-``dump_to_file`` in ``trajectory_dump``. This module owns the background loop: start
+``dump_to_file`` in ``trajectory_dump``; the ``rollout.deterministic`` mode (waves pinned
+to weight versions, batches in submission order, no staleness drops) in
+``rollout_deterministic``. This module owns the background loop: start
 queued tasks while capacity allows, run one episode (workflow context, interactions to
 tensors, group/episode ids), then file its result or its rejection.
 """
