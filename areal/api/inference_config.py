@@ -683,6 +683,13 @@ class InferenceEngineConfig:
         "to; RLVR and multi-turn workflows put them in the batch as 'routed_experts' for "
         "the Archon engine's routing replay (actor.archon.router_replay). Refused for vLLM.",
     )
+    deterministic: bool = cfield(
+        False,
+        "Reproducible rollout (set by the experiment's top-level `deterministic`): waves of "
+        "exactly one batch, each served by weight version max(0, k - max_head_offpolicyness), "
+        "consumed in submission order, seeds from the dataset position, and built-in server "
+        "requests computed one per forward (docs/best_practices/reproducibility.md).",
+    )
     _version: str = cfield(
         "v1",
         "AReaL's rollout-controller version: 'v1' (this project's controller) or 'v2' (AReaL's "
@@ -719,6 +726,10 @@ class InferenceEngineConfig:
         )
         check_range(owner, "queue_size", self.queue_size, ge=1, optional=True)
         check_range(owner, "consumer_batch_size", self.consumer_batch_size, ge=1)
+        if not isinstance(self.deterministic, bool):
+            raise ValueError(
+                f"{owner}.deterministic={self.deterministic!r}; allowed: true or false"
+            )
         check_range(owner, "max_head_offpolicyness", self.max_head_offpolicyness, ge=0)
         check_choice(owner, "schedule_policy", self.schedule_policy, ["round_robin"])
         check_range(owner, "setup_timeout", self.setup_timeout, gt=0)

@@ -50,6 +50,9 @@ class GenParams:
     seed: int | None = None  # per-request sampling seed (reproducible sampling)
     # MoE models: also return, per token, the experts it was routed to (routing replay)
     return_routed_experts: bool = False
+    # deterministic runs: the built-in server computes this request alone in its forward
+    # passes, so that its arithmetic does not depend on which requests share the batch
+    deterministic: bool = False
 
 
 @dataclasses.dataclass

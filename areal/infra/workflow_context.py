@@ -7,9 +7,10 @@ so the context they read and write is the one of that module.
 from areal.infra.rollout.workflow_context import (  # noqa: A004 - AReaL's names
     WorkflowContext,
     get,
+    seed_parts,
     set,
     stat_scope,
     with_sample_index,
 )
 
-__all__ = ["WorkflowContext", "get", "set", "stat_scope", "with_sample_index"]
+__all__ = ["WorkflowContext", "get", "seed_parts", "set", "stat_scope", "with_sample_index"]

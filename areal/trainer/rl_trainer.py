@@ -28,6 +28,8 @@ engines are built), runs the rollout side
    batch crosses to each role's workers once; proximal logprobs, reference / teacher
    logprobs, values, advantages, ``ppo_update``, LR step; held batches freed;
 4. ``weight_sync.sync``: pause, push weights, bump versions (rollout stays paused);
+   with ``deterministic`` first ``wait_for_pinned_waves`` (every rollout pinned to the
+   current version has finished: ``areal.infra.rollout.rollout_deterministic``);
 4b. run health (``areal.trainer.health``): the step's alarms; ``stop`` ends the run
    here, ``rollback`` restores an earlier recover checkpoint and the loop goes on from it;
 5. the recover checkpoint, then ``rollout.resume()``;
@@ -421,7 +423,11 @@ class PPOTrainer:
             try:
                 with perf_tracer.trace_scope("trainer.train_step", perf_tracer.Category.COMPUTE):
                     stats = self._train_step(
-                        step_info, workflow, workflow_kwargs, dynamic_filter_fn
+                        step_info,
+                        workflow,
+                        workflow_kwargs,
+                        dynamic_filter_fn,
+                        final=global_step == total_steps - 1,
                     )
             except WaitInterrupted:
                 self._stop_during_wait(global_step, last_dumped)
@@ -552,8 +558,10 @@ class PPOTrainer:
         return time.monotonic() - t_run - self._eval_seconds
 
     def _train_step(
-        self, step_info: StepInfo, workflow, workflow_kwargs, should_accept_fn
+        self, step_info: StepInfo, workflow, workflow_kwargs, should_accept_fn, final=False
     ) -> dict[str, float]:
+        """One step (module docstring, 1-4); ``final``: the run's last step (a
+        deterministic run then does not wait for rollouts no step will train on)."""
         config = self.config
         timings: dict[str, float] = {}
 
@@ -596,6 +604,10 @@ class PPOTrainer:
         self._log_consumed(batch, step_info.global_step)
         roles = PPORoles(self.actor, self.ref, self.teacher, self.critic)
         train_stats = train_on_batch(roles, batch, config, version, timed)
+        if config.deterministic and config.async_training and not final:
+            with timed("wait_pinned_rollouts"):
+                # every request of the waves pinned to this version ends before the push
+                self.rollout.workflow_executor.wait_for_pinned_waves(version)
         with timed("update_weights"):
             # Pause -> push -> version on actor/critic/rollout -> resume generation. The
             # rollout executor stays paused until the recover checkpoint is written (train

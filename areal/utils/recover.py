@@ -424,6 +424,9 @@ class RecoverHandler:
             sm = getattr(executor, "staleness_manager", None)
             if sm is not None:
                 sm.on_version_recovered(version)
+            rebase = getattr(executor, "rebase_deterministic", None)
+            if callable(rebase):  # deterministic rollout: batch `version` comes next
+                rebase(version)
             pending = info.extra.get("pending_data", [])
             if executor is not None and pending:
                 executor.requeue_data(pending)

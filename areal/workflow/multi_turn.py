@@ -184,7 +184,9 @@ class MultiTurnWorkflow(RolloutWorkflow):
                 input_ids=list(seq),
                 gconfig=self.gconfig,
                 tokenizer=self.tokenizer,
-                metadata={"seed": request_seed(tuple(prompt_ids), sample_index, version, turns)},
+                metadata={
+                    "seed": request_seed(*workflow_context.seed_parts(prompt_ids, version, turns))
+                },
             )
             resp = await engine.agenerate(req)
             n = resp.output_len

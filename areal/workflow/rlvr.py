@@ -173,7 +173,7 @@ class RLVRWorkflow(RolloutWorkflow):
             input_ids=list(input_ids),
             gconfig=self.gconfig,
             tokenizer=self.tokenizer,
-            metadata={"seed": request_seed(tuple(input_ids), ctx.sample_index, version)},
+            metadata={"seed": request_seed(*workflow_context.seed_parts(input_ids, version))},
         )
         resp = await engine.agenerate(req)
 

@@ -187,7 +187,7 @@ class VisionRLVRWorkflow(RLVRWorkflow):
             input_ids=list(input_ids),
             gconfig=self.gconfig,
             tokenizer=self.tokenizer,
-            metadata={"seed": request_seed(tuple(input_ids), ctx.sample_index, version)},
+            metadata={"seed": request_seed(*workflow_context.seed_parts(input_ids, version))},
             image_data=image_data,
             vision_msg_vllm=_chat_messages(self.data_extract_prompt_fn(data)),
             processor=self.processor,

@@ -297,12 +297,16 @@ class GenerationCore:
             self._deliver(r, "abort")
 
     def _admit(self) -> None:
+        if self._admit_solo():
+            return
         new: list[Request] = []
         with self._lock:
             budget = self.max_prefill_tokens
             seen: set[tuple[int, ...]] = set()
             while self._waiting and len(self._batch) + len(new) < self.max_batch_size:
                 r = self._waiting[0]
+                if r.params.deterministic:
+                    break  # runs alone once the batch is empty (_admit_solo)
                 key = tuple(r.input_ids) if r.mm is None else None
                 cost = 0 if key in seen else len(r.input_ids)  # repeats are prefilled once
                 if new and budget - cost < 0:
@@ -347,6 +351,35 @@ class GenerationCore:
         self._record(new, tokens, logps)
         self._batch.merge(new, keys, values, mask, next_pos, tokens)
         self._finish_done()
+
+    def _admit_solo(self) -> bool:
+        """Deterministic requests run alone: admitted only into an empty batch, in a fresh
+        unshared ``KVBatch`` (no prompt slots, no prompt LRU, no batched prefill), and
+        nothing is admitted beside them. Their arithmetic then depends on the request and
+        the weights only, never on what else the server was running. True: the admission
+        step is done (a solo request runs or was just admitted)."""
+        with self._lock:
+            if any(r is not None and r.params.deterministic for r in self._batch.reqs):
+                return True
+            if not self._waiting or not self._waiting[0].params.deterministic:
+                if not len(self._batch) and self._batch.shared != self._shared:
+                    self._batch = KVBatch(self._shared)  # back to the usual layout
+                return False
+            if len(self._batch):
+                return True  # wait until the running requests leave
+            r = self._waiting.popleft()
+        self._batch = KVBatch(False)
+        keys, values, logits, mask, next_pos = self._prefill([r])
+        if self._routing is not None:  # prompt positions' experts
+            P = mask.shape[1]
+            routed = self._routing.take().view(1, P, *self._routing_shape())
+            if r.params.return_routed_experts:
+                r.routed.append(routed[0, P - len(r.input_ids) :].cpu())
+        tokens, logps = sample_tokens(logits, [r], [0])
+        self._record([r], tokens, logps)
+        self._batch.merge([r], keys, values, mask, next_pos, tokens)
+        self._finish_done()
+        return True
 
     def _admit_shared(self, new: list[Request]) -> None:
         """Admission in the shared layout: a prompt already running (or in the LRU) is not

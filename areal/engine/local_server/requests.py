@@ -41,6 +41,9 @@ class SamplingParams:
     seed: int | None = None
     # MoE models: return per token the experts it was routed to (routing replay)
     return_routed_experts: bool = False
+    # Computed alone (one request per forward, no shared prefill or prompt LRU): its
+    # arithmetic does not depend on which other requests are running (deterministic runs)
+    deterministic: bool = False
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
@@ -61,6 +64,7 @@ class SamplingParams:
             sp.greedy = bool(sp.greedy)
             sp.ignore_eos = bool(sp.ignore_eos)
             sp.return_routed_experts = bool(sp.return_routed_experts)
+            sp.deterministic = bool(sp.deterministic)
             sp.stop_token_ids = [int(t) for t in (sp.stop_token_ids or [])]
             sp.seed = None if sp.seed is None else int(sp.seed)
         except (TypeError, ValueError) as e:

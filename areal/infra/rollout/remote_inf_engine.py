@@ -72,6 +72,7 @@ from areal.api.inference_protocol import (
     ServerLeftRotationError,
 )
 from areal.api.io_struct import ModelRequest, ModelResponse
+from areal.infra.rollout import workflow_context
 from areal.infra.rollout.remote_http import RemoteHttpMixin
 from areal.infra.rollout.remote_weights import WeightUpdateRPCMixin
 from areal.infra.rollout.server_launch import ServerLaunchMixin
@@ -321,6 +322,8 @@ class RemoteInfEngine(
                     # A resumed chunk continues the same seeded stream deterministically.
                     seed=None if seed is None else seed + len(tokens),
                     return_routed_experts=self.config.return_routed_experts,
+                    # training requests of a deterministic run are computed alone
+                    deterministic=self.config.deterministic and not workflow_context.get().is_eval,
                 )
                 version_before = self._version
                 if req.image_data:  # vision-language request

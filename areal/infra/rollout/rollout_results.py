@@ -217,11 +217,14 @@ class ResultCollectionMixin:
         no limit) bounds this call; without progress a warning is logged every minute.
         """
         self._require_initialized()
+        wf = self._resolve_workflow(workflow, workflow_kwargs, group_size)
+        accept_fn = self._resolve_accept_fn(should_accept_fn)
+        if self._det is not None:  # rollout_deterministic
+            self._det.dynamic_bs = bool(dynamic_bs)
+            return self._det_prepare_batch(dataloader, wf, accept_fn, timeout)
         if dataloader is not self._dataloader or self._data_iter is None:
             self._dataloader = dataloader
             self._data_iter = cycle_dataloader(dataloader)
-        wf = self._resolve_workflow(workflow, workflow_kwargs, group_size)
-        accept_fn = self._resolve_accept_fn(should_accept_fn)
         start = last_warn = time.monotonic()
         wait_log = WaitLog(self.logger, level="info")
         while True:

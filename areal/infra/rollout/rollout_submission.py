@@ -43,6 +43,9 @@ class RolloutTask:
     should_accept_fn: Callable[[Any], bool] | None
     is_eval: bool
     enqueue_time: float = field(default_factory=time.monotonic)
+    # deterministic runs: the row's place in the draw order and the wave (batch) it is for
+    data_index: int | None = None
+    wave: int | None = None
 
 
 class SubmissionMixin:
@@ -138,6 +141,8 @@ class SubmissionMixin:
             tasks += [(t.task_id, t.data) for t in self._inflight.values() if not t.is_eval]
             tasks += [(r.task_id, r.data) for r in self._results if not r.is_eval]
             replay = list(self._replay)
+        if self._det is not None:
+            replay = self._det_pending_rows() + replay
         return replay + [d for _, d in sorted(tasks, key=lambda x: x[0])]
 
     def requeue_data(self, items: list[Any]) -> None:

@@ -8,15 +8,19 @@ the context, so concurrent episodes never see each other's values.
 AReaL's names: ``workflow_context.get()``, ``workflow_context.set(ctx)`` and
 ``workflow_context.stat_scope()`` (``"eval-rollout"`` during evaluation, else
 ``"rollout"``). ``sample_index`` is ours: the position of the episode inside its group,
-used to derive reproducible per-request sampling seeds.
+used to derive reproducible per-request sampling seeds; ``data_index`` too (the row's
+position in the order a ``deterministic: true`` run drew it, None otherwise).
+``seed_parts(prompt_ids, version, *extra)`` is what a workflow hands
+``areal.utils.seeding.request_seed``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from contextvars import ContextVar
+from typing import Any
 
-__all__ = ["WorkflowContext", "get", "set", "stat_scope", "with_sample_index"]
+__all__ = ["WorkflowContext", "get", "seed_parts", "set", "stat_scope", "with_sample_index"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,11 +31,14 @@ class WorkflowContext:
         is_eval: the episode belongs to an evaluation, not to training.
         task_id: the executor's task id (None outside the executor).
         sample_index: position of this episode inside its group (0 when not grouped).
+        data_index: position of the row in the draw order of a deterministic run (the
+            executor's ``deterministic`` mode); None otherwise.
     """
 
     is_eval: bool = False
     task_id: int | None = None
     sample_index: int = 0
+    data_index: int | None = None
 
 
 _DEFAULT = WorkflowContext()
@@ -59,3 +66,16 @@ def stat_scope() -> str:
 def with_sample_index(index: int) -> None:
     """Set ``sample_index`` in the current task's context, keeping the other fields."""
     _CURRENT.set(dataclasses.replace(get(), sample_index=int(index)))
+
+
+def seed_parts(prompt_ids: Any, version: int, *extra: Any) -> tuple[Any, ...]:
+    """The identity of one generation request, for ``request_seed(*parts)``.
+
+    In a deterministic run (``data_index`` set): ``("deterministic", data_index,
+    sample_index, *extra)``: the row's place in the dataset order, the group member and
+    (multi-turn) the turn, nothing that depends on timing. Otherwise the prompt tokens, the
+    group member and the policy version (``extra`` appended)."""
+    ctx = get()
+    if ctx.data_index is not None:
+        return ("deterministic", int(ctx.data_index), int(ctx.sample_index), *extra)
+    return (tuple(prompt_ids), ctx.sample_index, version, *extra)

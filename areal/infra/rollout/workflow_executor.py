@@ -59,7 +59,9 @@ variable size (at least one result), instead of replacing every rejected result.
 Where the parts live: submission and staleness (``submit``, topping up from a
 dataloader, stale drops, pending rows) in ``rollout_submission``; result collection
 (``wait``, ``rollout_batch``, ``prepare_batch``, the wait log) in ``rollout_results``;
-``dump_to_file`` in ``trajectory_dump``. This module owns the background loop: start
+``dump_to_file`` in ``trajectory_dump``; the ``rollout.deterministic`` mode (waves pinned
+to weight versions, batches in submission order, no staleness drops) in
+``rollout_deterministic``. This module owns the background loop: start
 queued tasks while capacity allows, run one episode (workflow context, interactions to
 tensors, group/episode ids), then file its result or its rejection.
 """
@@ -84,6 +86,7 @@ from areal.infra.rollout.grouped_workflow import (
     is_interaction_dict,
     tag_group_rows,
 )
+from areal.infra.rollout.rollout_deterministic import EPISODE_ID_STRIDE, DeterministicMixin
 from areal.infra.rollout.rollout_results import ResultCollectionMixin, RolloutResult
 from areal.infra.rollout.rollout_submission import RolloutTask, SubmissionMixin
 from areal.infra.rollout.staleness_manager import RolloutStat, StalenessManager
@@ -125,7 +128,7 @@ def check_trajectory_format(data: Any) -> None:
                 )
 
 
-class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
+class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin, DeterministicMixin):
     """Background rollout runner with staleness control (see module docstring)."""
 
     def __init__(self, config: InferenceEngineConfig, inference_engine: Any):
@@ -211,6 +214,8 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
             max_staleness=self.max_staleness,
             version_provider=self._get_version,
         )
+        if self.config.deterministic:
+            self._det_init()
         self._shutdown.clear()
         started = threading.Event()
         self._thread = threading.Thread(
@@ -290,6 +295,7 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
         """Tell the staleness bound that the run resumed at ``version`` (see StalenessManager)."""
         self._require_initialized()
         self.staleness_manager.on_version_recovered(version)
+        self.rebase_deterministic(version)
         self._wake_loop()
 
     # ------------------------------------------------------------------ control
@@ -366,6 +372,8 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
         self._wake = asyncio.Event()
         started.set()
         while not self._shutdown.is_set():
+            if self._det is not None:
+                self._det_advance()
             waiting_for_capacity = self._start_ready_tasks()
             timeout = _VERSION_POLL_S if waiting_for_capacity else None
             try:
@@ -393,7 +401,8 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
                 if not self._pending:
                     return False
                 task = self._pending[0]
-                if task.is_eval:
+                if task.is_eval or task.wave is not None:
+                    # evaluation, and deterministic tasks (the schedule fixes their version)
                     stat = sm.get_stats()
                     ok = stat.running + self._eval_running < self.max_concurrent_rollouts
                 else:
@@ -424,7 +433,9 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
         failure: BaseException | None = None  # the episode failed (not merely rejected)
         traj = None
         workflow_context.set(
-            workflow_context.WorkflowContext(is_eval=task.is_eval, task_id=task.task_id)
+            workflow_context.WorkflowContext(
+                is_eval=task.is_eval, task_id=task.task_id, data_index=task.data_index
+            )
         )
         try:
             traj = await task.workflow.arun_episode(self.inference_engine, task.data)
@@ -433,7 +444,12 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
             if _is_row_batch(traj):
                 # one task = one group: its id, and episode ids unique across the executor
                 traj = dict(traj)
-                self._next_episode_id += tag_group_rows(traj, task.task_id, self._next_episode_id)
+                if task.wave is not None:  # deterministic: ids fixed by the submission order
+                    tag_group_rows(traj, task.task_id, task.task_id * EPISODE_ID_STRIDE)
+                else:
+                    self._next_episode_id += tag_group_rows(
+                        traj, task.task_id, self._next_episode_id
+                    )
         except asyncio.CancelledError:
             reason = "cancelled"
         except Exception as e:
@@ -476,7 +492,8 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
                     traceback.format_exc(),
                 )
         version = self._get_version()
-        if reason is None and not task.is_eval and version - submit_version > self.max_staleness:
+        stale = version - submit_version > self.max_staleness
+        if reason is None and not task.is_eval and task.wave is None and stale:
             reason = "stale"
         monitor = self.eval_failures if task.is_eval else self.failures
         if failure is not None:
@@ -499,7 +516,22 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin):
                 sm.on_rollout_accepted()
             else:
                 sm.on_rollout_rejected()
-            if reason is None:
+            if task.wave is not None:
+                result = None
+                if reason is None:
+                    result = RolloutResult(
+                        task_id=task.task_id,
+                        trajectory=traj,
+                        submit_version=submit_version,
+                        accept_version=version,
+                        is_eval=False,
+                        seq=next(self._accept_seq),
+                        data=task.data,
+                    )
+                else:
+                    self._reject_locked(reason)
+                self._det_on_finished_locked(task, result, reason)
+            elif reason is None:
                 self._results.append(
                     RolloutResult(
                         task_id=task.task_id,
