@@ -374,6 +374,14 @@ class ArchonEngine(ArchonPipelineMixin, FSDPEngine):
         dist.barrier()
         return written
 
+    def _dcp_options(self) -> Any:
+        """Flattened optimizer state (per-parameter keys, hyper-parameters included), so
+        a checkpoint reshards across layouts where ranks hold different parameters
+        (pipeline stages: saved at p2, loaded at p1 or d2)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(flatten_optimizer_state_dict=True)
+
     def save(self, meta: SaveLoadMeta) -> None:
         super().save(meta)
         dist.barrier()  # rank 0 writes; every rank (tp and cp peers too) returns after
