@@ -104,7 +104,9 @@ def test_check_layout_names_dimension_and_allowed_values():
         check_layout(_Cfg(experts=4), pp=2)
     with pytest.raises(ValueError, match=r"p2 with context parallel c2 is not supported"):
         check_layout(_Cfg(), pp=2, cp=2)
-    with pytest.raises(ValueError, match=r"p3 needs at least one decoder layer.*allowed p: \[1, 2\]"):
+    with pytest.raises(
+        ValueError, match=r"p3 needs at least one decoder layer.*allowed p: \[1, 2\]"
+    ):
         check_layout(_Cfg(), pp=3)
 
 

@@ -309,9 +309,7 @@ class ArchonEngineConfig:
         )
         for name in ("pp_first_stage_less_layers", "pp_last_stage_less_layers"):
             if getattr(self, name) < 0:
-                raise ValueError(
-                    f"ArchonEngineConfig.{name}={getattr(self, name)}: must be >= 0"
-                )
+                raise ValueError(f"ArchonEngineConfig.{name}={getattr(self, name)}: must be >= 0")
         if self.pp_layers_per_stage is not None and self.pp_layers_per_stage < 1:
             raise ValueError(
                 f"ArchonEngineConfig.pp_layers_per_stage={self.pp_layers_per_stage}: "

@@ -112,9 +112,7 @@ class DenseStage(nn.Module):
     ``forward`` takes ``[1, L]`` token ids on the first stage and ``[1, L, dim]`` hidden
     states elsewhere; returns ``[1, L, dim]`` or, on the last stage, ``[1, L, vocab]``."""
 
-    def __init__(
-        self, model: DenseTransformer, stage: int, pp: int, layers: range | None = None
-    ):
+    def __init__(self, model: DenseTransformer, stage: int, pp: int, layers: range | None = None):
         super().__init__()
         args = model.args
         if args.tie_word_embeddings and not args.is_critic and pp > 1:
