@@ -82,7 +82,7 @@ def _pp_rank(rank, world, schedule):
 def test_stage_layer_ranges_contiguous_cover_all_layers():
     rs = stage_layer_ranges(5, 2)
     assert [list(r) for r in rs] == [[0, 1, 2], [3, 4]]
-    with pytest.raises(ValueError, match="pp=5"):
+    with pytest.raises(ValueError, match="pp stages=5"):
         stage_layer_ranges(4, 5)
 
 

@@ -53,12 +53,11 @@ def test_megatron_actor_backend_refused():
         TrainEngineConfig(backend="megatron:d2")
 
 
-def test_archon_pipeline_not_yet_supported():
-    with pytest.raises(ValueError) as info:
-        AllocationMode.from_str("local:d1+archon:d2p2")
-    msg = str(info.value)
-    assert "pipeline parallelism (p2) is not yet supported by the archon engine" in msg
-    assert "d (data), t (tensor), c (context), e (expert)" in msg
+def test_archon_pipeline_layouts_parse():
+    mode = AllocationMode.from_str("local:d1+archon:d2p2")
+    assert mode.train_backend == "archon" and mode.train_world_size == 4
+    assert mode.train.pp_size == 2 and mode.train.dp_size == 2
+    assert ParallelStrategy.parse_backend("archon:p2t2").world_size == 4
 
 
 def test_archon_layouts_parse():
@@ -69,7 +68,8 @@ def test_archon_layouts_parse():
 
 
 class _Cfg:
-    def __init__(self, heads=4, kv=2, experts=0, tie=False):
+    def __init__(self, heads=4, kv=2, experts=0, tie=False, layers=2):
+        self.num_hidden_layers = layers
         self.num_attention_heads = heads
         self.num_key_value_heads = kv
         self.num_experts = experts
@@ -99,8 +99,39 @@ def test_check_layout_names_dimension_and_allowed_values():
         check_layout(_Cfg(), ep=2)
     with pytest.raises(ValueError, match=r"tied embeddings.*allowed p: \[1\]"):
         check_layout(_Cfg(tie=True), pp=2)
-    with pytest.raises(ValueError, match=r"not yet supported.*allowed p: \[1\]"):
-        check_layout(_Cfg(), pp=2)
+    check_layout(_Cfg(), pp=2, tp=2)
+    with pytest.raises(ValueError, match=r"mixture-of-experts.*allowed p: \[1\]"):
+        check_layout(_Cfg(experts=4), pp=2)
+    with pytest.raises(ValueError, match=r"p2 with context parallel c2 is not supported"):
+        check_layout(_Cfg(), pp=2, cp=2)
+    with pytest.raises(
+        ValueError, match=r"p3 needs at least one decoder layer.*allowed p: \[1, 2\]"
+    ):
+        check_layout(_Cfg(), pp=3)
+
+
+def test_pipeline_stage_plan_acts_on_the_pp_fields():
+    from areal.models.archon.pipeline import plan_stages
+
+    # defaults: embedding and head count as one layer each
+    assert [len(r) for r in plan_stages(4, 2, "1F1B")] == [2, 2]
+    assert [len(r) for r in plan_stages(6, 2, "Interleaved1F1B")] == [1, 2, 2, 1]
+    assert [len(r) for r in plan_stages(4, 2, "GPipe", first_less=0, last_less=2)] == [3, 1]
+    # 4 layers + 1 + 1 in stages of 3: two stages; of 1: six virtual stages
+    assert [len(r) for r in plan_stages(4, 2, "1F1B", layers_per_stage=3)] == [2, 2]
+    assert len(plan_stages(4, 2, "Interleaved1F1B", layers_per_stage=1)) == 6
+    with pytest.raises(ValueError, match=r"pp_layers_per_stage=4: must divide"):
+        plan_stages(4, 2, "1F1B", layers_per_stage=4)
+    with pytest.raises(ValueError, match=r"pp_layers_per_stage=1 gives 6 stages.*exactly 2"):
+        plan_stages(4, 2, "1F1B", layers_per_stage=1)
+    with pytest.raises(ValueError, match=r"'ZBVZeroBubble': not supported"):
+        plan_stages(4, 2, "ZBVZeroBubble")
+    with pytest.raises(ValueError, match=r"cannot be split into 4 stages"):
+        plan_stages(2, 4, "1F1B", first_less=0, last_less=0)
+    with pytest.raises(ValueError, match="pp_first_stage_less_layers=-1: must be >= 0"):
+        from areal.api.cli_args import ArchonEngineConfig
+
+        ArchonEngineConfig(pp_first_stage_less_layers=-1)
 
 
 def test_parallel_dims_world_size_mismatch_refused():
@@ -136,7 +167,7 @@ def test_engine_layout_world_size_mismatch_refused():
         ({"enable_compile": True}, "archon.enable_compile=True"),
         ({"attn_type": "tree"}, "archon.attn_type='tree'"),
         ({"pp_schedule": "ZBVZeroBubble"}, "archon.pp_schedule='ZBVZeroBubble': ZeroBubble"),
-        ({"pp_schedule": "InterleavedZeroBubble"}, "allowed: '1F1B', 'Interleaved1F1B'"),
+        ({"pp_schedule": "InterleavedZeroBubble"}, "allowed: 'GPipe', '1F1B', 'Interleaved1F1B'"),
         ({"ac_debug": True}, "archon.ac_debug=True"),
         ({"fp8": "blockwise"}, "archon.fp8_config.mode='blockwise': FP8"),
     ],

@@ -17,9 +17,9 @@ most once, each size >= 1; omitted letters mean 1.
 
 Which dimensions a training backend accepts is checked here, at parse time, before any
 process starts (``check_train_dims``): ``fsdp`` takes only ``d``; ``archon`` takes ``d``,
-``t``, ``c`` and ``e`` (``p``, pipeline stages, is not yet supported); ``megatron`` is
-refused everywhere (no Megatron engine exists here; ``archon`` is the PyTorch-native
-engine for tensor, context and expert parallelism).
+``t``, ``c``, ``e`` and ``p`` (pipeline stages); ``megatron`` is refused everywhere (no
+Megatron engine exists here; ``archon`` is the PyTorch-native engine for tensor,
+context, expert and pipeline parallelism).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ _DIM_LETTERS = {
     "e": "expert_parallel_size",
 }
 # Dimensions (letter -> size field) each training backend accepts beyond ``d``.
-TRAIN_BACKEND_DIMS = {"fsdp": ("d",), "archon": ("d", "t", "c", "e")}
+TRAIN_BACKEND_DIMS = {"fsdp": ("d",), "archon": ("d", "t", "c", "e", "p")}
 _DIM_NAMES = {"d": "data", "t": "tensor", "p": "pipeline", "c": "context", "e": "expert"}
 _COMPONENT_RE = re.compile(
     r"^(?P<backend>[A-Za-z_]+)(?:\[(?P<name1>[\w-]+)\]|\((?P<name2>[\w-]+)\))?(?P<sep>[:.])(?P<dims>.*)$"
@@ -64,7 +64,7 @@ def check_train_dims(backend: str, parallel: ParallelStrategy, context: str) -> 
         raise AllocationValidationError(
             f"{context}: backend 'megatron' is not available (this project has no "
             "Megatron-LM engine); use 'archon', the PyTorch-native engine with tensor, "
-            f"context and expert parallelism, e.g. 'archon:{parallel}'"
+            f"context, expert and pipeline parallelism, e.g. 'archon:{parallel}'"
         )
     allowed = TRAIN_BACKEND_DIMS.get(backend)
     if allowed is None:
@@ -81,11 +81,6 @@ def check_train_dims(backend: str, parallel: ParallelStrategy, context: str) -> 
         if size == 1 or letter in allowed:
             continue
         dims = ", ".join(f"{x} ({_DIM_NAMES[x]})" for x in allowed)
-        if backend == "archon" and letter == "p":
-            raise AllocationValidationError(
-                f"{context}: pipeline parallelism (p{size}) is not yet supported by the "
-                f"archon engine; allowed dimensions now: {dims}; use p1"
-            )
         hint = (
             f"; for {_DIM_NAMES[letter]} parallelism use 'archon:{parallel}'"
             if backend == "fsdp" and letter in TRAIN_BACKEND_DIMS["archon"]

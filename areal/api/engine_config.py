@@ -267,12 +267,23 @@ class ArchonEngineConfig:
     ac_debug: bool = cfield(False, "Capture checkpointing debug information.")
     pp_schedule: str = cfield(
         "Interleaved1F1B",
-        "Pipeline schedule.",
-        choices=["1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"],
+        "Pipeline schedule (torch.distributed.pipelining): 'GPipe', '1F1B' (one stage per "
+        "rank) or 'Interleaved1F1B' (virtual stages s, s+p, ... per rank; two per rank "
+        "unless pp_layers_per_stage says otherwise). ZeroBubble schedules are refused.",
+        choices=["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"],
     )
-    pp_layers_per_stage: int | None = cfield(None, "Layers per (virtual) pipeline stage.")
-    pp_first_stage_less_layers: int = cfield(1, "Fewer layers in the first stage.")
-    pp_last_stage_less_layers: int = cfield(1, "Fewer layers in the last stage.")
+    pp_layers_per_stage: int | None = cfield(
+        None,
+        "Layers per (virtual) pipeline stage, counting the embedding and the head as "
+        "pp_first/last_stage_less_layers layers; fixes the number of stages "
+        "(None: p stages, 2p for Interleaved1F1B).",
+    )
+    pp_first_stage_less_layers: int = cfield(
+        1, "The first stage gets this many fewer decoder layers (it holds the embedding)."
+    )
+    pp_last_stage_less_layers: int = cfield(
+        1, "The last stage gets this many fewer decoder layers (it holds the output head)."
+    )
     reshard_after_forward_policy: str = cfield(
         "default", "'default', 'always' or 'never'.", choices=["default", "always", "never"]
     )
@@ -288,6 +299,22 @@ class ArchonEngineConfig:
         "return_routed_experts) instead of the router's top-k, so the policy ratio compares "
         "the same experts.",
     )
+
+    def __post_init__(self):
+        check_choice(
+            "ArchonEngineConfig",
+            "pp_schedule",
+            self.pp_schedule,
+            ["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"],
+        )
+        for name in ("pp_first_stage_less_layers", "pp_last_stage_less_layers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ArchonEngineConfig.{name}={getattr(self, name)}: must be >= 0")
+        if self.pp_layers_per_stage is not None and self.pp_layers_per_stage < 1:
+            raise ValueError(
+                f"ArchonEngineConfig.pp_layers_per_stage={self.pp_layers_per_stage}: "
+                "must be None or >= 1"
+            )
 
     def refusals(self, gradient_checkpointing: bool = False) -> list[str]:
         """One line per field set to a value the archon engine here does not support."""
@@ -308,7 +335,7 @@ class ArchonEngineConfig:
         if "ZeroBubble" in self.pp_schedule:
             out.append(
                 f"archon.pp_schedule={self.pp_schedule!r}: ZeroBubble schedules are not "
-                "supported; allowed: '1F1B', 'Interleaved1F1B'"
+                "supported; allowed: 'GPipe', '1F1B', 'Interleaved1F1B'"
             )
         if self.ac_debug:
             out.append(

@@ -7,13 +7,15 @@ the trainers copy into the role's ``backend``). ``initialize`` does, in order:
 
 1. the process group (``RANK``/``WORLD_SIZE``/``MASTER_*``; gloo on CPU, NCCL on CUDA);
 2. the layout from ``config.backend`` (``d`` dp_shard, ``t`` tp, ``c`` cp, ``e`` ep
-   within dp_shard; ``p`` refused) and the ``ArchonParallelDims`` mesh (device type of
+   within dp_shard, ``p`` pipeline stages) and the ``ArchonParallelDims`` mesh (device type of
    this engine's device);
 3. the family from the HF ``model_type`` (registry), its args from the HF config,
    ``check_layout`` (heads divisible by tp, ...) and ``config.archon`` refusals;
 4. the model built on every rank from the same seed, the HF weights loaded through the
    family's state-dict adapter;
 5. the family's parallelize function (tp, cp, ep for MoE, activation checkpointing, FSDP2);
+   at ``p`` > 1 the model is first cut into pipeline stages and each stage is
+   parallelized on its own (``areal.engine.archon.pipeline_engine``);
 6. optimizer and LR schedule (as ``FSDPEngine``).
 
 Training, evaluation, forward, checkpoints and weight export are ``FSDPEngine``'s code
@@ -38,6 +40,7 @@ from torch import nn
 from areal.api.alloc_mode import ParallelStrategy
 from areal.api.io_struct import SaveLoadMeta
 from areal.engine.archon.grad_norm import clip_grad_norm_
+from areal.engine.archon.pipeline_engine import ArchonPipelineMixin
 from areal.engine.fsdp.checkpoint import write_safetensors
 from areal.engine.fsdp.engine import FSDPEngine
 from areal.engine.fsdp.weight_export import DTYPES
@@ -68,7 +71,7 @@ def archon_layout(config: Any, world_size: int) -> ParallelStrategy:
     return ps
 
 
-class ArchonEngine(FSDPEngine):
+class ArchonEngine(ArchonPipelineMixin, FSDPEngine):
     """``TrainEngine`` on DeviceMesh / DTensor / FSDP2 (module docstring)."""
 
     def __init__(self, config: Any):
@@ -138,18 +141,21 @@ class ArchonEngine(FSDPEngine):
         ac_every = 0
         if self.config.gradient_checkpointing and ac.ac_mode != "none":
             ac_every = 1 if ac.ac_mode == "full" else int(ac.selective_ac_option)
-        spec.parallelize_fn(
-            model,
-            dims,
+        parallel_kw = dict(
             param_dtype=self.dtype,
             reduce_dtype=DTYPES.get(self.config.grad_reduce_dtype, torch.float32),
             reshard_after_forward=ac.reshard_after_forward_policy != "never",
             ac_every=ac_every,
             ac_preserve_rng_state=ac.ac_preserve_rng_state,
         )
+        if dims.pp_enabled:
+            model = self._build_pipeline(model, spec, dims, args, **parallel_kw)
+        else:
+            spec.parallelize_fn(model, dims, **parallel_kw)
         self._mesh = dims.get_mesh("dp_shard_cp")
         logger.info(
-            "%s (%s) built in %.2fs: dp_shard=%d tp=%d cp=%d ep=%d, %.2fM params, critic=%s",
+            "%s (%s) built in %.2fs: dp_shard=%d tp=%d cp=%d ep=%d pp=%d, %.2fM params "
+            "(this rank), critic=%s",
             spec.name,
             type(model).__name__,
             time.perf_counter() - t0,
@@ -157,6 +163,7 @@ class ArchonEngine(FSDPEngine):
             dims.tp,
             dims.cp,
             dims.ep,
+            dims.pp,
             sum(p.numel() for p in model.parameters()) / 1e6,
             self.is_critic,
         )
@@ -217,7 +224,10 @@ class ArchonEngine(FSDPEngine):
         """Packed micro-batch -> (logprobs, entropy) or (values, None), each ``[n_tokens]``.
 
         Under context parallelism the stream is padded to a multiple of cp, each rank runs
-        its consecutive part, and the per-token results are gathered (differentiably)."""
+        its consecutive part, and the per-token results are gathered (differentiably).
+        With pipeline stages: forward only, stage to stage (``_pp_forward_packed``)."""
+        if self._pp_stages is not None:
+            return self._pp_forward_packed(mb)
         model = self._require_model()
         dims = self._dims()
         ids, pos = mb["input_ids"], mb["position_ids"]
@@ -277,7 +287,10 @@ class ArchonEngine(FSDPEngine):
     def train_batch(self, input_, loss_fn, loss_weight_fn) -> dict[str, float]:
         """``FSDPEngine.train_batch``; an MoE model whose HF config sets
         ``output_router_logits`` adds ``router_aux_loss_coef`` x its load-balancing loss
-        (over each micro-batch's tokens on this rank) to every micro-batch's loss."""
+        (over each micro-batch's tokens on this rank) to every micro-batch's loss. With
+        pipeline stages: a ``torch.distributed.pipelining`` schedule (``_pp_train_batch``)."""
+        if self._pp_stages is not None:
+            return self._pp_train_batch(input_, loss_fn, loss_weight_fn)
         if self._aux_coef <= 0:
             return super().train_batch(input_, loss_fn, loss_weight_fn)
         coef = self._aux_coef
@@ -288,11 +301,14 @@ class ArchonEngine(FSDPEngine):
         return super().train_batch(input_, with_aux, loss_weight_fn)
 
     def optimizer_step(self) -> dict[str, float]:
-        """Clip gradients (global norm over every mesh) to ``gradient_clipping``; step."""
+        """Clip gradients (global norm over every mesh, and over the pipeline stages) to
+        ``gradient_clipping``; step."""
         if self.optimizer is None:
             raise RuntimeError("this engine has no optimizer (config.optimizer is None)")
         max_norm = float(self.config.optimizer.gradient_clipping or math.inf)
-        grad_norm = clip_grad_norm_(list(self._require_model().parameters()), max_norm)
+        pp_group = self._pp_group() if self._pp_stages is not None else None
+        params = list(self._require_model().parameters())
+        grad_norm = clip_grad_norm_(params, max_norm, sum_group=pp_group)
         return self._step_if_finite(grad_norm)
 
     # ------------------------------------------------------------------ export names
@@ -315,16 +331,26 @@ class ArchonEngine(FSDPEngine):
         for f in files:
             hf_sd.update(load_file(os.path.join(path, f)))
         sd = {k: v.float() for k, v in self.state_dict_adapter.from_hf(hf_sd).items()}
-        set_model_state_dict(
-            self._require_model(), sd, options=StateDictOptions(full_state_dict=True)
-        )
+        model = self._require_model()
+        if self._pp_stages is not None:  # this rank's stages only
+            own = {k.replace("_checkpoint_wrapped_module.", "") for k in model.state_dict()}
+            sd = {k: v for k, v in sd.items() if k in own}
+        set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True))
+
+    def _save_hf(self, path: str, tokenizer: Any = None) -> None:
+        if self._pp_stages is not None:
+            return self._pp_save_hf(path, tokenizer)
+        return super()._save_hf(path, tokenizer)
 
     def export_weight_shards(self, path: str, shard_mb: float = 128) -> int:
         """The sharded export: tensors gathered bucket by bucket (``shard_mb`` MiB each,
         each tensor gathered once), bucket ``i`` written by rank ``i % world_size`` as
         ``model-rank{r}-{i:05d}.safetensors`` (every rank of every dimension takes a turn:
         the files are disjoint and together hold every tensor once); rank 0 also writes
-        the config. Returns the bytes this rank wrote. Collective over all ranks."""
+        the config. Returns the bytes this rank wrote. Collective over all ranks. With
+        pipeline stages each stage exports its own tensors (``_pp_export_weight_shards``)."""
+        if self._pp_stages is not None:
+            return self._pp_export_weight_shards(path, shard_mb)
         rank, world = dist.get_rank(), dist.get_world_size()
         if rank == 0:
             os.makedirs(path, exist_ok=True)
@@ -347,6 +373,14 @@ class ArchonEngine(FSDPEngine):
             cfg.use_cache = False
         dist.barrier()
         return written
+
+    def _dcp_options(self) -> Any:
+        """Flattened optimizer state (per-parameter keys, hyper-parameters included), so
+        a checkpoint reshards across layouts where ranks hold different parameters
+        (pipeline stages: saved at p2, loaded at p1 or d2)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(flatten_optimizer_state_dict=True)
 
     def save(self, meta: SaveLoadMeta) -> None:
         super().save(meta)

@@ -44,11 +44,19 @@ def _sq_sums(grads: list[torch.Tensor]) -> torch.Tensor:
     return total
 
 
-def clip_grad_norm_(params, max_norm: float) -> float:
+def clip_grad_norm_(params, max_norm: float, sum_group=None) -> float:
     """Scale the gradients in place so their global L2 norm is at most ``max_norm``;
-    returns the norm before clipping (``inf``/``nan`` left unclipped)."""
+    returns the norm before clipping (``inf``/``nan`` left unclipped). ``sum_group``: a
+    group whose ranks hold disjoint parameters (pipeline stages); the squared sums are
+    added over it."""
     grads = [p.grad for p in params if p.grad is not None]
-    norm = math.sqrt(float(_sq_sums(grads)))
+    sq = _sq_sums(grads)
+    if sum_group is not None:
+        dev = grads[0].device if grads and grads[0].device.type == "cuda" else "cpu"
+        sq = sq.reshape(1).to(dev)
+        dist.all_reduce(sq, group=sum_group)
+        sq = sq.cpu()[0]
+    norm = math.sqrt(float(sq))
     if math.isfinite(norm) and math.isfinite(max_norm) and norm > max_norm:
         coef = max_norm / (norm + 1e-6)
         for g in grads:

@@ -203,12 +203,16 @@ class FSDPCheckpointMixin:
             model, sd, options=StateDictOptions(full_state_dict=True, strict=False)
         )
 
+    def _dcp_options(self) -> Any:
+        """``StateDictOptions`` of the DCP model/optimizer state (None: torch's defaults)."""
+        return None
+
     def _dcp_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
         model = self._require_model()
         if self.optimizer is not None:
-            msd, osd = get_state_dict(model, self.optimizer)
+            msd, osd = get_state_dict(model, self.optimizer, options=self._dcp_options())
             return msd, osd
         return get_model_state_dict(model), {}
 
@@ -313,6 +317,7 @@ class FSDPCheckpointMixin:
                 self.optimizer,
                 model_state_dict=state["model"],
                 optim_state_dict=state["optim"],
+                options=self._dcp_options(),
             )
         else:
             set_model_state_dict(model, state["model"])

@@ -1,13 +1,17 @@
-"""Pipeline-parallel stages of a dense Archon model (first increment, model level only).
+"""Pipeline-parallel stages of a dense Archon model.
 
-A :class:`DenseTransformer` is cut into ``pp`` contiguous stages: stage 0 owns the token
-embedding, the last stage owns the final norm and the output head, and each stage owns a
-contiguous run of decoder blocks. Stages exchange fixed-shape activations (one padded
-sequence per micro-batch, ``[1, L, dim]``), which is what ``torch.distributed.pipelining``
-needs; the packed varlen layout is therefore not used across stage boundaries.
+A :class:`DenseTransformer` is cut into ``n_stages`` contiguous stages (``pp`` of them, or
+``pp * v`` virtual stages for the interleaved schedule, stage ``s`` on pipeline rank
+``s % pp``): stage 0 owns the token embedding, the last stage owns the final norm and the
+output head, and each stage owns a contiguous run of decoder blocks (:func:`plan_stages`).
+Stages exchange fixed-shape activations (one packed micro-batch padded to a common length,
+``[1, L, dim]``), which is what ``torch.distributed.pipelining`` needs; the positions and
+sequence boundaries of each micro-batch are not sent between stages, every stage reads
+them from :attr:`DenseStage.mb_meta` (the engine gives every pipeline rank the same
+micro-batches).
 
-The engine does not route ``p`` here yet: ``archon:...p2`` is still refused in
-``areal.api.alloc_mode``. This module is the tested building block for that wiring.
+The engine side (schedules per step, loss, forward-only passes) is
+``areal.engine.archon.pipeline_engine``.
 """
 
 from __future__ import annotations
@@ -23,20 +27,83 @@ from areal.models.archon.layers import rope_cos_sin
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
 
 
-def stage_layer_ranges(n_layers: int, pp: int) -> list[range]:
-    """Contiguous layer ranges per stage, earlier stages take the remainder; every stage
-    gets at least one layer."""
-    if pp < 1 or pp > n_layers:
+def stage_layer_ranges(
+    n_layers: int, n_stages: int, first_less: int = 0, last_less: int = 0
+) -> list[range]:
+    """Contiguous layer ranges per stage.
+
+    The embedding counts as ``first_less`` layers and the output head as ``last_less``
+    (AReaL's ``pp_first_stage_less_layers`` / ``pp_last_stage_less_layers``): the
+    ``n_layers + first_less + last_less`` units are spread evenly, earlier stages taking
+    the remainder, and the first and last stage get that many fewer decoder blocks. A
+    middle stage gets at least one block; the first and last may get none (they still
+    hold the embedding / the head)."""
+    if n_stages < 1 or first_less < 0 or last_less < 0:
         raise ValueError(
-            f"pp={pp}: must be in [1, n_layers={n_layers}] (one layer per stage at least)"
+            f"n_stages={n_stages}, first_less={first_less}, last_less={last_less}: "
+            "need n_stages >= 1 and non-negative first/last stage reductions"
         )
-    base, extra = divmod(n_layers, pp)
+    units = n_layers + (first_less + last_less if n_stages > 1 else 0)
+    base, extra = divmod(units, n_stages)
+    counts = [base + (1 if s < extra else 0) for s in range(n_stages)]
+    if n_stages > 1:
+        counts[0] -= first_less
+        counts[-1] -= last_less
+    bad = [
+        s
+        for s, c in enumerate(counts)
+        if c < 0 or (c == 0 and 0 < s < n_stages - 1) or (c == 0 and n_stages == 1)
+        or (c == 0 and s == 0 and first_less == 0) or (c == 0 and s == n_stages - 1 and last_less == 0)
+    ]  # fmt: skip
+    if bad or sum(counts) != n_layers:
+        raise ValueError(
+            f"pp stages={n_stages}: {n_layers} decoder layers cannot be split into "
+            f"{n_stages} stages with first_stage_less_layers={first_less} and "
+            f"last_stage_less_layers={last_less} (layers per stage would be {counts}); "
+            f"allowed: at most {n_layers} stages, fewer virtual stages or smaller reductions"
+        )
     out, start = [], 0
-    for s in range(pp):
-        n = base + (1 if s < extra else 0)
-        out.append(range(start, start + n))
-        start += n
+    for c in counts:
+        out.append(range(start, start + c))
+        start += c
     return out
+
+
+def plan_stages(
+    n_layers: int,
+    pp: int,
+    schedule: str,
+    layers_per_stage: int | None = None,
+    first_less: int = 1,
+    last_less: int = 1,
+) -> list[range]:
+    """The stages of a ``pp``-rank pipeline: one per rank for 'GPipe'/'1F1B'; for
+    'Interleaved1F1B' ``pp * v`` virtual stages, ``v = 2`` unless ``layers_per_stage``
+    fixes the count (``(n_layers + first_less + last_less) / layers_per_stage`` stages,
+    which must be a multiple of ``pp``). Errors name the ``archon.pp_*`` fields."""
+    if schedule not in SCHEDULES:
+        raise ValueError(
+            f"archon.pp_schedule={schedule!r}: not supported by the pipeline stages; "
+            f"allowed: {list(SCHEDULES)}"
+        )
+    multi = schedule == "Interleaved1F1B"
+    if layers_per_stage is None:
+        n_stages = pp * (2 if multi else 1)
+    else:
+        units = n_layers + first_less + last_less
+        if layers_per_stage < 1 or units % layers_per_stage:
+            raise ValueError(
+                f"archon.pp_layers_per_stage={layers_per_stage}: must divide n_layers + "
+                f"pp_first_stage_less_layers + pp_last_stage_less_layers = {units}"
+            )
+        n_stages = units // layers_per_stage
+        if n_stages % pp or (not multi and n_stages != pp):
+            raise ValueError(
+                f"archon.pp_layers_per_stage={layers_per_stage} gives {n_stages} stages; "
+                f"archon.pp_schedule={schedule!r} with p{pp} needs "
+                + ("a multiple of pp" if multi else f"exactly {pp} (one per rank)")
+            )
+    return stage_layer_ranges(n_layers, n_stages, first_less, last_less)
 
 
 class DenseStage(nn.Module):
@@ -45,7 +112,7 @@ class DenseStage(nn.Module):
     ``forward`` takes ``[1, L]`` token ids on the first stage and ``[1, L, dim]`` hidden
     states elsewhere; returns ``[1, L, dim]`` or, on the last stage, ``[1, L, vocab]``."""
 
-    def __init__(self, model: DenseTransformer, stage: int, pp: int):
+    def __init__(self, model: DenseTransformer, stage: int, pp: int, layers: range | None = None):
         super().__init__()
         args = model.args
         if args.tie_word_embeddings and not args.is_critic and pp > 1:
@@ -56,23 +123,36 @@ class DenseStage(nn.Module):
         self.args = args
         self.stage, self.pp = stage, pp
         self.is_first, self.is_last = stage == 0, stage == pp - 1
-        owned = stage_layer_ranges(args.n_layers, pp)[stage]
+        owned = stage_layer_ranges(args.n_layers, pp)[stage] if layers is None else layers
         self.tok_embeddings = model.tok_embeddings if self.is_first else None
         self.layers = nn.ModuleDict({str(i): model.layers[str(i)] for i in owned})
         self.norm = model.norm if self.is_last else None
         self.output = model.output if self.is_last else None
+        # packed micro-batches: (positions [L], cu_seqlens) of micro-batch i, read in
+        # forward order (every schedule runs a stage's forwards in micro-batch order)
+        self.mb_meta: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._calls = 0
+
+    def set_micro_batches(self, meta: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
+        """The (positions, cu_seqlens) of the next ``len(meta)`` forwards (None: one
+        sequence per micro-batch)."""
+        self.mb_meta, self._calls = meta, 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(x[0]) if self.is_first else x[0]
         n = h.shape[0]
-        positions = torch.arange(n, device=h.device)
-        cu = torch.tensor([0, n], dtype=torch.int32, device=h.device)
+        if self.mb_meta:
+            positions, cu = self.mb_meta[self._calls % len(self.mb_meta)]
+            self._calls += 1
+        else:
+            positions = torch.arange(n, device=h.device)
+            cu = torch.tensor([0, n], dtype=torch.int32, device=h.device)
         cos, sin = rope_cos_sin(positions, self.args.head_dim, self.args.rope_theta, h.dtype)
         for block in self.layers.values():
             h = block(h, cos, sin, cu)
         if self.is_last:
             h = self.output(self.norm(h))
-        return h[None]
+        return h[None].clone()  # not a view: FSDP's pre-backward hook sits on the output
 
 
 def build_schedule(
@@ -81,10 +161,19 @@ def build_schedule(
     n_microbatches: int,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     schedule: str = "1F1B",
+    *,
+    scale_grads: bool = True,
+    shapes: tuple[int, int] | None = None,
+    act_dtype: torch.dtype | None = None,
 ):
     """A ``torch.distributed.pipelining`` schedule over this rank's stage(s) of ``group``:
     one stage for 'GPipe'/'1F1B', several virtual stages (``rank``, ``rank + pp``, ...) of a
-    ``pp * v``-stage split for 'Interleaved1F1B'."""
+    ``pp * v``-stage split for 'Interleaved1F1B'.
+
+    ``shapes=(L, out_dim)``: every micro-batch is ``[1, L]`` tokens and the last stage
+    returns ``[1, L, out_dim]``; the stages are then built with static shapes (no
+    metadata forward on meta tensors); ``act_dtype``: their dtype (default: the
+    parameters')."""
     from torch.distributed import pipelining as pl
 
     if schedule not in SCHEDULES:
@@ -98,8 +187,26 @@ def build_schedule(
             f"archon.pp_schedule={schedule!r} takes one stage per rank, got {len(mods)}"
         )
     device = next(mods[0].parameters()).device
-    stages = [pl.PipelineStage(m, m.stage, m.pp, device, group=group) for m in mods]
+    stages = [_stage(pl, m, device, group, shapes, act_dtype) for m in mods]
+    kw = dict(n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
     if schedule == "Interleaved1F1B":
-        return pl.ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
+        return pl.ScheduleInterleaved1F1B(stages, **kw)
     cls = pl.ScheduleGPipe if schedule == "GPipe" else pl.Schedule1F1B
-    return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
+    return cls(stages[0], **kw)
+
+
+def _stage(pl, m: DenseStage, device, group, shapes, act_dtype):
+    if shapes is None:
+        return pl.PipelineStage(m, m.stage, m.pp, device, group=group)
+    length, out_dim = shapes
+    dim = m.args.dim
+    dt = act_dtype or next(m.parameters()).dtype
+    if m.is_first:
+        inp = torch.zeros(1, length, dtype=torch.long, device=device)
+    else:
+        # activations take gradients (the static shapes carry requires_grad: without it
+        # no gradient is sent back between stages)
+        inp = torch.zeros(1, length, dim, dtype=dt, device=device, requires_grad=True)
+    shape = (1, length, out_dim if m.is_last else dim)
+    out = torch.zeros(shape, dtype=dt, device=device, requires_grad=True)
+    return pl.PipelineStage(m, m.stage, m.pp, device, inp, out, group=group)

@@ -1,0 +1,307 @@
+"""The pipeline-parallel (``p`` > 1) paths of ``ArchonEngine``.
+
+Build: the model is cut into stages (``areal.models.archon.pipeline.plan_stages``, from
+``archon.pp_schedule``, ``pp_layers_per_stage``, ``pp_first_stage_less_layers``,
+``pp_last_stage_less_layers``); this rank keeps the stage(s) ``s`` with
+``s % pp == pp_rank`` and the family's parallelize function (tp, activation
+checkpointing, FSDP2 on ``dp_shard``) is applied to each stage as its own FSDP root.
+:class:`PipelineParts` holds the kept modules under the full model's names, so DCP
+checkpoints, the optimizer state and the exported HF names are the same as at ``p1``
+(a checkpoint saved at ``p2`` loads at ``d2``).
+
+Train: the packed micro-batches are padded to one length (an extra padding sequence
+at the end of each) and, when fewer than a multiple of ``pp``, completed with
+zero-weight padding micro-batches; a fresh ``torch.distributed.pipelining`` schedule
+runs them with ``scale_grads=False``; the loss of micro-batch ``i`` is computed on the
+last stage and scaled as ``FSDPEngine.train_batch`` scales it (``weight_i / total x
+dp``). The reported loss is summed over the ``pp`` group, the gradient norm for clipping
+over ``pp`` too. Forward-only passes (``forward_batch``, ``eval_batch``) send the
+activations stage to stage and broadcast the last stage's per-token output to every
+pipeline rank.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from areal.engine.fsdp.checkpoint import write_safetensors
+from areal.models.archon.pipeline import DenseStage, build_schedule, plan_stages
+
+__all__ = ["ArchonPipelineMixin", "PipelineParts"]
+
+
+class PipelineParts(nn.Module):
+    """This rank's stages' modules under the full model's names (``tok_embeddings``,
+    ``layers.<i>``, ``norm``, ``output``); the stages themselves (FSDP roots) are kept
+    unregistered in ``stages``."""
+
+    def __init__(self, stages: list[DenseStage]):
+        super().__init__()
+        layers: dict[str, nn.Module] = {}
+        for st in stages:
+            if st.tok_embeddings is not None:
+                self.tok_embeddings = st.tok_embeddings
+            layers.update(st.layers.items())
+            if st.is_last:
+                self.norm, self.output = st.norm, st.output
+        self.layers = nn.ModuleDict({k: layers[k] for k in sorted(layers, key=int)})
+        object.__setattr__(self, "stages", list(stages))
+
+    def train(self, mode: bool = True) -> PipelineParts:
+        super().train(mode)
+        for st in self.stages:
+            st.train(mode)
+        return self
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("PipelineParts is run stage by stage (ArchonPipelineMixin)")
+
+
+class ArchonPipelineMixin:
+    """``ArchonEngine``'s methods for ``pp`` > 1 (module docstring)."""
+
+    _pp_stages: list[DenseStage] | None = None
+    _pp_n_stages: int = 1
+
+    # ------------------------------------------------------------------ build
+    def _build_pipeline(self, model: nn.Module, spec, dims, args, **parallel_kw) -> nn.Module:
+        if args.n_experts:
+            raise ValueError(
+                f"pipeline parallel p{dims.pp} with a mixture-of-experts model is not "
+                "supported by the archon engine; allowed p: [1]"
+            )
+        ac = self.config.archon
+        ranges = plan_stages(
+            args.n_layers,
+            dims.pp,
+            ac.pp_schedule,
+            ac.pp_layers_per_stage,
+            ac.pp_first_stage_less_layers,
+            ac.pp_last_stage_less_layers,
+        )
+        self._pp_n_stages = n = len(ranges)
+        rank = dims.get_mesh("pp").get_local_rank()
+        stages = [DenseStage(model, s, n, ranges[s]) for s in range(rank, n, dims.pp)]
+        for st in stages:
+            spec.parallelize_fn(st, dims, **parallel_kw)
+        self._pp_stages = stages
+        return PipelineParts(stages)
+
+    # ------------------------------------------------------------------ helpers
+    def _pp_group(self) -> dist.ProcessGroup:
+        return self._dims().get_group("pp")
+
+    def _pp_global(self, stage: int) -> int:
+        """The global rank holding ``stage`` in this rank's pipeline."""
+        return dist.get_global_rank(self._pp_group(), stage % self._dims().pp)
+
+    def _pp_stage(self, s: int) -> DenseStage:
+        return self._pp_stages[s // self._dims().pp]
+
+    def _pp_owns(self, s: int) -> bool:
+        return s % self._dims().pp == self._dims().get_mesh("pp").get_local_rank()
+
+    def _pp_out_dim(self) -> int:
+        return 1 if self.is_critic else int(self.model_config.vocab_size)
+
+    def _pp_head(self, out: torch.Tensor, mb: dict[str, Any]):
+        """Last stage's ``[n, out_dim]`` -> (logprobs, entropy) or (values, None), as
+        ``ArchonEngine._forward_packed`` (row ``i`` scores token ``i``)."""
+        if self.is_critic:
+            return out[:, 0].float(), None
+        ids, cu = mb["input_ids"], mb["cu_seqlens"].long()
+        logp = torch.log_softmax(out.float() / self.temperature, dim=-1)
+        lp = logp.gather(-1, torch.roll(ids, shifts=-1)[:, None])[:, 0]
+        with torch.no_grad():
+            ent = -(logp.exp() * logp).sum(-1)
+        pred = torch.roll(torch.stack([lp, ent], dim=-1), shifts=1, dims=0)
+        is_first = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        is_first[cu[:-1]] = True
+        pred = torch.where(is_first[:, None], torch.zeros_like(pred), pred)
+        return pred[:, 0], pred[:, 1].detach()
+
+    # ------------------------------------------------------------------ forward only
+    def _pp_forward_packed(self, mb: dict[str, Any]):
+        """One packed micro-batch through every stage in order (no schedule: forward
+        only); the result is broadcast from the last stage to the whole ``pp`` group."""
+        ids, pos, cu = mb["input_ids"], mb["position_ids"], mb["cu_seqlens"].int()
+        n, last = ids.shape[0], self._pp_n_stages - 1
+        group = self._pp_group()
+        h = None
+        for s in range(self._pp_n_stages):
+            if not self._pp_owns(s):
+                continue
+            if s == 0:
+                x = ids[None]
+            elif self._pp_owns(s - 1):
+                x = h
+            else:
+                x = torch.empty(1, n, self.model_config.hidden_size, dtype=self.dtype)
+                x = x.to(self.device)
+                dist.recv(x, src=self._pp_global(s - 1), group=group)
+            st = self._pp_stage(s)
+            st.set_micro_batches([(pos, cu)])
+            h = st(x)
+            st.set_micro_batches(None)
+            if s < last and not self._pp_owns(s + 1):
+                dist.send(h.contiguous(), dst=self._pp_global(s + 1), group=group)
+        width = 1 if self.is_critic else 2
+        res = torch.empty(n, width, dtype=torch.float32, device=self.device)
+        if self._pp_owns(last):
+            a, b = self._pp_head(h[0], mb)
+            res = a[:, None] if b is None else torch.stack([a, b], dim=-1)
+            res = res.contiguous()
+        dist.broadcast(res, src=self._pp_global(last), group=group)
+        return (res[:, 0], None) if self.is_critic else (res[:, 0], res[:, 1])
+
+    # ------------------------------------------------------------------ train
+    def _pp_train_batch(
+        self, input_: dict[str, Any], loss_fn: Callable[..., torch.Tensor], loss_weight_fn
+    ) -> dict[str, float]:
+        model = self._require_model()
+        if self.optimizer is None:
+            raise RuntimeError("train_batch needs config.optimizer (this engine has none)")
+        model.train()
+        mbs = [self._to_device(mb) for mb in self._split(input_).packed()]
+        weights, total = self._mb_weights(mbs, loss_weight_fn)
+        dims, dp = self._dims(), self.data_parallel_world_size
+        n_real = len(mbs)
+        n_mb = -(-n_real // dims.pp) * dims.pp  # a multiple of pp (padding micro-batches)
+        length = max(int(mb["input_ids"].shape[0]) for mb in mbs)
+        dev = self.device
+        tokens = torch.zeros(n_mb, length, dtype=torch.long, device=dev)
+        meta = []
+        for i in range(n_mb):
+            if i < n_real:
+                ids, pos = mbs[i]["input_ids"], mbs[i]["position_ids"]
+                cu = mbs[i]["cu_seqlens"].int()
+                k = ids.shape[0]
+                tokens[i, :k] = ids
+                if k < length:  # the padding is a sequence of its own
+                    pos = torch.cat([pos, torch.arange(length - k, device=dev, dtype=pos.dtype)])
+                    cu = F.pad(cu, (0, 1), value=length)
+            else:
+                pos = torch.arange(length, device=dev)
+                cu = torch.tensor([0, length], dtype=torch.int32, device=dev)
+            meta.append((pos, cu))
+        for st in self._pp_stages:
+            st.set_micro_batches(meta)
+        acc = [torch.zeros((), dtype=torch.float64, device=self._reduce_device())]
+
+        def pp_loss(out: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+            i = int(idx.reshape(-1)[0])
+            if i >= n_real:  # a padding micro-batch: no loss, no gradient
+                return out.sum() * 0.0
+            mb = mbs[i]
+            o, e = self._pp_head(out[0, : mb["input_ids"].shape[0]], mb)
+            loss = loss_fn(o, e, mb)
+            if not torch.is_tensor(loss) or loss.dim() != 0:
+                raise ValueError(f"loss_fn must return a scalar tensor, got {loss!r:.80}")
+            w = float(weights[i] / total)
+            acc[0] = acc[0] + loss.detach().double() * w
+            return loss * (w * dp)
+
+        schedule = self.config.archon.pp_schedule
+        stages = self._pp_stages if schedule == "Interleaved1F1B" else self._pp_stages[0]
+        sched = build_schedule(
+            stages,
+            self._pp_group(),
+            n_mb,
+            pp_loss,
+            schedule,
+            scale_grads=False,
+            shapes=(length, self._pp_out_dim()),
+            act_dtype=self.dtype,
+        )
+        self.optimizer_zero_grad()
+        target = torch.arange(n_mb, device=dev).reshape(n_mb, 1)
+        try:
+            sched.step(tokens, target=target)
+        finally:
+            for st in self._pp_stages:
+                st.set_micro_batches(None)
+        stats = self.optimizer_step()
+        loss_t = acc[0].reshape(1)
+        dist.all_reduce(loss_t, group=self._pp_group())
+        stats["loss"] = float(self._all_reduce_sum(loss_t)[0])
+        return stats
+
+    # ------------------------------------------------------------------ export
+    def _pp_save_hf(self, path: str, tokenizer: Any = None) -> None:
+        """HF save at ``pp`` > 1: each stage's tensors are gathered over its data/tensor
+        ranks and written by the stage's first rank as ``model-0000{s+1}-of-0000{pp}``;
+        rank 0 writes the index and the config."""
+        import json
+
+        dims = self._dims()
+        pp, s = dims.pp, dims.get_mesh("pp").get_local_rank()
+        inner = dist.get_world_size() // pp  # ranks of one stage (pp is the outer dim)
+        head = dist.get_rank() % inner == 0
+        if dist.get_rank() == 0:
+            os.makedirs(path, exist_ok=True)
+            for f in os.listdir(path):
+                if f.endswith(".safetensors") or f == "model.safetensors.index.json":
+                    os.remove(os.path.join(path, f))
+        dist.barrier()
+        named: dict[str, torch.Tensor] = {}
+        for specs, tensors in self._gather_buckets(1 << 62):
+            named.update({sp.name: t for sp, t in zip(specs, tensors, strict=True)})
+        fname = f"model-{s + 1:05d}-of-{pp:05d}.safetensors"
+        if head:
+            write_safetensors(named, os.path.join(path, fname), {"format": "pt"})
+        entry = (fname, sorted(named), sum(t.numel() * t.element_size() for t in named.values()))
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, entry if head else None)
+        if dist.get_rank() == 0:
+            parts = [g for g in gathered if g is not None]
+            index = {
+                "metadata": {"total_size": sum(b for *_, b in parts)},
+                "weight_map": {k: f for f, names, _ in parts for k in names},
+            }
+            with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+                json.dump(index, f, indent=1, sort_keys=True)
+            cfg = self.model_config
+            cfg.use_cache = True
+            cfg.save_pretrained(path)
+            cfg.use_cache = False
+            if tokenizer is not None:
+                tokenizer.save_pretrained(path)
+        dist.barrier()
+
+    def _pp_export_weight_shards(self, path: str, shard_mb: float = 128) -> int:
+        """``export_weight_shards`` at ``pp`` > 1: each stage exports its own tensors;
+        bucket ``i`` of stage ``s`` is written by the stage's rank ``i % ranks_per_stage``
+        as ``model-pp{s}-rank{r}-{i:05d}.safetensors`` (disjoint files, every tensor once)."""
+        dims = self._dims()
+        rank, world = dist.get_rank(), dist.get_world_size()
+        inner = world // dims.pp
+        s = dims.get_mesh("pp").get_local_rank()
+        if rank == 0:
+            os.makedirs(path, exist_ok=True)
+            for f in os.listdir(path):
+                if f.endswith(".safetensors"):
+                    os.remove(os.path.join(path, f))
+        dist.barrier()
+        written = 0
+        limit = max(1, int(float(shard_mb) * (1 << 20)))
+        for i, (specs, tensors) in enumerate(self._gather_buckets(limit)):
+            if i % inner != rank % inner:
+                continue
+            named = {sp.name: t for sp, t in zip(specs, tensors, strict=True)}
+            out = os.path.join(path, f"model-pp{s}-rank{rank}-{i:05d}.safetensors")
+            write_safetensors(named, out)
+            written += sum(t.numel() * t.element_size() for t in tensors)
+        if rank == 0:
+            cfg = self.model_config
+            cfg.use_cache = True
+            cfg.save_pretrained(path)
+            cfg.use_cache = False
+        dist.barrier()
+        return written
