@@ -94,6 +94,29 @@ class ArchonPipelineMixin:
         self._pp_stages = stages
         return PipelineParts(stages)
 
+    # ------------------------------------------------------------------ not yet with stages
+    def _pp_refuse(self, what: str, instead: str) -> None:
+        if getattr(self, "_pp_stages", None) is not None:
+            raise NotImplementedError(
+                f"ArchonEngine with pipeline stages (p > 1): {what} is not supported yet; "
+                f"{instead}"
+            )
+
+    def get_param_specs(self, weight_chunked_mem_mb: int = 1024):
+        self._pp_refuse(
+            "the xccl weight push (each rank holds only its own stages)",
+            "use the disk weight update (actor.weight_update_mode='disk')",
+        )
+        return super().get_param_specs(weight_chunked_mem_mb)
+
+    def enable_weight_fingerprints(self, full_every: int = 1, *args, **kwargs) -> None:
+        if full_every:
+            self._pp_refuse(
+                "verified weight sync (fingerprints over every stage)",
+                "set rollout.verify_weights=false",
+            )
+        return super().enable_weight_fingerprints(full_every, *args, **kwargs)
+
     # ------------------------------------------------------------------ helpers
     def _pp_group(self) -> dist.ProcessGroup:
         return self._dims().get_group("pp")
