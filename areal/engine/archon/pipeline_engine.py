@@ -98,8 +98,7 @@ class ArchonPipelineMixin:
     def _pp_refuse(self, what: str, instead: str) -> None:
         if getattr(self, "_pp_stages", None) is not None:
             raise NotImplementedError(
-                f"ArchonEngine with pipeline stages (p > 1): {what} is not supported yet; "
-                f"{instead}"
+                f"ArchonEngine with pipeline stages (p > 1): {what} is not supported yet; {instead}"
             )
 
     def get_param_specs(self, weight_chunked_mem_mb: int = 1024):
