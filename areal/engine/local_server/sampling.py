@@ -34,9 +34,7 @@ def sample_tokens(
     logits = logits.float()
     B, V = logits.shape
     dev = logits.device
-    unmasked = not any(
-        r.params.min_new_tokens > c and r.stop_set for r, c in zip(reqs, gen_counts)
-    )
+    unmasked = not any(r.params.min_new_tokens > c and r.stop_set for r, c in zip(reqs, gen_counts))
     if unmasked and all(r.params.greedy for r in reqs):  # no scaling, no masks, no copies
         logp = torch.log_softmax(logits, dim=-1)
         tokens = logits.argmax(dim=-1)
