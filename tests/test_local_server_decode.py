@@ -146,6 +146,70 @@ def test_identical_prompts_are_prefilled_once_and_sampled_independently(tiny_mod
         )
 
 
+def test_identical_greedy_requests_decode_in_one_row_match_hf_and_survive_leader_abort(
+    tiny_model_dir,
+):
+    """n identical greedy requests take one row (a later identical one joins the running
+    row): tokens equal HF generate's, logprobs HF forward's; aborting the row's owner
+    hands the row to an identical request, which still gets its full answer."""
+    torch.set_num_threads(1)
+    model = hf_model(tiny_model_dir)
+    core = GenerationCore(hf_model(tiny_model_dir), max_batch_size=32)
+    prompt_a, prompt_b = [5, 6, 7, 8, 9, 10], [11, 12, 13]
+    greedy = SamplingParams(max_new_tokens=20, greedy=True)
+    jobs = [(prompt_a, greedy)] * 4 + [(prompt_b, greedy)] * 3
+    jobs += [(prompt_b, SamplingParams(max_new_tokens=7, greedy=True))]  # other limit
+    jobs += [(prompt_b, SamplingParams(max_new_tokens=20, temperature=1.0))]  # sampled
+    late = len(jobs)
+    jobs += [(prompt_a, greedy)]  # submitted while the others run
+    results: dict[int, dict] = {}
+    done = threading.Event()
+
+    def cb(i):
+        def f(r):
+            results[i] = r
+            if len(results) == len(jobs):
+                done.set()
+
+        return f
+
+    rows: list[int] = []
+    step = core._decode_step
+
+    def spy():
+        rows.append(len(core._batch))
+        if len(rows) == 3:
+            core.abort("0")  # the first request of prompt_a owns its row
+            core.submit(str(late), jobs[late][0], jobs[late][1], cb(late))
+        step()
+
+    core._decode_step = spy
+    core.pause().result()
+    for i, (p, sp) in enumerate(jobs[:late]):
+        core.submit(str(i), p, sp, cb(i))
+    core.resume().result()
+    try:
+        assert done.wait(120)
+    finally:
+        core.shutdown()
+    assert max(rows) == 4  # prompt_a, prompt_b x 20, prompt_b x 7, the sampled one
+    assert results[0]["finish_reason"] == "abort"
+    ref_a = hf_greedy(model, prompt_a, 20)
+    assert 0 < len(results[0]["output_ids"]) < 20
+    assert results[0]["output_ids"] == ref_a[: len(results[0]["output_ids"])]
+    for i in (1, 2, 3, late):
+        assert results[i]["finish_reason"] != "abort"
+        assert results[i]["output_ids"] == ref_a
+    for i in (4, 5, 6):
+        assert results[i]["output_ids"] == hf_greedy(model, prompt_b, 20)
+    assert results[7]["output_ids"] == hf_greedy(model, prompt_b, 7)
+    for i, (p, _) in enumerate(jobs):
+        ref = hf_logprobs(model, p, results[i]["output_ids"])
+        torch.testing.assert_close(
+            torch.tensor(results[i]["output_logprobs"]), ref, atol=1e-4, rtol=0
+        )
+
+
 def test_inverse_cdf_draw_follows_probs_and_never_picks_zero_probability_tokens():
     torch.manual_seed(0)
     probs = torch.tensor([0.5, 0.0, 0.2, 0.0, 0.3])

@@ -128,6 +128,9 @@ class GenerationCore:
         self._batch = KVBatch(self._shared)
         self._stopped = False
         self._rids: dict[str, Request] = {}
+        # Running greedy requests by ``Request.greedy_key``: an identical greedy request
+        # admitted later follows the running one (no row of its own); emptied by commands.
+        self._greedy_leaders: dict[tuple, Request] = {}
         # metrics
         self._generated_total = 0
         self._finished_total = 0
@@ -218,7 +221,8 @@ class GenerationCore:
             recent = sum(n for _, n in self._token_times)
             span = (now - self._token_times[0][0]) if self._token_times else 0.0
             return {
-                "num_requests_running": len(self._batch),
+                "num_requests_running": len(self._batch)
+                + sum(len(r.followers) for r in self._batch.reqs if r is not None),
                 "num_requests_waiting": len(self._waiting),
                 "generated_tokens_total": self._generated_total,
                 "finished_requests_total": self._finished_total,
@@ -276,6 +280,7 @@ class GenerationCore:
                 return
             self._prompt_cache.clear()  # a command may change the weights
             self._prompt_cache_used = 0
+            self._greedy_leaders.clear()  # later requests must not copy older tokens
             if self._batch.slots is not None:
                 self._batch.slots.by_prompt.clear()
             if not fut.set_running_or_notify_cancel():
@@ -286,6 +291,9 @@ class GenerationCore:
                 fut.set_exception(e)
 
     def _handle_aborts(self) -> None:
+        for i, r in enumerate(self._batch.reqs):
+            if r is not None and r.followers:
+                self._abort_followers(i, r)
         rows = [i for i, r in enumerate(self._batch.reqs) if r is not None and r.abort_requested]
         if rows:
             self._finish_rows(rows, "abort")
@@ -296,6 +304,40 @@ class GenerationCore:
         for r in dropped:
             self._deliver(r, "abort")
 
+    def _abort_followers(self, row: int, lead: Request) -> None:
+        """Deliver the aborted followers of ``lead`` (running in ``row``); an aborted
+        leader with followers left hands its row to the first of them."""
+        gone = [f for f in lead.followers if f.abort_requested]
+        if gone:
+            lead.followers = [f for f in lead.followers if not f.abort_requested]
+            for f in gone:
+                self._deliver(f, "abort")
+        if lead.abort_requested and lead.followers:
+            heir = lead.followers.pop(0)
+            heir.followers, lead.followers = lead.followers, []
+            self._batch.reqs[row] = heir
+            key = lead.greedy_key()
+            if self._greedy_leaders.get(key) is lead:
+                self._greedy_leaders[key] = heir
+            self._deliver(lead, "abort")
+
+    def _follow(self, r: Request) -> bool:
+        """Attach greedy request ``r`` to a running identical one (same prompt, limits and
+        stop set: greedy decoding gives it the same tokens); returns whether it did."""
+        key = r.greedy_key()
+        if key is None:
+            return False
+        lead = self._greedy_leaders.get(key)
+        if lead is None or lead is r or lead.done or lead.abort_requested:
+            return False
+        r.output_ids = list(lead.output_ids)
+        r.output_logprobs = list(lead.output_logprobs)
+        r.output_versions = list(lead.output_versions)
+        if lead.output_ids:
+            r.first_token_time = time.monotonic()
+        lead.followers.append(r)
+        return True
+
     def _admit(self) -> None:
         if self._admit_solo():
             return
@@ -303,10 +345,15 @@ class GenerationCore:
         with self._lock:
             budget = self.max_prefill_tokens
             seen: set[tuple[int, ...]] = set()
-            while self._waiting and len(self._batch) + len(new) < self.max_batch_size:
+            while self._waiting:
                 r = self._waiting[0]
                 if r.params.deterministic:
                     break  # runs alone once the batch is empty (_admit_solo)
+                if self._follow(r):  # decoded in its leader's row: no row, no prefill
+                    self._waiting.popleft()
+                    continue
+                if len(self._batch) + len(new) >= self.max_batch_size:
+                    break
                 key = tuple(r.input_ids) if r.mm is None else None
                 cost = 0 if key in seen else len(r.input_ids)  # repeats are prefilled once
                 if new and budget - cost < 0:
@@ -315,6 +362,9 @@ class GenerationCore:
                 if key is not None:
                     seen.add(key)
                 new.append(self._waiting.popleft())
+                gkey = r.greedy_key()
+                if gkey is not None:  # identical greedy requests from now on follow it
+                    self._greedy_leaders[gkey] = r
         if not new:
             return
         if self._batch.shared:
@@ -590,9 +640,17 @@ class GenerationCore:
             elif t in r.stop_set and n >= r.params.min_new_tokens:
                 r.done = True
                 r.finish = "stop"
+            for f in r.followers:  # identical greedy requests: the same token
+                if f.first_token_time is None:
+                    f.first_token_time = now
+                f.output_ids.append(t)
+                f.output_logprobs.append(lp)
+                f.output_versions.append(v)
+                f.done, f.finish = r.done, r.finish
+        n_out = len(reqs) + sum(len(r.followers) for r in reqs)
         with self._lock:
-            self._generated_total += len(reqs)
-            self._token_times.append((now, len(reqs)))
+            self._generated_total += n_out
+            self._token_times.append((now, n_out))
 
     def _finish_done(self) -> None:
         rows = [i for i, r in enumerate(self._batch.reqs) if r is not None and r.done]
@@ -606,6 +664,12 @@ class GenerationCore:
         # Nothing waiting (the end of a burst): drop free rows sooner, they cost every step.
         self._batch.release(rows, eager=self._batch.shared and not self._waiting)
         for r in finished:
+            key = r.greedy_key()
+            if key is not None and self._greedy_leaders.get(key) is r:
+                del self._greedy_leaders[key]
+            for f in r.followers:
+                self._deliver(f, reason or f.finish)
+            r.followers = []
             self._deliver(r, reason or r.finish)
 
     def _deliver(self, r: Request, reason: str) -> None:
@@ -639,10 +703,15 @@ class GenerationCore:
 
     def _fail_all(self, message: str) -> None:
         reqs = [r for r in self._batch.reqs if r is not None]
+        reqs += [f for r in reqs for f in r.followers]
         self._batch = KVBatch(self._shared)
+        self._greedy_leaders.clear()
         with self._lock:
             reqs.extend(self._waiting)
             self._waiting.clear()
+            # Requests taken from the queue but not yet in the batch (a failed admission)
+            listed = {id(r) for r in reqs}
+            reqs.extend(r for r in self._rids.values() if id(r) not in listed)
         for r in reqs:
             with self._lock:
                 if self._rids.get(r.rid) is r:

@@ -114,6 +114,9 @@ class Request:
     plain: bool = dataclasses.field(default=False, init=False)
     # return_routed_experts: [tokens, n_moe_layers, top_k] blocks (prompt, then per step)
     routed: list[torch.Tensor] = dataclasses.field(default_factory=list, init=False)
+    # Greedy requests identical to this one (same prompt and stopping rules): decoded
+    # once, in this request's row; each gets a copy of every token (``greedy_key``).
+    followers: list[Request] = dataclasses.field(default_factory=list, init=False)
 
     def __post_init__(self):
         if self.params.seed is not None and not self.params.greedy:
@@ -123,3 +126,12 @@ class Request:
         # Plain sampling (no seed, no top-k/top-p truncation): the whole batch is sampled
         # with a few tensor ops when every row is plain (see ``sample_tokens``).
         self.plain = not p.greedy and self.generator is None and p.top_k <= 0 and p.top_p >= 1.0
+
+    def greedy_key(self) -> tuple | None:
+        """What fixes a greedy request's output (prompt, length limits, stop set), or
+        ``None`` when it is not a text-only greedy request: requests with equal keys get
+        identical tokens and logprobs, so the core decodes them once."""
+        p = self.params
+        if not p.greedy or self.mm is not None or p.return_routed_experts or p.deterministic:
+            return None
+        return (tuple(self.input_ids), p.max_new_tokens, p.min_new_tokens, self.stop_set)

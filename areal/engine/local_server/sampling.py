@@ -34,9 +34,12 @@ def sample_tokens(
     logits = logits.float()
     B, V = logits.shape
     dev = logits.device
-    if all(r.plain for r in reqs) and not any(
-        r.params.min_new_tokens > c and r.stop_set for r, c in zip(reqs, gen_counts)
-    ):
+    unmasked = not any(r.params.min_new_tokens > c and r.stop_set for r, c in zip(reqs, gen_counts))
+    if unmasked and all(r.params.greedy for r in reqs):  # no scaling, no masks, no copies
+        logp = torch.log_softmax(logits, dim=-1)
+        tokens = logits.argmax(dim=-1)
+        return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    if unmasked and all(r.plain for r in reqs):
         temps = [r.params.temperature for r in reqs]
         scaled = logits
         if any(t != 1.0 for t in temps):
