@@ -83,6 +83,7 @@ class RolloutController:
                 gpus_per_server=gpus,
                 timeout=float(self.config.setup_timeout),
                 role=role,
+                placement=specs[0] if specs else None,
             )
         else:
             self.addresses = (

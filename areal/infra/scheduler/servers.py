@@ -34,11 +34,14 @@ def launch_server_workers(
     role: str = ROLE,
     health_path: str = "/health",
     start_attempts: int = 3,
+    placement: SchedulingSpec | None = None,
 ) -> list[str]:
     """Start ``n_servers`` command workers of ``role`` running ``command`` (placeholders
     ``{host}``/``{port}``); returns their ``host:port`` addresses once healthy. A server
     that dies during start-up makes the whole role start again, up to ``start_attempts``
-    times in all."""
+    times in all. ``placement`` (the role's configured scheduling spec, e.g.
+    ``rollout.scheduling_spec[0]``) supplies the node constraints ``nodelist`` /
+    ``exclude``; resources and command come from the arguments."""
     if n_servers < 1:
         raise ValueError(f"n_servers={n_servers}; need >= 1")
     spec = SchedulingSpec(
@@ -48,6 +51,8 @@ def launch_server_workers(
         port_count=1,
         cmd=command,
         env_vars=dict(env or {}),
+        nodelist=getattr(placement, "nodelist", None),
+        exclude=getattr(placement, "exclude", None),
     )
     job = Job(
         replicas=n_servers, tasks=[spec], role=role, health_path=health_path, distributed_env=False
@@ -96,6 +101,7 @@ def launch_inference_servers(
             f"allocation_mode {str(alloc_mode)!r} names no inference servers (e.g. 'local:d1+fsdp:d1')"
         )
     n_gpus = config.cluster.n_gpus_per_node if config is not None else 0
+    specs = (config.rollout.scheduling_spec or []) if config is not None else []
     return launch_server_workers(
         scheduler,
         n_servers=gen.dp_size,
@@ -105,4 +111,5 @@ def launch_inference_servers(
         timeout=float(config.rollout.setup_timeout if config is not None else 300.0),
         role=role,
         health_path=health_path,
+        placement=specs[0] if specs else None,
     )
