@@ -667,6 +667,7 @@ def test_train_step_loglinear_skips_compute_logp_recompute_calls_it_once(tmp_pat
         trainer.rollout = Recorder(prepare_batch=lambda *a, **k: make_batch(bs=4))
         trainer.ref = trainer.critic = trainer.teacher = None
         trainer.server_watchdog = Recorder(step_stats={})
+        trainer.health = Recorder(batch_signals={})
         trainer.weight_sync = Recorder()
         trainer.weight_update_meta = Recorder()
         trainer.train_dataloader = None
