@@ -160,6 +160,7 @@ def test_gsm8k_grpo_demo_trainer_node_a_server_node_b(slurm_two_nodes, tmp_path)
         "trial_name=two-nodes",
         "actor.scheduling_spec.0.nodelist=na",
         "rollout.scheduling_spec.0.nodelist=nb",
+        "actor.weight_update_mode=xccl",  # the weight broadcast crosses the nodes (gloo)
     ]
     env = dict(env, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(

@@ -288,8 +288,13 @@ class PPOTrainer:
             )
         from areal.utils.network import find_free_ports
 
+        # The group's rank 0 is training worker 0, which may be on another node than this
+        # controller: the servers must dial that worker's address, never this loopback.
+        workers = getattr(self.actor, "workers", None) or []
+        master = workers[0].ip if workers else "127.0.0.1"
         return WeightUpdateMeta.from_fsdp_xccl(
             allocation_mode=self.alloc_mode,
+            master_address=master,
             master_port=find_free_ports(1)[0],
             backend=None,
             timeout_s=self.config.actor.weight_update_timeout,

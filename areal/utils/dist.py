@@ -10,6 +10,7 @@ call it with the same ``host``/``port``/``world_size``/``group_name``; rank 0 ho
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 
 import torch
@@ -24,6 +25,17 @@ def find_free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _address_towards(host: str) -> str | None:
+    """This machine's address on the route to ``host`` (no packet is sent); ``None`` when
+    there is no such route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return None
 
 
 def init_custom_process_group(
@@ -56,8 +68,19 @@ def init_custom_process_group(
         host, int(port), world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=True
     )
     prefixed = dist.PrefixStore(group_name, store)
-    if backend == "gloo":
+    local = None
+    if backend == "gloo" and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        local = _address_towards(host)
+    if backend == "gloo" and local is None:
         pg: dist.ProcessGroup = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+    elif backend == "gloo":
+        # gloo advertises the address its hostname resolves to (127.0.0.1 on many nodes);
+        # use the interface that reaches the store's host instead, so ranks on other
+        # nodes can connect back (GLOO_SOCKET_IFNAME, when set, decides as usual)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local)]
+        pg = dist.ProcessGroupGloo(prefixed, rank, world_size, opts)
     else:
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
