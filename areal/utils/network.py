@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import collections
 import socket
+import threading
+
+#: ports recently handed out by find_free_ports in this process (not handed out again)
+_RECENT_MAX = 4096
+_RECENT: collections.deque[int] = collections.deque(maxlen=_RECENT_MAX)
+_RECENT_LOCK = threading.Lock()
 
 
 def find_free_ports(
     count: int = 1, host: str = "127.0.0.1", exclude: set[int] | None = None
 ) -> list[int]:
-    """Return ``count`` distinct ports that were free when probed (races are still possible)."""
-    exclude = set(exclude or ())
+    """Return ``count`` distinct ports that were free when probed (races are still possible).
+
+    A port handed out by an earlier call of this process is not handed out again for the
+    next ``_RECENT_MAX`` ports: the caller may not have bound it yet (a test picks a port,
+    then the trainer it configures picks its workers' ports before binding the first)."""
+    with _RECENT_LOCK:
+        recent = set(_RECENT)
+    exclude = set(exclude or ()) | recent
     ports: list[int] = []
     socks = []
     try:
@@ -23,6 +36,8 @@ def find_free_ports(
     finally:
         for s in socks:
             s.close()
+    with _RECENT_LOCK:
+        _RECENT.extend(ports)
     return ports
 
 
