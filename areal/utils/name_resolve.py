@@ -36,6 +36,23 @@ class NameEntryNotFoundError(KeyError):
     pass
 
 
+def wait_for_key(
+    get, name: str, timeout: float | None, poll_frequency: float, where: str = ""
+) -> str:
+    """Poll ``get(name)`` until the key exists (every backend's ``wait``); ``TimeoutError``
+    naming the key (and ``where``) after ``timeout`` seconds."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            return get(name)
+        except NameEntryNotFoundError:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"name_resolve key {name!r} did not appear within {timeout} s{where}"
+                ) from None
+            time.sleep(poll_frequency)
+
+
 def check_name(name: str) -> str:
     name = name.strip("/")
     if not name or any(p in ("", ".", "..") for p in name.split("/")):
@@ -84,16 +101,7 @@ class FileNameRecordRepository:
             raise NameEntryNotFoundError(name) from None
 
     def wait(self, name: str, timeout: float | None = None, poll_frequency: float = 0.1) -> str:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            try:
-                return self.get(name)
-            except NameEntryNotFoundError:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"name_resolve key {name!r} did not appear within {timeout} s"
-                    ) from None
-                time.sleep(poll_frequency)
+        return wait_for_key(self.get, name, timeout, poll_frequency)
 
     def delete(self, name: str) -> None:
         path = self._path(name)
@@ -327,17 +335,7 @@ class Etcd3NameRecordRepository:
         return _unb64(kvs[0].get("value", ""))
 
     def wait(self, name: str, timeout: float | None = None, poll_frequency: float = 0.1) -> str:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            try:
-                return self.get(name)
-            except NameEntryNotFoundError:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"name_resolve key {name!r} did not appear within {timeout} s "
-                        f"(etcd3 at {self.addr})"
-                    ) from None
-                time.sleep(poll_frequency)
+        return wait_for_key(self.get, name, timeout, poll_frequency, f" (etcd3 at {self.addr})")
 
     def delete(self, name: str) -> None:
         name = check_name(name)
@@ -464,16 +462,7 @@ class RayNameRecordRepository:
         return value
 
     def wait(self, name: str, timeout: float | None = None, poll_frequency: float = 0.1) -> str:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            try:
-                return self.get(name)
-            except NameEntryNotFoundError:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"name_resolve key {name!r} did not appear within {timeout} s"
-                    ) from None
-                time.sleep(poll_frequency)
+        return wait_for_key(self.get, name, timeout, poll_frequency)
 
     def delete(self, name: str) -> None:
         name = check_name(name)
