@@ -20,6 +20,7 @@ import threading
 
 import pytest
 import torch
+from test_workflow_executor import FakeEngine  # a thread-safe weight version
 
 from areal.api.workflow_api import RolloutWorkflow
 from areal.infra.rollout import workflow_context
@@ -102,20 +103,6 @@ def test_config_deterministic_validated_and_handed_to_rollout():
 
 
 # --------------------------------------------------------------------------- the executor
-class FakeEngine:
-    def __init__(self):
-        self._v = 0
-        self._lock = threading.Lock()
-
-    def get_version(self) -> int:
-        with self._lock:
-            return self._v
-
-    def set_version(self, v: int) -> None:
-        with self._lock:
-            self._v = v
-
-
 class RecordingWorkflow(RolloutWorkflow):
     """Random latency (so finishing order differs from submission order); rejects rows
     whose uid is a multiple of 5; records what each episode saw."""
