@@ -198,15 +198,15 @@ def _engine_session(rank, world, path, layout, replay, save_dir=None):
 
     stats = eng.train_batch(part, loss_fn, lambda d: d["loss_mask"].sum())
     res = {"loss": stats["loss"], "grads": grads}
+    res["params"] = {  # after one SGD step
+        n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        for n, p in eng.model.named_parameters()
+    }
     if save_dir:  # HF save (per-expert names) and the sharded export, from ep shards
         eng.save(SaveLoadMeta(path=os.path.join(save_dir, "hf"), weight_format="hf"))
         res["shard_bytes"] = eng.export_weight_shards(
             os.path.join(save_dir, "shards"), shard_mb=0.01
         )
-        res["params"] = {
-            n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for n, p in eng.model.named_parameters()
-        }
     eng.destroy()
     return res
 
@@ -276,6 +276,23 @@ def test_engine_d2e2_equals_d1(moe_ckpt, replay, tmp_path):
     for k, v in want.items():
         torch.testing.assert_close(seen[k], v, atol=0, rtol=0, msg=k)
     assert all(r["shard_bytes"] > 0 for r in (res[0], res[1]))
+
+
+@pytest.mark.slow
+@pytest.mark.archon_matrix
+def test_engine_hybrid_attn_d2t2_ffn_d2e2_equals_d1(moe_ckpt):
+    # the MoE hybrid form through the engine: loss, every gradient and the weights after
+    # one SGD step equal one rank's
+    base = run_ranks(_engine_session, 1, (moe_ckpt, "d1", False), timeout=600)[0]
+    layout = "(attn:d2t2|ffn:d2e2)"
+    res = run_ranks(_engine_session, 4, (moe_ckpt, layout, False), timeout=900)
+    for r in (res[i] for i in range(4)):
+        assert abs(r["loss"] - base["loss"]) < ATOL
+        assert set(r["grads"]) == set(base["grads"]) == set(r["params"])
+        for k, w in base["grads"].items():
+            torch.testing.assert_close(r["grads"][k], w, atol=ATOL, rtol=0, msg=k)
+        for k, w in base["params"].items():
+            torch.testing.assert_close(r["params"][k], w, atol=ATOL, rtol=0, msg=k)
 
 
 def _aux_session(rank, world, path):
