@@ -405,3 +405,64 @@ def test_dcp_saved_at_p2_resumes_at_d2_next_step_equal(models, p2_qwen2, base_qw
     res = _run(models, "qwen2", "d2", 2, steps=(2,), load=p2_qwen2["ckpt"])
     for r in res:
         _assert_step_equal(r, base_qwen2, step=2)
+
+
+def _xccl_pp_session(rank, world, path, spec_q, ack_q, port):
+    from test_fsdp_engine import FakeInferenceEngine
+
+    from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
+    from areal.api.io_struct import FinetuneSpec, WeightUpdateMeta
+    from areal.engine.archon import ArchonEngine
+
+    cfg = TrainEngineConfig(
+        experiment_name="t",
+        trial_name="t",
+        path=path,
+        dtype="float32",
+        backend="archon:d1p2",
+        optimizer=OptimizerConfig(type="sgd", lr=LR, warmup_steps_proportion=0.0),
+        mb_spec=MicroBatchSpec(),
+        num_threads=1,
+    )
+    eng = ArchonEngine(cfg)
+    eng.create_process_group()
+    eng.initialize(None, FinetuneSpec(1, 10, 1))
+    meta = WeightUpdateMeta(
+        type="xccl", master_port=port, world_size=2, weight_chunked_mem_mb=1, version=1
+    )
+    fake = FakeInferenceEngine(spec_q, ack_q) if rank == 0 else None
+    if fake is not None:
+        eng.connect_engine(fake, meta)
+    eng.update_weights(meta)
+    res = {"own": _full(eng)}
+    if rank == 0:
+        res["specs"] = [sp.name for b in eng.get_param_specs(1) for sp in b]
+        spec_q.put(("done",))
+    eng.destroy()
+    return res
+
+
+def test_pp2_xccl_push_sends_every_stage_tensor_once(models, tmp_path):
+    # p2 (AReaL's default Interleaved1F1B: 4 virtual stages over 2 ranks): rank 0 pushes
+    # its stages and relays rank 1's, bucket by bucket, to a receiver in the group
+    from _dist_helpers import free_port
+    from test_fsdp_engine import _receiver
+
+    ctx = torch.multiprocessing.get_context("spawn")
+    spec_q, ack_q = ctx.Queue(), ctx.Queue()
+    out = str(tmp_path / "received.pt")
+    res = run_ranks(
+        _xccl_pp_session,
+        2,
+        (models["qwen2"], spec_q, ack_q, free_port()),
+        timeout=600,
+        extra=[(_receiver, (spec_q, ack_q, out))],
+    )
+    got = torch.load(out)
+    own0, own1 = res[0]["own"], res[1]["own"]
+    assert own0 and own1 and not set(own0) & set(own1)  # each rank holds only its stages
+    want = {**own0, **own1}
+    assert res[0]["specs"] == list(own0) + list(own1) and sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+    assert res["extra"][0] > 1  # several buckets, each acknowledged
