@@ -2,9 +2,11 @@
 size, printed as one JSON object.
 
 Per layout (``fsdp:d2`` as the reference, ``archon:d2``, ``archon:d1t2``,
-``archon:d1c2``; with ``--world 4`` also ``fsdp:d4``, ``archon:d2t2``, ``archon:d2c2``;
-``--family qwen3_moe``, a mixture-of-experts model with ``--experts`` experts, top-2:
-``fsdp:dN``, ``archon:dN``, ``archon:dNe2`` and with ``--world 4`` ``archon:d4e4``):
+``archon:d1c2``, ``archon:d1p2``; with ``--world 4`` also ``fsdp:d4``, ``archon:d2t2``,
+``archon:d2c2``, ``archon:d2p2``; ``--family qwen3_moe``, a mixture-of-experts model
+with ``--experts`` experts, top-2: ``fsdp:dN``, ``archon:dN``, ``archon:dNe2`` and with
+``--world 4`` ``archon:d4e4`` and the hybrid ``archon:(attn:d2t2|ffn:d2e2)``;
+``--layouts a,b``: only these, the first being the reference):
 
 - ``step_s``: median wall time of one ``train_batch`` (AdamW, one micro-batch per rank,
   after one warm-up step), the same global batch for every layout;
@@ -14,7 +16,7 @@ Per layout (``fsdp:d2`` as the reference, ``archon:d2``, ``archon:d1t2``,
   written by the ranks in turn).
 
 Usage: ``.venv/bin/python benchmarks/bench_archon.py [--world 2|4] [--steps 3]
-[--hidden 256] [--layers 4] [--family qwen2|qwen3_moe] [--experts 8]``
+[--hidden 256] [--layers 4] [--family qwen2|qwen3_moe] [--experts 8] [--layouts ...]``
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import multiprocessing as mp
 import os
 import socket
@@ -95,6 +98,18 @@ def _local_bytes(t) -> int:
     return t.numel() * t.element_size()
 
 
+def _checkpoint_numel(path: str) -> int:
+    from safetensors import safe_open
+
+    n = 0
+    for f in sorted(os.listdir(path)):
+        if f.endswith(".safetensors"):
+            with safe_open(os.path.join(path, f), "pt") as st:
+                for k in st.keys():
+                    n += math.prod(st.get_slice(k).get_shape())
+    return n
+
+
 def _worker(rank, world, port, path, backend, steps, rows, seqlen, q):
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
@@ -129,7 +144,8 @@ def _worker(rank, world, port, path, backend, steps, rows, seqlen, q):
         mine = sum(_local_bytes(p) for p in params) * 2  # parameters + gradients
         for st in eng.optimizer.state.values():
             mine += sum(_local_bytes(v) for v in st.values() if torch.is_tensor(v) and v.dim())
-        whole = sum(p.numel() * p.element_size() for p in params) * 4  # + 2 Adam moments
+        # the whole model (every pipeline stage), fp32: parameters, gradients, 2 Adam moments
+        whole = _checkpoint_numel(path) * 4 * 4
         with tempfile.TemporaryDirectory() as d:
             t0 = time.perf_counter()
             eng.export_weight_shards(d, shard_mb=16)
@@ -185,18 +201,21 @@ def main() -> None:
     ap.add_argument("--seqlen", type=int, default=128)
     ap.add_argument("--family", default="qwen2", choices=["qwen2", "qwen3_moe"])
     ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--layouts", default="", help="comma-separated; the first is the reference")
     a = ap.parse_args()
     if a.family == "qwen3_moe":
         w = a.world
         layouts = [f"fsdp:d{w}", f"archon:d{w}", f"archon:d{w}e2"] + (
-            ["archon:d4e4"] if w == 4 else []
+            ["archon:d4e4", "archon:(attn:d2t2|ffn:d2e2)"] if w == 4 else []
         )
     else:
         layouts = (
-            ["fsdp:d2", "archon:d2", "archon:d1t2", "archon:d1c2"]
+            ["fsdp:d2", "archon:d2", "archon:d1t2", "archon:d1c2", "archon:d1p2"]
             if a.world == 2
-            else ["fsdp:d4", "archon:d4", "archon:d2t2", "archon:d2c2"]
+            else ["fsdp:d4", "archon:d4", "archon:d2t2", "archon:d2c2", "archon:d2p2"]
         )
+    if a.layouts:
+        layouts = [x.strip() for x in a.layouts.split(",") if x.strip()]
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "model")
         _save_model(path, a.hidden, a.layers, a.family, a.experts)

@@ -85,6 +85,8 @@ def _session(rank, world, path, layout, steps, save_dir, load_dir, export_dir, a
     from areal.api.io_struct import FinetuneSpec, SaveLoadMeta
     from areal.engine.archon import ArchonEngine
 
+    archon = dict(archon or {})
+    xccl = archon.pop("xccl", None)  # (spec_q, ack_q, port): push to _receiver at the end
     cfg = TrainEngineConfig(
         experiment_name="t",
         trial_name="t",
@@ -94,9 +96,9 @@ def _session(rank, world, path, layout, steps, save_dir, load_dir, export_dir, a
         optimizer=OptimizerConfig(
             type="sgd", lr=LR, weight_decay=0.0, warmup_steps_proportion=0.0, gradient_clipping=1e9
         ),
-        mb_spec=MicroBatchSpec(**(archon or {}).pop("mb_spec", {})),
+        mb_spec=MicroBatchSpec(**archon.pop("mb_spec", {})),
         num_threads=1,
-        archon=ArchonEngineConfig(**(archon or {})),
+        archon=ArchonEngineConfig(**archon),
     )
     eng = ArchonEngine(cfg)
     eng.create_process_group()
@@ -143,6 +145,22 @@ def _session(rank, world, path, layout, steps, save_dir, load_dir, export_dir, a
         res["shard_bytes"] = eng.export_weight_shards(
             os.path.join(export_dir, "shards"), shard_mb=0.05
         )
+    if xccl:  # the xccl weight push to a receiver process in the weight-update group
+        from test_fsdp_engine import FakeInferenceEngine
+
+        from areal.api.io_struct import WeightUpdateMeta
+
+        spec_q, ack_q, port = xccl
+        meta = WeightUpdateMeta(
+            type="xccl", master_port=port, world_size=2, weight_chunked_mem_mb=1, version=1
+        )
+        if rank == 0:
+            eng.connect_engine(FakeInferenceEngine(spec_q, ack_q), meta)
+        eng.update_weights(meta)
+        res["pushed"] = _full(eng)
+        if rank == 0:
+            res["specs"] = [sp.name for b in eng.get_param_specs(1) for sp in b]
+            spec_q.put(("done",))
     eng.destroy()
     return res
 
@@ -163,7 +181,9 @@ def _run(models, family, layout, world, steps=(1,), **kw):
         models[family], layout, list(steps), kw.get("save"), kw.get("load"), kw.get("export"),
         kw.get("archon"),
     )  # fmt: skip
-    res = run_ranks(_session, world, args, timeout=600)
+    res = run_ranks(_session, world, args, timeout=600, extra=kw.get("extra", ()))
+    if kw.get("extra"):
+        return [res[r] for r in range(world)] + [res["extra"]]
     return [res[r] for r in range(world)]
 
 
@@ -334,13 +354,20 @@ def _assert_pp_step_equal(ranks: list[dict], want: dict, step: int = 1, rows=sli
 def p2_qwen2(models, tmp_path_factory):
     """p2 with AReaL's default schedule (Interleaved1F1B: 4 virtual stages, the first
     holding only the embedding and the last only the head); two micro-batches."""
+    from _dist_helpers import free_port
+    from test_fsdp_engine import _receiver
+
     d = tmp_path_factory.mktemp("p2")
     ckpt, export = str(d / "dcp"), str(d / "export")
-    res = _run(
+    ctx = torch.multiprocessing.get_context("spawn")
+    spec_q, ack_q, recv = ctx.Queue(), ctx.Queue(), str(d / "received.pt")
+    *res, extra = _run(
         models, "qwen2", "d1p2", 2, steps=(1, 2), save=ckpt, export=export,
-        archon={"mb_spec": {"n_mbs": 2}},
+        archon={"mb_spec": {"n_mbs": 2}, "xccl": (spec_q, ack_q, free_port())},
+        extra=[(_receiver, (spec_q, ack_q, recv))],
     )  # fmt: skip
-    return {"ranks": res, "ckpt": ckpt, "export": export}
+    received = {"tensors": torch.load(recv), "n_buckets": extra[0]}
+    return {"ranks": res, "ckpt": ckpt, "export": export, "received": received}
 
 
 def test_pp2_interleaved_two_steps_equal_one_rank(p2_qwen2, base_qwen2):
@@ -405,3 +432,17 @@ def test_dcp_saved_at_p2_resumes_at_d2_next_step_equal(models, p2_qwen2, base_qw
     res = _run(models, "qwen2", "d2", 2, steps=(2,), load=p2_qwen2["ckpt"])
     for r in res:
         _assert_step_equal(r, base_qwen2, step=2)
+
+
+def test_pp2_xccl_push_sends_every_stage_tensor_once(p2_qwen2):
+    # p2 (Interleaved1F1B: 4 virtual stages over 2 ranks): rank 0 pushes its stages and
+    # relays rank 1's, bucket by bucket, to a receiver in the weight-update group
+    r0, r1 = p2_qwen2["ranks"]
+    own0, own1 = r0["pushed"], r1["pushed"]
+    assert own0 and own1 and not set(own0) & set(own1)  # each rank holds only its stages
+    want = {**own0, **own1}
+    got = p2_qwen2["received"]["tensors"]
+    assert r0["specs"] == list(own0) + list(own1) and sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+    assert p2_qwen2["received"]["n_buckets"] > 1  # several buckets, each acknowledged

@@ -59,7 +59,7 @@ def _nll_sum(model, ids, pos, cu):
     return -(lp * keep).sum(), int(keep.sum())
 
 
-def _ranks(rank, world, dp, ep, n_experts, tp=1):
+def _ranks(rank, world, dp, ep, n_experts, tp=1, hybrid=False):
     import torch.distributed as dist
 
     from areal.models.archon import ArchonParallelDims
@@ -73,7 +73,9 @@ def _ranks(rank, world, dp, ep, n_experts, tp=1):
     ref_loss.backward()
     ref_grads = {n: p.grad.clone() for n, p in ref.named_parameters()}
 
-    dims = ArchonParallelDims(dp_shard=dp, ep=ep, tp=tp, world_size=world, device_type="cpu")
+    dims = ArchonParallelDims(
+        dp_shard=dp, ep=ep, tp=tp, world_size=world, device_type="cpu", ep_spans_cp_tp=hybrid
+    )
     dims.build_mesh()
     model = parallelize_qwen3_moe(_model(n_experts), dims)
     r = dims.get_mesh("dp_shard").get_local_rank()
@@ -125,6 +127,22 @@ def test_d2t2e2_on_four_ranks_equals_one_process():
     # attention tensor-parallel, routers and experts replicated over tp, experts split over ep
     res = run_ranks(_ranks, 4, (2, 2, 4, 2), timeout=600)
     _check([res[r] for r in range(4)], 4, 2)
+
+
+@pytest.mark.slow
+def test_hybrid_attn_t2_ffn_e2_on_two_ranks_equals_one_process():
+    # archon:(attn:d1t2|ffn:d1e2): attention tensor-parallel over both ranks, the experts
+    # split over the same two ranks (ep borrows the tp ranks, which hold the same tokens)
+    res = run_ranks(_ranks, 2, (1, 2, 4, 2, True), timeout=300)
+    _check([res[0], res[1]], 4, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.archon_matrix
+def test_hybrid_attn_d2t2_ffn_d2e2_on_four_ranks_equals_one_process():
+    # archon:(attn:d2t2|ffn:d2e2): ep over each tp pair, experts FSDP-sharded over ffn d2
+    res = run_ranks(_ranks, 4, (2, 2, 4, 2, True), timeout=600)
+    _check([res[r] for r in range(4)], 4, 2, efsdp=2)
 
 
 def _engine_session(rank, world, path, layout, replay, save_dir=None):
@@ -180,15 +198,15 @@ def _engine_session(rank, world, path, layout, replay, save_dir=None):
 
     stats = eng.train_batch(part, loss_fn, lambda d: d["loss_mask"].sum())
     res = {"loss": stats["loss"], "grads": grads}
+    res["params"] = {  # after one SGD step
+        n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        for n, p in eng.model.named_parameters()
+    }
     if save_dir:  # HF save (per-expert names) and the sharded export, from ep shards
         eng.save(SaveLoadMeta(path=os.path.join(save_dir, "hf"), weight_format="hf"))
         res["shard_bytes"] = eng.export_weight_shards(
             os.path.join(save_dir, "shards"), shard_mb=0.01
         )
-        res["params"] = {
-            n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for n, p in eng.model.named_parameters()
-        }
     eng.destroy()
     return res
 
@@ -258,6 +276,23 @@ def test_engine_d2e2_equals_d1(moe_ckpt, replay, tmp_path):
     for k, v in want.items():
         torch.testing.assert_close(seen[k], v, atol=0, rtol=0, msg=k)
     assert all(r["shard_bytes"] > 0 for r in (res[0], res[1]))
+
+
+@pytest.mark.slow
+@pytest.mark.archon_matrix
+def test_engine_hybrid_attn_d2t2_ffn_d2e2_equals_d1(moe_ckpt):
+    # the MoE hybrid form through the engine: loss, every gradient and the weights after
+    # one SGD step equal one rank's
+    base = run_ranks(_engine_session, 1, (moe_ckpt, "d1", False), timeout=600)[0]
+    layout = "(attn:d2t2|ffn:d2e2)"
+    res = run_ranks(_engine_session, 4, (moe_ckpt, layout, False), timeout=900)
+    for r in (res[i] for i in range(4)):
+        assert abs(r["loss"] - base["loss"]) < ATOL
+        assert set(r["grads"]) == set(base["grads"]) == set(r["params"])
+        for k, w in base["grads"].items():
+            torch.testing.assert_close(r["grads"][k], w, atol=ATOL, rtol=0, msg=k)
+        for k, w in base["params"].items():
+            torch.testing.assert_close(r["params"][k], w, atol=ATOL, rtol=0, msg=k)
 
 
 def _aux_session(rank, world, path):

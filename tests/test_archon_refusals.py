@@ -67,6 +67,60 @@ def test_archon_layouts_parse():
     assert ParallelStrategy.parse_backend("archon:d1c2").world_size == 2
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "archon:(attn:d2t2|ffn:d2e2)",
+        "local:d1+archon:(attn:d2t2|ffn:d2e2)",
+        "local:d1+archon:attn:d2t2|ffn:e2",  # AReaL: parentheses optional, ffn d derived
+        "local:d4|archon:(attn:d2t2|ffn:d2e2)",  # colocated: '|' inside parentheses is not
+    ],
+)
+def test_archon_hybrid_moe_form_parses_and_round_trips(text):
+    mode = AllocationMode.from_str(text)
+    ps = mode.train
+    assert mode.train_backend == "archon" and mode.train_world_size == 4
+    assert (ps.dp_size, ps.tp_size, ps.ep_size, ps.etp_size) == (2, 2, 2, 1)
+    assert ps.hybrid_moe and ps.expert_data_parallel_size == 2
+    assert str(ps) == "(attn:d2t2|ffn:d2e2)"
+    again = ParallelStrategy.parse_backend(f"archon:{ps}")  # engine_select writes this back
+    assert again.parallel == ps and again.backend == "archon"
+    assert mode.gen_backend == ("local" if "local" in text else None)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("archon:(attn:d2t2|ffn:d2e4)", "attn d2*t2*p1*c1 = 4, ffn d2*e4*t1*p1 = 8"),
+        ("archon:(attn:d2p2|ffn:d2e2p1)", "ffn p1 differs from attn p2"),
+        ("archon:(attn:d3t2|ffn:e4)", "cannot derive ffn d: the attn world size 6"),
+        ("archon:(attn:d2t2e2|ffn:d2e2)", "unknown parallel dimension 'e' in the attn section"),
+        ("archon:(attn:d2t2|ffn:c2e2)", "unknown parallel dimension 'c' in the ffn section"),
+        ("archon:(attn:d2t2|ffn:d1t2e2)", "ffn t2: expert tensor parallelism is not supported"),
+        ("archon:(attn:d1t4|ffn:d2e2)", "ffn e2 must be a multiple of attn c*t = 4"),
+        ("fsdp:(attn:d2t2|ffn:d2e2)", "needs the archon engine"),
+        ("(attn:d2t2|ffn:d2e2)", "needs the archon engine"),
+        ("archon:(attn:d2t2|ffn:d2e2", "unbalanced '('"),
+        ("archon:(attn:d2t2)", "the MoE hybrid form is '(attn:"),
+    ],
+)
+def test_archon_hybrid_moe_form_refusals_name_the_part(text, fragment):
+    with pytest.raises(ValueError) as info:
+        AllocationMode.from_str(text)
+    assert fragment in str(info.value) and repr(text) in str(info.value)
+
+
+def test_parallel_dims_hybrid_mesh_sizes():
+    from areal.models.archon import ArchonParallelDims
+
+    dims = ArchonParallelDims(dp_shard=2, tp=2, ep=2, world_size=4, ep_spans_cp_tp=True)
+    assert dims.efsdp == 2  # the hybrid form's ffn d
+    dims = ArchonParallelDims(dp_shard=2, tp=2, cp=2, ep=8, world_size=8, ep_spans_cp_tp=True)
+    assert dims.efsdp == 1
+    with pytest.raises(ValueError, match=r"ep=2 \(hybrid form: ep takes the cp\*tp=4"):
+        ArchonParallelDims(dp_shard=2, tp=2, cp=2, ep=2, world_size=8, ep_spans_cp_tp=True)
+
+
 class _Cfg:
     def __init__(self, heads=4, kv=2, experts=0, tie=False, layers=2):
         self.num_hidden_layers = layers

@@ -10,10 +10,21 @@ Syntax (AReaL's, with this project's built-in ``local`` inference server)::
     d4                        training only (SFT), FSDP by default
     vllm:d2                   inference only (serving or evaluation)
     vllm[rollout]:d2+fsdp[actor]:d2   optional component names, looked up with mode["actor"]
+    archon:(attn:d2t2|ffn:d2e2)       MoE hybrid form: attention layers on d2t2, expert
+                                      layers on d2e2 over the same 4 ranks
 
 A component is ``backend:dims`` where dims is a sequence of ``<letter><size>`` with
 letters d (data), t (tensor), p (pipeline), c (context) and e (expert parallel), each at
 most once, each size >= 1; omitted letters mean 1.
+
+The MoE hybrid form ``backend:(attn:<dims>|ffn:<dims>)`` (AReaL's grammar; the
+parentheses may be left out) gives the attention (dense) layers and the expert layers
+their own layout over the same ranks: ``attn`` takes d, t, p, c; ``ffn`` takes d (the
+expert data-parallel size, derived from the world size when omitted), e, t (expert
+tensor parallel) and p (must equal attn's; inherited when omitted). The two halves must
+need the same number of devices. It parses to one ``ParallelStrategy`` with attn's d, t,
+p, c, ffn's e as ``expert_parallel_size``, ffn's t as ``expert_tensor_parallel_size`` and
+``hybrid_moe=True`` (its ``str`` is the hybrid form again).
 
 Which dimensions a training backend accepts is checked here, at parse time, before any
 process starts (``check_train_dims``): ``fsdp`` takes only ``d``; ``archon`` takes ``d``,
@@ -48,6 +59,9 @@ _COMPONENT_RE = re.compile(
     r"^(?P<backend>[A-Za-z_]+)(?:\[(?P<name1>[\w-]+)\]|\((?P<name2>[\w-]+)\))?(?P<sep>[:.])(?P<dims>.*)$"
 )
 _DIM_TOKEN_RE = re.compile(r"([a-z])(\d+)")
+# The letters each half of the MoE hybrid form takes (AReaL's ATTN_DIM_TYPE / FFN_DIM_TYPE).
+_HYBRID_LETTERS = {"attn": ("d", "t", "p", "c"), "ffn": ("d", "e", "t", "p")}
+_HYBRID_RE = re.compile(r"^\(?\s*attn\s*:(?P<attn>[^|()]*)\|\s*ffn\s*:(?P<ffn>[^|()]*)\)?$")
 
 
 class AllocationValidationError(ValueError):
@@ -68,6 +82,9 @@ def check_train_dims(backend: str, parallel: ParallelStrategy, context: str) -> 
         )
     allowed = TRAIN_BACKEND_DIMS.get(backend)
     if allowed is None:
+        return
+    if parallel.hybrid_moe:
+        _check_hybrid(backend, parallel, context)
         return
     ep, dp = parallel.ep_size, parallel.dp_size
     if backend == "archon" and ep > 1 and dp % ep:
@@ -92,6 +109,102 @@ def check_train_dims(backend: str, parallel: ParallelStrategy, context: str) -> 
         )
 
 
+def _check_hybrid(backend: str, parallel: ParallelStrategy, context: str) -> None:
+    """What the archon engine builds of the MoE hybrid form: the experts sharded over
+    ``e`` ranks that take every context and tensor rank (torchtitan's etp=1 layout: ep
+    borrows the cp and tp ranks), FSDP-sharded over the ffn ``d`` ranks left."""
+    if backend != "archon":
+        raise AllocationValidationError(
+            f"{context}: the MoE hybrid form '(attn:...|ffn:...)' needs the archon engine; "
+            f"the {backend} engine takes only d; use 'archon:{parallel}'"
+        )
+    etp, ep = parallel.expert_tensor_parallel_size, parallel.ep_size
+    if etp != 1:
+        raise AllocationValidationError(
+            f"{context}: ffn t{etp}: expert tensor parallelism is not supported by the "
+            "archon engine (experts are split over e only); allowed ffn t: [1]"
+        )
+    ct = parallel.cp_size * parallel.tp_size
+    per_stage = parallel.world_size // parallel.pp_size
+    if ep % ct:
+        allowed = [e for e in range(ct, per_stage + 1, ct) if per_stage % e == 0]
+        raise AllocationValidationError(
+            f"{context}: ffn e{ep} must be a multiple of attn c*t = {ct} (expert "
+            f"parallelism takes the context and tensor ranks of the attention layout); "
+            f"allowed ffn e: {allowed}"
+        )
+
+
+def _split_components(text: str, context: str) -> tuple[list[str], str]:
+    """Split an allocation string into components at '+' / '|' outside parentheses; a
+    bare hybrid ``attn:...|ffn:...`` stays one component. -> (components, separator)."""
+    parts, seps, depth, start = [], [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise InvalidAllocationModeError(f"{context}: unbalanced ')' at position {i}")
+        elif ch in "+|" and depth == 0:
+            parts.append(text[start:i])
+            seps.append(ch)
+            start = i + 1
+    if depth:
+        raise InvalidAllocationModeError(f"{context}: unbalanced '(' (missing ')')")
+    parts.append(text[start:])
+    merged, kept = [parts[0]], []
+    for sep, part in zip(seps, parts[1:], strict=True):
+        if sep == "|" and part.strip().startswith("ffn") and "attn" in merged[-1]:
+            merged[-1] = f"{merged[-1]}|{part}"
+        else:
+            merged.append(part)
+            kept.append(sep)
+    if len(set(kept)) > 1:
+        raise InvalidAllocationModeError(f"{context}: mixing '+' and '|' is not supported")
+    return merged, (kept[0] if kept else "+")
+
+
+def _parse_sizes(dims: str, *, context: str, part: str | None = None) -> dict[str, int]:
+    """``'d4t2'`` -> {size field: size}; ``part`` ('attn' / 'ffn'): a half of the MoE
+    hybrid form, which takes only its own letters (``_HYBRID_LETTERS``)."""
+    letters = _HYBRID_LETTERS[part] if part else tuple(_DIM_LETTERS)
+    where = f"the {part} section " if part else ""
+    listed = ", ".join(f"{x} ({_DIM_NAMES[x]})" for x in letters)
+    if not dims:
+        raise InvalidAllocationModeError(
+            f"{context}: {where}has empty parallel dimensions; expected e.g. 'd2' or "
+            f"'d4t2' (letters {listed})"
+        )
+    pos = 0
+    sizes: dict[str, int] = {}
+    for m in _DIM_TOKEN_RE.finditer(dims):
+        if m.start() != pos:
+            break
+        letter, size = m.group(1), int(m.group(2))
+        if letter not in letters:
+            raise InvalidAllocationModeError(
+                f"{context}: unknown parallel dimension {letter!r} in {where}{dims!r}; "
+                f"allowed letters: {listed}"
+            )
+        if _DIM_LETTERS[letter] in sizes:
+            raise InvalidAllocationModeError(
+                f"{context}: dimension {letter!r} repeated in {where}{dims!r}"
+            )
+        if size < 1:
+            raise InvalidAllocationModeError(
+                f"{context}: size of {letter!r} in {where}{dims!r} is {size}; must be >= 1"
+            )
+        sizes[_DIM_LETTERS[letter]] = size
+        pos = m.end()
+    if pos != len(dims):
+        raise InvalidAllocationModeError(
+            f"{context}: cannot parse parallel dimensions {where}{dims!r} at {dims[pos:]!r}; "
+            f"expected <letter><size> pairs such as 'd4t2' with letters {listed}"
+        )
+    return sizes
+
+
 class AllocationType(enum.Enum):
     """How inference and training share devices."""
 
@@ -111,9 +224,20 @@ class ParallelStrategy:
         default=1, metadata={"help": "Context (sequence) parallel size."}
     )
     expert_parallel_size: int = field(default=1, metadata={"help": "Expert-parallel size (MoE)."})
+    expert_tensor_parallel_size: int = field(
+        default=1,
+        metadata={"help": "Tensor-parallel size of the expert layers (the hybrid form's ffn t)."},
+    )
+    hybrid_moe: bool = field(
+        default=False,
+        metadata={
+            "help": "Parsed from the MoE hybrid form '(attn:...|ffn:...)': the expert layers "
+            "have their own layout (e, ffn d) over the attention layout's ranks."
+        },
+    )
 
     def __post_init__(self):
-        for name in _DIM_LETTERS.values():
+        for name in (*_DIM_LETTERS.values(), "expert_tensor_parallel_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(
@@ -141,6 +265,17 @@ class ParallelStrategy:
         return self.expert_parallel_size
 
     @property
+    def etp_size(self) -> int:
+        return self.expert_tensor_parallel_size
+
+    @property
+    def expert_data_parallel_size(self) -> int:
+        """Ranks holding the same experts: the hybrid form's ffn d; else dp / ep."""
+        if self.hybrid_moe:
+            return self.world_size // (self.ep_size * self.etp_size * self.pp_size)
+        return max(1, self.dp_size // self.ep_size)
+
+    @property
     def world_size(self) -> int:
         """Devices needed: dp * cp * tp * pp (expert parallelism folds into these)."""
         return (
@@ -151,6 +286,18 @@ class ParallelStrategy:
         )
 
     def __str__(self) -> str:
+        if self.hybrid_moe:
+            attn = f"d{self.dp_size}" + "".join(
+                f"{k}{v}"
+                for k, v in (("p", self.pp_size), ("t", self.tp_size), ("c", self.cp_size))
+                if v != 1
+            )
+            ffn = f"d{self.expert_data_parallel_size}" + "".join(
+                f"{k}{v}"
+                for k, v in (("p", self.pp_size), ("t", self.etp_size), ("e", self.ep_size))
+                if v != 1
+            )
+            return f"(attn:{attn}|ffn:{ffn})"
         dims = [f"d{self.dp_size}"]
         for letter, value in (
             ("p", self.pp_size),
@@ -164,44 +311,64 @@ class ParallelStrategy:
 
     @classmethod
     def from_dims(cls, dims: str, *, context: str) -> ParallelStrategy:
-        """``'d4t2'`` -> ParallelStrategy(dp=4, tp=2); ``context`` names the whole input in errors."""
-        if not dims:
+        """``'d4t2'`` -> ParallelStrategy(dp=4, tp=2); ``context`` names the whole input in errors.
+        The MoE hybrid form ``'(attn:d2t2|ffn:d2e2)'`` -> :meth:`from_hybrid`."""
+        m = _HYBRID_RE.match(dims.strip())
+        if m is not None:
+            return cls.from_hybrid(m.group("attn"), m.group("ffn"), context=context)
+        if "attn" in dims or "ffn" in dims or "(" in dims:
             raise InvalidAllocationModeError(
-                f"{context}: empty parallel dimensions; expected e.g. 'd2' or 'd4t2p1' "
-                f"(letters {sorted(_DIM_LETTERS)})"
+                f"{context}: cannot parse {dims!r}; the MoE hybrid form is "
+                "'(attn:<d,t,p,c sizes>|ffn:<d,e,t,p sizes>)', e.g. '(attn:d2t2|ffn:d2e2)'"
             )
-        pos = 0
-        sizes: dict[str, int] = {}
-        for m in _DIM_TOKEN_RE.finditer(dims):
-            if m.start() != pos:
-                break
-            letter, size = m.group(1), int(m.group(2))
-            if letter not in _DIM_LETTERS:
-                raise InvalidAllocationModeError(
-                    f"{context}: unknown parallel dimension {letter!r} in {dims!r}; allowed letters: "
-                    "d (data), t (tensor), p (pipeline), c (context), e (expert)"
-                )
-            if _DIM_LETTERS[letter] in sizes:
-                raise InvalidAllocationModeError(
-                    f"{context}: dimension {letter!r} repeated in {dims!r}"
-                )
-            if size < 1:
-                raise InvalidAllocationModeError(
-                    f"{context}: size of {letter!r} in {dims!r} is {size}; must be >= 1"
-                )
-            sizes[_DIM_LETTERS[letter]] = size
-            pos = m.end()
-        if pos != len(dims):
-            raise InvalidAllocationModeError(
-                f"{context}: cannot parse parallel dimensions {dims!r} at {dims[pos:]!r}; expected "
-                "<letter><size> pairs such as 'd4t2' with letters d, t, p, c, e"
+        return cls(**_parse_sizes(dims, context=context))
+
+    @classmethod
+    def from_hybrid(cls, attn: str, ffn: str, *, context: str) -> ParallelStrategy:
+        """The MoE hybrid form's two halves (module docstring) -> one ParallelStrategy;
+        AllocationValidationError when their world sizes or pipeline sizes differ."""
+        a = _parse_sizes(attn.strip(), context=context, part="attn")
+        f = _parse_sizes(ffn.strip(), context=context, part="ffn")
+        dp, tp = a.get("data_parallel_size", 1), a.get("tensor_parallel_size", 1)
+        pp, cp = a.get("pipeline_parallel_size", 1), a.get("context_parallel_size", 1)
+        attn_world = dp * tp * pp * cp
+        ep, etp = f.get("expert_parallel_size", 1), f.get("tensor_parallel_size", 1)
+        fpp = f.get("pipeline_parallel_size", pp)
+        if fpp != pp:
+            raise AllocationValidationError(
+                f"{context}: ffn p{fpp} differs from attn p{pp}; the expert and attention "
+                f"layers share the pipeline stages: give ffn p{pp} or leave p out of ffn"
             )
-        return cls(**sizes)
+        fdp = f.get("data_parallel_size")
+        if fdp is None:
+            non_dp = ep * etp * pp
+            if attn_world % non_dp:
+                raise AllocationValidationError(
+                    f"{context}: cannot derive ffn d: the attn world size {attn_world} "
+                    f"(d{dp}*t{tp}*p{pp}*c{cp}) is not divisible by ffn e*t*p = {non_dp}"
+                )
+            fdp = attn_world // non_dp
+        ffn_world = fdp * ep * etp * pp
+        if ffn_world != attn_world:
+            raise AllocationValidationError(
+                f"{context}: the world sizes of the two halves differ: attn d{dp}*t{tp}*p{pp}"
+                f"*c{cp} = {attn_world}, ffn d{fdp}*e{ep}*t{etp}*p{pp} = {ffn_world}; they "
+                "must be equal (both layouts cover the same ranks)"
+            )
+        return cls(
+            data_parallel_size=dp,
+            tensor_parallel_size=tp,
+            pipeline_parallel_size=pp,
+            context_parallel_size=cp,
+            expert_parallel_size=ep,
+            expert_tensor_parallel_size=etp,
+            hybrid_moe=True,
+        )
 
     @staticmethod
     def parse_backend(spec: str, field_name: str = "backend") -> ModelAllocation:
         """Parse a per-engine ``backend`` field such as ``'fsdp:d2'`` or ``'vllm:d2t2'``."""
-        if "+" in spec or "|" in spec:
+        if "+" in spec or ("|" in spec and _HYBRID_RE.search(spec.split(":", 1)[-1]) is None):
             raise InvalidAllocationModeError(
                 f"{field_name}={spec!r}: a per-engine backend is one component like 'fsdp:d4' or "
                 "'vllm:d2t2'; '+' and '|' belong in allocation_mode"
@@ -279,7 +446,7 @@ class ModelAllocation:
         if not spec:
             raise InvalidAllocationModeError(f"{context}: empty component")
         m = _COMPONENT_RE.match(spec)
-        if m is None:
+        if m is None or m.group("backend").lower() == "attn":  # bare dims / bare hybrid form
             return cls(backend=None, parallel=ParallelStrategy.from_dims(spec, context=context))
         backend = m.group("backend").lower()
         allowed = INFERENCE_BACKENDS + TRAIN_BACKENDS
@@ -316,10 +483,7 @@ class AllocationMode:
             )
         text = allocation_mode.strip()
         context = f"allocation_mode={text!r}"
-        if "+" in text and "|" in text:
-            raise InvalidAllocationModeError(f"{context}: mixing '+' and '|' is not supported")
-        sep = "|" if "|" in text else "+"
-        parts = text.split(sep)
+        parts, sep = _split_components(text, context)
         allocs = [ModelAllocation.from_str(p, context=context) for p in parts]
         gens = [a for a in allocs if a.is_inference]
         trains = [a for a in allocs if not a.is_inference]

@@ -7,7 +7,8 @@ the trainers copy into the role's ``backend``). ``initialize`` does, in order:
 
 1. the process group (``RANK``/``WORLD_SIZE``/``MASTER_*``; gloo on CPU, NCCL on CUDA);
 2. the layout from ``config.backend`` (``d`` dp_shard, ``t`` tp, ``c`` cp, ``e`` ep
-   within dp_shard, ``p`` pipeline stages) and the ``ArchonParallelDims`` mesh (device type of
+   within dp_shard, ``p`` pipeline stages; the MoE hybrid form ``(attn:d2t2|ffn:d2e2)``:
+   ep over the cp and tp ranks) and the ``ArchonParallelDims`` mesh (device type of
    this engine's device);
 3. the family from the HF ``model_type`` (registry), its args from the HF config,
    ``check_layout`` (heads divisible by tp, ...) and ``config.archon`` refusals;
@@ -110,8 +111,10 @@ class ArchonEngine(ArchonPipelineMixin, FSDPEngine):
             tp=ps.tp_size,
             pp=ps.pp_size,
             ep=ps.ep_size,
+            etp=ps.etp_size,
             world_size=dist.get_world_size(),
             device_type=self.device.type,
+            ep_spans_cp_tp=ps.hybrid_moe,
         )
         dims.build_mesh()
         self.parallel_dims = dims

@@ -23,6 +23,7 @@ pipeline rank.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,10 +32,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from areal.api.io_struct import ParamSpec
 from areal.engine.fsdp.checkpoint import write_safetensors
+from areal.engine.fsdp.weight_export import bucket_param_specs
 from areal.models.archon.pipeline import DenseStage, build_schedule, plan_stages
+from areal.utils import logging
+from areal.utils.dist import broadcast_tensor
 
 __all__ = ["ArchonPipelineMixin", "PipelineParts"]
+
+logger = logging.getLogger("ArchonEngine")
 
 
 class PipelineParts(nn.Module):
@@ -92,7 +99,9 @@ class ArchonPipelineMixin:
         for st in stages:
             spec.parallelize_fn(st, dims, **parallel_kw)
         self._pp_stages = stages
-        return PipelineParts(stages)
+        parts = PipelineParts(stages)
+        self._pp_gather_specs(parts)
+        return parts
 
     # ------------------------------------------------------------------ not yet with stages
     def _pp_refuse(self, what: str, instead: str) -> None:
@@ -101,12 +110,78 @@ class ArchonPipelineMixin:
                 f"ArchonEngine with pipeline stages (p > 1): {what} is not supported yet; {instead}"
             )
 
+    # ------------------------------------------------------------------ xccl push
+    def _pp_gather_specs(self, parts: PipelineParts) -> None:
+        """Every pipeline rank's export specs (HF names, full shapes, export dtype), in
+        pp-rank order, on every rank: ``get_param_specs`` is asked of rank 0 alone."""
+        named = {
+            k.replace("_checkpoint_wrapped_module.", ""): v for k, v in parts.named_parameters()
+        }
+        mine = self._export_specs(self.state_dict_adapter.to_hf(named))
+        group = self._pp_group()
+        out: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(out, [sp.to_dict() for sp in mine], group=group)
+        self._pp_specs = [[ParamSpec.from_dict(d) for d in specs] for specs in out]
+
     def get_param_specs(self, weight_chunked_mem_mb: int = 1024):
-        self._pp_refuse(
-            "the xccl weight push (each rank holds only its own stages)",
-            "use the disk weight update (actor.weight_update_mode='disk')",
-        )
-        return super().get_param_specs(weight_chunked_mem_mb)
+        """At ``pp`` > 1: pipeline rank 0's buckets, then rank 1's, ... (a bucket never
+        spans two ranks' tensors): the order ``update_weights`` broadcasts them in."""
+        if self._pp_stages is None:
+            return super().get_param_specs(weight_chunked_mem_mb)
+        if weight_chunked_mem_mb <= 0:
+            raise ValueError(f"weight_chunked_mem_mb={weight_chunked_mem_mb}; must be > 0")
+        limit = int(weight_chunked_mem_mb) << 20
+        return [b for specs in self._pp_specs for b in bucket_param_specs(specs, limit)]
+
+    def _update_weights_from_distributed(self, meta) -> None:
+        """xccl at ``pp`` > 1: each stage gathers its own tensors bucket by bucket (each
+        tensor once, over the stage's data/tensor ranks); rank 0 broadcasts its stage's
+        buckets to the servers, then receives every other stage's buckets from that
+        stage's first rank (point to point, one bucket at a time) and broadcasts them.
+        No rank holds more than its stage and one bucket."""
+        if self._pp_stages is None:
+            return super()._update_weights_from_distributed(meta)
+        t0 = time.perf_counter()
+        rank, pp = dist.get_rank(), self._dims().pp
+        inner = dist.get_world_size() // pp  # ranks of one stage (pp is the outer dim)
+        if rank == 0:
+            self._ensure_weight_update_group(meta)
+        limit = int(meta.weight_chunked_mem_mb) << 20
+
+        def push(bucket, tensors):
+            fut = None
+            if self.inference_engine is not None:
+                fut = self.inference_engine.update_weights_from_distributed(meta, bucket)
+            for t in tensors:
+                broadcast_tensor(self._weight_update_group, t, root=0)
+            if fut is not None:
+                try:
+                    fut.result()
+                except Exception as e:  # re-raised with context
+                    raise RuntimeError(
+                        f"inference_engine.update_weights_from_distributed failed: {e}"
+                    ) from e
+
+        for bucket, tensors in self._gather_buckets(limit):
+            if rank == 0:
+                push(bucket, tensors)
+            elif rank % inner == 0:  # a later stage's first rank: to rank 0
+                for t in tensors:
+                    dist.send(t, dst=0)
+            del tensors
+        if rank == 0:
+            for p in range(1, pp):
+                for bucket in bucket_param_specs(self._pp_specs[p], limit):
+                    tensors = [
+                        torch.empty(sp.shape, dtype=getattr(torch, sp.dtype), device=self.device)
+                        for sp in bucket
+                    ]
+                    for t in tensors:
+                        dist.recv(t, src=p * inner)
+                    push(bucket, tensors)
+                    del tensors
+        dist.barrier()
+        logger.info("xccl weight update (p%d) done in %.2fs", pp, time.perf_counter() - t0)
 
     def enable_weight_fingerprints(self, full_every: int = 1, *args, **kwargs) -> None:
         if full_every:

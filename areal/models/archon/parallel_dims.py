@@ -10,6 +10,13 @@ gradients are reduced like data-parallel ones). With expert parallelism ``dp_sha
 split as ``(dp_mod_ep, ep)``: the mesh is ``(pp, dp_mod_ep, ep, cp, tp)``, ``dp_shard``
 and ``dp_shard_cp`` are flattened from it, and the experts are FSDP-sharded over
 ``efsdp`` = ``(dp_mod_ep, cp)`` (the ranks that hold the same experts).
+
+The MoE hybrid form (``archon:(attn:d2t2|ffn:d2e2)``, ``ep_spans_cp_tp=True``) is
+torchtitan's etp=1 layout: the ``ep`` ranks take every context and tensor rank and the
+rest from ``dp_shard``. The mesh is ``(pp, dp_mod_ep, dp_in_ep, cp, tp)`` with
+``dp_mod_ep = dp_shard*cp*tp/ep`` and ``dp_in_ep = ep/(cp*tp)``; ``ep`` is flattened from
+``(dp_in_ep, cp, tp)`` and the experts are FSDP-sharded over ``efsdp`` = ``dp_mod_ep``
+(the hybrid form's ffn ``d``). The attention layers keep ``(pp, dp_shard, cp, tp)``.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ class ArchonParallelDims:
     etp: int = 1
     world_size: int = 1
     device_type: str = "cuda"
+    ep_spans_cp_tp: bool = False  # the MoE hybrid form: ep borrows the cp and tp ranks
     _world_mesh: DeviceMesh | None = field(default=None, repr=False)
     _flat: dict[str, DeviceMesh] = field(default_factory=dict, repr=False)
 
@@ -67,7 +75,15 @@ class ArchonParallelDims:
             )
         if self.etp not in (1, self.tp):
             raise ValueError(f"ArchonParallelDims.etp={self.etp}; allowed: 1 or tp={self.tp}")
-        if self.ep > 1 and self.dp_shard % self.ep:
+        if self.ep_spans_cp_tp:
+            ct, ranks = self.cp * self.tp, self.dp_shard * self.cp * self.tp
+            if self.ep % ct or ranks % self.ep:
+                allowed = [e for e in range(ct, ranks + 1, ct) if ranks % e == 0]
+                raise ValueError(
+                    f"ArchonParallelDims.ep={self.ep} (hybrid form: ep takes the cp*tp={ct} "
+                    f"ranks and divides dp_shard*cp*tp={ranks}); allowed ep: {allowed}"
+                )
+        elif self.ep > 1 and self.dp_shard % self.ep:
             raise ValueError(
                 f"ArchonParallelDims.ep={self.ep} must divide dp_shard={self.dp_shard} (experts "
                 f"are split over data-parallel ranks); allowed ep: "
@@ -78,6 +94,21 @@ class ArchonParallelDims:
     def build_mesh(self) -> DeviceMesh:
         """The ``(pp, dp_shard, cp, tp)`` mesh plus ``dp_shard_cp`` (needs the default group);
         ``(pp, dp_mod_ep, ep, cp, tp)`` plus ``dp_shard``, ``dp_shard_cp``, ``efsdp`` when ep > 1."""
+        if self.ep > 1 and self.ep_spans_cp_tp:
+            ct = self.cp * self.tp
+            mesh = init_device_mesh(
+                self.device_type,
+                (self.pp, self.dp_shard * ct // self.ep, self.ep // ct, self.cp, self.tp),
+                mesh_dim_names=("pp", "dp_mod_ep", "dp_in_ep", "cp", "tp"),
+            )
+            self._flat = {
+                "dp_shard": mesh["dp_mod_ep", "dp_in_ep"]._flatten("dp_shard"),
+                "dp_shard_cp": mesh["dp_mod_ep", "dp_in_ep", "cp"]._flatten("dp_shard_cp"),
+                "ep": mesh["dp_in_ep", "cp", "tp"]._flatten("ep"),
+                "efsdp": mesh["dp_mod_ep"]._flatten("efsdp"),
+            }
+            self._world_mesh = mesh
+            return mesh
         if self.ep > 1:
             mesh = init_device_mesh(
                 self.device_type,
@@ -146,7 +177,10 @@ class ArchonParallelDims:
 
     @property
     def efsdp(self) -> int:
-        """How many ranks FSDP-shard each expert: dp_shard / ep * cp."""
+        """How many ranks FSDP-shard each expert: dp_shard / ep * cp (hybrid form:
+        dp_shard * cp * tp / ep)."""
+        if self.ep_spans_cp_tp:
+            return self.dp_shard * self.cp * self.tp // self.ep
         return self.dp_shard // self.ep * self.cp
 
     @property
