@@ -24,10 +24,15 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
-from slurm_fixture import demo_command, netns_slurm, start_slurmd
+import requests
+from slurm_fixture import demo_command, netns_slurm, slurm_cluster, start_slurmd  # noqa: F401
+
+from areal.api.scheduler_api import Job, SchedulingSpec
+from areal.infra.scheduler.slurm import SlurmScheduler
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 60  # a step takes ~0.5-2 s: the restart (~15-20 s) completes within the run
@@ -36,6 +41,38 @@ N_SAMPLES = 2
 HEALTH_TIMEOUT = 5
 
 pytestmark = pytest.mark.slow
+
+
+def test_slurm_server_task_killed_job_lives_kill_worker_restart_worker_serves(
+    slurm_cluster,  # noqa: F811
+    tmp_path,
+):
+    """One node (nowhere else to go): the restart lands on the same node, as a job of its own."""
+    sched = SlurmScheduler(
+        fileroot=str(tmp_path), experiment_name="exp", trial_name="nf",
+        slurm_conf=slurm_cluster.conf, startup_timeout=120, state_poll_interval=0.5,
+    )  # fmt: skip
+    try:
+        spec = SchedulingSpec(
+            cmd=f"{sys.executable} -m http.server {{port}} --bind {{host}}", cpu=1, mem=1
+        )
+        job = Job(replicas=2, role="srv", tasks=[spec], health_path="/", distributed_env=False)
+        sched.create_workers(job)
+        old = [w.address for w in sched.get_workers("srv")]
+        os.kill(sched.worker_pids("srv")[1], signal.SIGKILL)
+        time.sleep(3)
+        assert sched.dead_workers("srv") == []  # --no-kill: the job and srv/0 live on
+        assert requests.get(f"http://{old[0]}/", timeout=5).status_code == 200
+        sched.kill_worker("srv/1")
+        assert sched.dead_workers("srv") == ["srv/1"]
+        w = sched.restart_worker("srv/1", timeout=120)
+        assert requests.get(f"http://{w.address}/", timeout=5).status_code == 200
+        assert sched.dead_workers("srv") == []
+        assert sched.worker_info("srv/1")["job_id"] not in ("", sched.job_id("srv"))
+        assert [x.address for x in sched.get_workers("srv")] == [old[0], w.address]
+    finally:
+        sched.close()
+    assert slurm_cluster.jobs() == []  # the replacement job was cancelled too
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +225,93 @@ def test_inference_node_link_cut_30s_run_finishes_log_names_node(slurm_three_nod
         out[-6000:]
     )
     assert "on Slurm node nc" in out, out[-6000:]
+
+
+def _sync_command(tmp_path, root: str, trial: str, steps: int, actor: str = "na") -> list[str]:
+    cmd = [
+        a for a in _command(tmp_path, trial)
+        if not a.startswith(("cluster.fileroot=", "allocation_mode=", "total_train_steps=",
+                             "rollout.scheduling_spec.", "train_dataset.path=", "recover.",
+                             "actor.scheduling_spec."))
+    ]  # fmt: skip
+    return cmd + [
+        f"actor.scheduling_spec.0.nodelist={actor}",
+        f"cluster.fileroot={root}",
+        "allocation_mode=local:d1+fsdp:d1",
+        "rollout.scheduling_spec.0.nodelist=nb",
+        f"total_train_steps={steps}",
+        f"train_dataset.path=synthetic://arith?digits=2&steps=2&n={steps * BATCH}&seed=3",
+        "async_training=false",
+        "rollout.max_head_offpolicyness=0",
+        "recover.mode=auto",
+        "recover.freq_steps=1",
+    ]
+
+
+def test_trainer_node_killed_run_stops_clearly_relaunch_resumes_same_losses(
+    slurm_three_nodes, tmp_path
+):
+    cluster, env, root = slurm_three_nodes
+    steps, k = 6, 2
+    env = dict(env, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+    ref_root, crash_root = str(tmp_path / "ref"), str(tmp_path / "crash")
+
+    def stats(r):
+        p = os.path.join(r, "logs", "gsm8k-grpo-cpu", "trainer-node", "stats.jsonl")
+        if not os.path.exists(p):
+            return []
+        with open(p) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        return [x for x in rows if "batch/reward" in x]
+
+    _revive_node(cluster, env, root, "a")
+    _revive_node(cluster, env, root, "c")
+    with open(tmp_path / "ref.out", "w") as f:  # the uninterrupted run, beside, on node C
+        ref = subprocess.Popen(
+            _sync_command(tmp_path, ref_root, "trainer-node", steps, actor="nc"), cwd=REPO,
+            env=env,
+            stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        with open(tmp_path / "crash1.out", "w") as f:
+            crash = subprocess.Popen(
+                _sync_command(tmp_path, crash_root, "trainer-node", steps), cwd=REPO,
+                env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + 300
+        while not any(r["global_step"] >= k for r in stats(crash_root)):
+            assert crash.poll() is None, (tmp_path / "crash1.out").read_text()[-6000:]
+            assert time.monotonic() < deadline, (tmp_path / "crash1.out").read_text()[-6000:]
+            time.sleep(0.2)
+        # the training worker is in its next step; kill the node under it
+        assert cluster.kill_node("a")
+        rc = crash.wait(timeout=180)
+        out1 = (tmp_path / "crash1.out").read_text()
+        assert rc != 0, out1[-6000:]
+        assert "actor/0" in out1 and "dead" in out1, out1[-6000:]
+        _revive_node(cluster, env, root, "a")
+        with open(tmp_path / "crash2.out", "w") as f:
+            resumed = subprocess.run(
+                _sync_command(tmp_path, crash_root, "trainer-node", steps), cwd=REPO,
+                env=env, stdout=f, stderr=subprocess.STDOUT, timeout=300,
+            )  # fmt: skip
+        ref_rc = ref.wait(timeout=300)
+    finally:
+        for p in (ref, locals().get("crash")):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=30)
+    out2 = (tmp_path / "crash2.out").read_text()
+    assert ref_rc == 0, (tmp_path / "ref.out").read_text()[-6000:]
+    assert resumed.returncode == 0, out2[-6000:]
+    m = re.search(r"continuing at step (\d+)", out2)
+    assert m, out2[-6000:]
+    got, want = stats(crash_root), stats(ref_root)
+    assert [r["global_step"] for r in want] == list(range(steps))
+    assert sorted({r["global_step"] for r in got}) == list(range(steps))
+    resumed_from = int(m.group(1))
+    by_step = {r["global_step"]: r for r in got}  # the resumed run's rows win
+    for a in want[resumed_from:]:
+        b = by_step[a["global_step"]]
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-4), (a["global_step"], a, b)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], abs=1e-4)

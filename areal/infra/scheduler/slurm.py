@@ -470,12 +470,22 @@ class SlurmScheduler(SchedulerBase):
             raise ValueError(f"Worker {worker_id} is alive; restart_worker needs a dead one")
         job = self._jobs_spec[w.role]
         spec = job.worker_spec
-        bad = sorted(self._bad_nodes)
+        names = self._run(
+            "sinfo",
+            "-h",
+            "-N",
+            "-o",
+            "%N",
+            *([f"--nodes={spec.nodelist}"] if spec.nodelist else []),
+        ).stdout.split()
+        bad = sorted(self._bad_nodes & set(names))
+        if bad and not set(names) - set(bad):  # nowhere else to go: try the same node(s)
+            logger.warning(f"no node but {bad} can take {worker_id}; restarting it there")
+            bad = []
         exclude = ",".join(sorted({*bad, *([spec.exclude] if spec.exclude else [])}))
         nodelist = spec.nodelist
         if nodelist and bad:
-            names = self._run("scontrol", "show", "hostnames", nodelist, check=False).stdout.split()
-            nodelist = ",".join(n for n in names if n not in self._bad_nodes) or None
+            nodelist = ",".join(n for n in dict.fromkeys(names) if n not in bad) or None
         idx = w.index
         old = self._jobs_by_id.get(w.job_id)
         if old is not None and old.role != w.role:  # a replacement job: stop what is left
