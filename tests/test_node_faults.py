@@ -225,6 +225,9 @@ def test_inference_node_link_cut_30s_run_finishes_log_names_node(slurm_three_nod
         out[-6000:]
     )
     assert "on Slurm node nc" in out, out[-6000:]
+    assert f"(health_check_timeout={HEALTH_TIMEOUT})" in out, out[-6000:]
+    # node B's server answered throughout: it never left the rotation
+    assert not re.search(rf"{re.escape(cluster['b'].addr)}:\d+ marked unhealthy", out), out[-6000:]
 
 
 def _sync_command(tmp_path, root: str, trial: str, steps: int, actor: str = "na") -> list[str]:
@@ -288,7 +291,8 @@ def test_trainer_node_killed_run_stops_clearly_relaunch_resumes_same_losses(
         rc = crash.wait(timeout=180)
         out1 = (tmp_path / "crash1.out").read_text()
         assert rc != 0, out1[-6000:]
-        assert "actor/0" in out1 and "dead" in out1, out1[-6000:]
+        assert "Worker actor/0" in out1 and "its node na (" in out1, out1[-6000:]
+        assert "no longer answers slurmctld" in out1, out1[-6000:]
         _revive_node(cluster, env, root, "a")
         with open(tmp_path / "crash2.out", "w") as f:
             resumed = subprocess.run(

@@ -141,6 +141,7 @@ class SlurmScheduler(SchedulerBase):
         self._lost: set[str] = set()  # worker ids given up by kill_worker
         self._bad_nodes: set[str] = set()  # Slurm nodes a worker was lost on
         self._jobs_spec: dict[str, Job] = {}
+        self._node_states: dict[str, tuple[str, float]] = {}  # node -> (sinfo state, when)
 
     # ------------------------------------------------------------------ lifecycle
     connection_grace = 15.0  # a task's death reaches squeue with some delay
@@ -382,18 +383,33 @@ class SlurmScheduler(SchedulerBase):
         if sjob is None:
             return WorkerDiedError(f"Worker {w.worker.id}: its Slurm job was cancelled")
         state = self._job_state(sjob, max_age=self.state_poll_interval)
-        if state.startswith(ALIVE_STATES):
+        if not state.startswith(ALIVE_STATES):
+            return WorkerDiedError(self._job_dead_error(sjob, w.worker.id, during))
+        node = w.info.get("node", "")
+        node_state = self._node_state(node, max_age=self.state_poll_interval)
+        if not self._node_lost(node_state):
             return None
-        return WorkerDiedError(self._job_dead_error(sjob, w.worker.id, during))
+        what = f" during {during}" if during else ""
+        return WorkerDiedError(
+            f"Worker {w.worker.id} (Slurm job {sjob.job_id}, role {w.role}) is dead{what}: its "
+            f"node {node} ({w.worker.ip}) no longer answers slurmctld (sinfo state "
+            f"{node_state!r}; job state {state})\n" + log_tail_block(w.log_path)
+        )
 
     # ------------------------------------------------------------------ server faults
-    def _node_state(self, node: str) -> str:
+    def _node_state(self, node: str, max_age: float = 0.0) -> str:
         """``sinfo``'s state of a Slurm node (``idle``, ``mixed*``, ``down*``, ...); a
         trailing ``*`` means slurmctld gets no answer from the node."""
         if not node:
             return ""
+        now = time.monotonic()
+        cached = self._node_states.get(node)
+        if cached is not None and now - cached[1] < max_age:
+            return cached[0]
         out = self._run("sinfo", "-h", "-N", "-n", node, "-o", "%T", check=False)
-        return out.stdout.strip().split("\n")[0].strip() if out.returncode == 0 else ""
+        state = out.stdout.strip().split("\n")[0].strip() if out.returncode == 0 else ""
+        self._node_states[node] = (state, now)
+        return state
 
     @staticmethod
     def _node_lost(state: str) -> bool:
