@@ -126,6 +126,7 @@ class SlurmScheduler(SchedulerBase):
         self.call_timeout = call_timeout
         self.state_poll_interval = state_poll_interval
         self.command_timeout = command_timeout
+        self.connection_grace = self._connection_grace()
         self.name_resolve_root = os.path.join(self.fileroot, "name_resolve")
         nr = exp_config.cluster.name_resolve if exp_config is not None else None
         # etcd3 (cluster.name_resolve.type): controller and tasks share the server instead
@@ -145,6 +146,22 @@ class SlurmScheduler(SchedulerBase):
 
     # ------------------------------------------------------------------ lifecycle
     connection_grace = 15.0  # a task's death reaches squeue with some delay
+
+    def _connection_grace(self) -> float:
+        """How long a refused connection waits for Slurm's verdict on the worker: a lost
+        node shows in ``sinfo`` only after ``SlurmdTimeout``; 2x that + 5 s, in 15..120 s."""
+        try:
+            out = self._run("scontrol", "show", "config", check=False).stdout
+        except (RuntimeError, TimeoutError):
+            return 15.0
+        for line in out.splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "SlurmdTimeout":
+                try:
+                    return min(120.0, max(15.0, 2 * float(value.split()[0]) + 5))
+                except (ValueError, IndexError):
+                    break
+        return 15.0
 
     def _prefix(self) -> str:
         return f"{self.experiment_name}/{self.trial_name}"
