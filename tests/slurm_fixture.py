@@ -16,6 +16,7 @@ Skips with a reason when not root or the binaries are missing (``.ci/run`` insta
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -235,3 +236,140 @@ def demo_command(tmp_path, scheduler_type: str) -> list[str]:
         "recover.mode=disabled",
         "actor.ppo_n_minibatches=1",
     ]
+
+
+# ---------------------------------------------------------------------------- multi-node
+def _netns_conf(root: str, cluster, nodes, ctld_port: int, d_port: int, slurmd_timeout: int) -> str:
+    for d in ("state", "spool", "log", "run"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    host = socket.gethostname()
+    lines = "\n".join(
+        f"NodeName=n{n} NodeAddr={cluster[n].addr} NodeHostname={host} "
+        "CPUs=16 RealMemory=65536 State=UNKNOWN"
+        for n in nodes
+    )
+    conf = f"""\
+ClusterName=areal-{len(nodes)}n
+SlurmctldHost={host}({cluster.host_addr})
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/none
+CredType=cred/none
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+ReturnToService=2
+MailProg=/bin/true
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool/%n
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd-%n.log
+SlurmctldPidFile={root}/run/slurmctld.pid
+SlurmdPidFile={root}/run/slurmd-%n.pid
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+SlurmctldTimeout=30
+SlurmdTimeout={slurmd_timeout}
+InactiveLimit=0
+KillWait=5
+MinJobAge=300
+SlurmdParameters=config_overrides
+{lines}
+PartitionName=debug Nodes={",".join("n" + n for n in nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+"""
+    path = os.path.join(root, "slurm.conf")
+    with open(path, "w") as f:
+        f.write(conf)
+    return path
+
+
+def _free_port_on(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def start_slurmd(cluster, node: str, conf: str, env: dict, logs) -> subprocess.Popen:
+    """``slurmd -N n<node>`` inside ``node``'s namespace (``nsenter``, not ``ip netns exec``:
+    the latter remounts /sys for the namespace, which hides /sys/fs/cgroup, and slurmd
+    22.05 refuses to start without it)."""
+    return subprocess.Popen(
+        ["nsenter", f"--net=/run/netns/{cluster[node].netns}",
+         "slurmd", "-D", "-N", f"n{node}", "-f", conf],
+        env=env, stdout=logs, stderr=logs,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def netns_slurm(root: str, nodes=("a", "b"), slurmd_timeout: int = 30):
+    """A Slurm cluster over network namespaces (``tests/netns_cluster.py``): ``slurmctld``
+    in the root namespace (``SlurmctldAddr`` = the bridge address), one ``slurmd -N n<x>``
+    per namespace (``NodeAddr`` = its address); spool, pid and log files per node (``%n``).
+    Yields ``(cluster, env, root)`` once ``sinfo`` shows every node idle; stops the daemons
+    and removes the namespaces afterwards, even when the test failed."""
+    from netns_cluster import create_cluster, destroy_cluster, netns_skip_reason
+
+    reason = netns_skip_reason() or slurm_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    cluster = create_cluster(n_nodes=len(nodes))
+    ctld = None
+    slurmds = {}
+    env = {}
+    try:
+        conf = _netns_conf(
+            root, cluster, nodes, _free_port_on(cluster.host_addr), _free_port(), slurmd_timeout
+        )
+        env = dict(os.environ, SLURM_CONF=conf)
+        logs = open(os.path.join(root, "log", "daemons.out"), "ab")  # noqa: SIM115
+        ctld = subprocess.Popen(
+            ["slurmctld", "-D", "-i", "-f", conf], env=env, stdout=logs, stderr=logs
+        )
+        for n in nodes:
+            os.makedirs(os.path.join(root, "spool", f"n{n}"), exist_ok=True)
+            slurmds[n] = start_slurmd(cluster, n, conf, env, logs)
+        deadline = time.monotonic() + 90
+        states = ""
+        while time.monotonic() < deadline:
+            for name, p in [
+                ("slurmctld", ctld),
+                *((f"slurmd-n{n}", p) for n, p in slurmds.items()),
+            ]:
+                if p.poll() is not None:
+                    raise RuntimeError(
+                        f"{name} exited with {p.returncode}:\n"
+                        + _log_tail(os.path.join(root, "log", f"{name}.log"))
+                        + _log_tail(os.path.join(root, "log", "daemons.out"))
+                    )
+            try:
+                states = subprocess.run(
+                    ["sinfo", "-h", "-N", "-o", "%N %T"], env=env, capture_output=True,
+                    text=True, timeout=10,
+                ).stdout  # fmt: skip
+            except subprocess.TimeoutExpired:
+                states = ""
+            if states.count("idle") == len(nodes):
+                break
+            time.sleep(0.5)
+        else:
+            raise RuntimeError(
+                f"Slurm nodes not idle within 90 s (sinfo: {states!r})\n"
+                + _log_tail(os.path.join(root, "log", "slurmctld.log"))
+                + "".join(_log_tail(os.path.join(root, "log", f"slurmd-n{n}.log")) for n in nodes)
+            )
+        yield cluster, env, root
+    finally:
+        if ctld is not None and ctld.poll() is None:
+            subprocess.run(["scancel", "--full", "-u", "root"], env=env, timeout=20, check=False)
+            time.sleep(2)
+        for n, p in slurmds.items():
+            # a node the test killed: its pid file names a dead (maybe reused) pid
+            _stop(p, os.path.join(root, "run", f"slurmd-n{n}.pid") if p.poll() is None else "")
+        _stop(ctld, os.path.join(root, "run", "slurmctld.pid"))
+        destroy_cluster(cluster)

@@ -95,22 +95,29 @@ class ServerRotationMixin:
         probe_timeout = max(1.0, min(deadline_s, interval * 2, 10.0))
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="health")
 
-        def probe(a: str) -> None:
+        def probe(a: str) -> bool:
             try:
                 r = requests.get(f"http://{a}{self.backend.health_path}", timeout=probe_timeout)
                 if r.status_code == 200:
                     with self._lock:
                         self._last_ok[a] = time.monotonic()
+                    return True
             except requests.RequestException:
                 pass
+            return False
 
         try:
             while not self._health_stop.wait(interval):
                 addrs = self.healthy_addresses
-                futs = [pool.submit(probe, a) for a in addrs]
-                concurrent.futures.wait(futs, timeout=probe_timeout + 1)
+                futs = {a: pool.submit(probe, a) for a in addrs}
+                concurrent.futures.wait(futs.values(), timeout=probe_timeout + 1)
                 now = time.monotonic()
                 for a in addrs:
+                    f = futs[a]
+                    if f.done() and not f.exception() and f.result():
+                        # answered this round: never hung, however long the slowest probe
+                        # (a server behind a cut link) kept this round waiting
+                        continue
                     with self._lock:
                         silent = now - self._last_ok.get(a, now)
                     if silent > deadline_s and self._is_healthy(a):

@@ -137,6 +137,10 @@ class SlurmScheduler(SchedulerBase):
             else FileNameRecordRepository(self.name_resolve_root)
         )
         self._jobs: dict[str, _SlurmJob] = {}
+        self._jobs_by_id: dict[str, _SlurmJob] = {}  # role jobs and replacement jobs
+        self._lost: set[str] = set()  # worker ids given up by kill_worker
+        self._bad_nodes: set[str] = set()  # Slurm nodes a worker was lost on
+        self._jobs_spec: dict[str, Job] = {}
 
     # ------------------------------------------------------------------ lifecycle
     connection_grace = 15.0  # a task's death reaches squeue with some delay
@@ -168,7 +172,15 @@ class SlurmScheduler(SchedulerBase):
         return out
 
     # ------------------------------------------------------------------ job script
-    def _script(self, job: Job, log_paths_pattern: str, batch_log: str) -> str:
+    def _script(
+        self,
+        job: Job,
+        log_paths_pattern: str,
+        batch_log: str,
+        nodelist: str | None = None,
+        exclude: str | None = None,
+        rank: int | None = None,
+    ) -> str:
         spec = job.worker_spec
         is_rpc = spec.cmd is None
         n_ports = max(spec.port_count, 2 if is_rpc else 1)
@@ -177,21 +189,27 @@ class SlurmScheduler(SchedulerBase):
         lines = [
             "#!/bin/bash",
             f"#SBATCH --job-name=areal-{self.experiment_name}-{self.trial_name}-{job.role}",
-            f"#SBATCH --ntasks={job.replicas}",
+            f"#SBATCH --ntasks={job.replicas if rank is None else 1}",
             f"#SBATCH --cpus-per-task={cpus}",
             f"#SBATCH --output={batch_log}",
             f"#SBATCH --chdir={os.getcwd()}",
         ]
+        if not distributed:
+            # command workers (inference servers) are independent: losing a node or one
+            # task must not end the others (restart_worker replaces the lost one)
+            lines.append("#SBATCH --no-kill")
         if spec.mem > 0:
             lines.append(f"#SBATCH --mem-per-cpu={math.ceil(spec.mem * 1024 / cpus)}M")
         if spec.gpu > 0:
             lines.append(f"#SBATCH --gpus-per-task={spec.gpu}")
         if self.partition:
             lines.append(f"#SBATCH --partition={self.partition}")
-        if spec.nodelist:
-            lines.append(f"#SBATCH --nodelist={spec.nodelist}")
-        if spec.exclude:
-            lines.append(f"#SBATCH --exclude={spec.exclude}")
+        nodelist = spec.nodelist if nodelist is None else nodelist
+        exclude = spec.exclude if exclude is None else exclude
+        if nodelist:
+            lines.append(f"#SBATCH --nodelist={nodelist}")
+        if exclude:
+            lines.append(f"#SBATCH --exclude={exclude}")
         env = worker_base_env()
         env.update(job.env_vars)
         lines += [f"export {k}={shlex.quote(str(v))}" for k, v in env.items()]
@@ -208,11 +226,14 @@ class SlurmScheduler(SchedulerBase):
             worker_argv += ["--etcd3-addr", self.etcd3_addr]
         if distributed:
             worker_argv.append("--distributed")
+        if rank is not None:
+            worker_argv += ["--rank", str(rank)]
         if not is_rpc:
             worker_argv += ["--cmd", json.dumps(spec.cmd)]
         srun = [
             "srun",
-            "--kill-on-bad-exit=1",
+            "--kill-on-bad-exit=1" if distributed else "--kill-on-bad-exit=0",
+            *([] if distributed else ["--no-kill"]),
             "--unbuffered",
             f"--output={log_paths_pattern}",
             *self.srun_args,
@@ -250,6 +271,8 @@ class SlurmScheduler(SchedulerBase):
         workers: list[_SlurmWorker] = []
         with self._lock:
             self._jobs[role] = sjob
+            self._jobs_by_id[job_id] = sjob
+            self._jobs_spec[role] = job
             self._roles[role] = workers
         try:
             deadline = time.monotonic() + self.startup_timeout
@@ -355,13 +378,175 @@ class SlurmScheduler(SchedulerBase):
         logger.info(f"Workers of role {job.role!r} healthy: {[w.worker.id for w in workers]}")
 
     def _dead_error(self, w: _SlurmWorker, during: str = "") -> WorkerDiedError | None:
-        sjob = self._jobs.get(w.role)
+        sjob = self._jobs_by_id.get(w.job_id) if w.role in self._jobs else None
         if sjob is None:
             return WorkerDiedError(f"Worker {w.worker.id}: its Slurm job was cancelled")
         state = self._job_state(sjob, max_age=self.state_poll_interval)
         if state.startswith(ALIVE_STATES):
             return None
         return WorkerDiedError(self._job_dead_error(sjob, w.worker.id, during))
+
+    # ------------------------------------------------------------------ server faults
+    def _node_state(self, node: str) -> str:
+        """``sinfo``'s state of a Slurm node (``idle``, ``mixed*``, ``down*``, ...); a
+        trailing ``*`` means slurmctld gets no answer from the node."""
+        if not node:
+            return ""
+        out = self._run("sinfo", "-h", "-N", "-n", node, "-o", "%T", check=False)
+        return out.stdout.strip().split("\n")[0].strip() if out.returncode == 0 else ""
+
+    @staticmethod
+    def _node_lost(state: str) -> bool:
+        return state.endswith("*") or state.startswith(("down", "drain", "fail"))
+
+    def dead_workers(self, role: str) -> list[str]:
+        """Ids of the command workers of ``role`` that are gone: their job (the role's job or
+        their replacement job) ended, their node no longer answers slurmctld
+        (``sinfo`` ``*`` / ``down``), or ``kill_worker`` gave them up. RPC-worker roles
+        (one ``srun`` step: a lost task ends the job) report every worker once the job ended."""
+        try:
+            ws = self._workers(role)
+        except KeyError:
+            return []
+        dead = []
+        for w in ws:
+            sjob = self._jobs_by_id.get(w.job_id)
+            if sjob is None:
+                continue
+            if w.worker.id in self._lost:
+                dead.append(w.worker.id)
+                continue
+            if not self._job_state(sjob, max_age=self.state_poll_interval).startswith(ALIVE_STATES):
+                dead.append(w.worker.id)
+                continue
+            node = w.info.get("node", "")
+            if w.client is None and node and self._node_lost(self._node_state(node)):
+                self._bad_nodes.add(node)
+                dead.append(w.worker.id)
+        return dead
+
+    def worker_pids(self, role: str) -> list[int]:
+        """Pids the tasks published (on their own nodes)."""
+        return [int(w.info.get("pid", 0)) for w in self._workers(role)]
+
+    def worker_exit_info(self, worker_id: str) -> str:
+        w = self._worker(worker_id)
+        sjob = self._jobs_by_id.get(w.job_id)
+        node = w.info.get("node", "")
+        state = self._node_state(node) if node else "?"
+        job_state = sjob.state if sjob is not None else "?"
+        return (
+            f"Slurm node {node or '?'} ({w.worker.ip}) state {state!r}, job {w.job_id} state "
+            f"{job_state!r}\n" + log_tail_block(w.log_path)
+        )
+
+    def kill_worker(self, worker_id: str) -> None:
+        """Give up a silent command worker: ``scancel`` its replacement job (a task of the
+        role's shared job cannot be cancelled alone; it is left to the job's end) and
+        remember its node as suspect, so ``restart_worker`` places the new one elsewhere."""
+        w = self._worker(worker_id)
+        if w.client is not None:
+            raise ValueError(f"Worker {worker_id} is an RPC worker; kill_worker is for servers")
+        role_job = self._jobs.get(w.role)
+        if role_job is not None and w.job_id != role_job.job_id:
+            self._run("scancel", "--signal=KILL", "--full", w.job_id, check=False)
+        node = w.info.get("node", "")
+        if node:
+            self._bad_nodes.add(node)
+        self._lost.add(worker_id)
+        logger.warning(
+            f"Gave up worker {worker_id} on Slurm node {node or '?'} ({w.worker.address}): "
+            "silent past its health deadline"
+        )
+
+    def restart_worker(self, worker_id: str, timeout: float | None = None) -> Worker:
+        """Start a dead command worker again as a one-task Slurm job of its own (same
+        command; rank and name-resolve keys of the old one), on a node with room that is
+        not one a worker was lost on (``--exclude``); waits until it is healthy."""
+        w = self._worker(worker_id)
+        if w.client is not None:
+            raise ValueError(f"Worker {worker_id} is an RPC worker; only servers are restarted")
+        if worker_id not in self.dead_workers(w.role):
+            raise ValueError(f"Worker {worker_id} is alive; restart_worker needs a dead one")
+        job = self._jobs_spec[w.role]
+        spec = job.worker_spec
+        names = self._run(
+            "sinfo",
+            "-h",
+            "-N",
+            "-o",
+            "%N",
+            *([f"--nodes={spec.nodelist}"] if spec.nodelist else []),
+        ).stdout.split()
+        bad = sorted(self._bad_nodes & set(names))
+        if bad and not set(names) - set(bad):  # nowhere else to go: try the same node(s)
+            logger.warning(f"no node but {bad} can take {worker_id}; restarting it there")
+            bad = []
+        exclude = ",".join(sorted({*bad, *([spec.exclude] if spec.exclude else [])}))
+        nodelist = spec.nodelist
+        if nodelist and bad:
+            nodelist = ",".join(n for n in dict.fromkeys(names) if n not in bad) or None
+        idx = w.index
+        old = self._jobs_by_id.get(w.job_id)
+        if old is not None and old.role != w.role:  # a replacement job: stop what is left
+            self._run("scancel", "--full", old.job_id, check=False)
+        script_path = os.path.join(self.log_dir, f"{w.role}-{idx}-restart.sbatch")
+        batch_log = os.path.join(self.log_dir, f"{w.role}-{idx}-slurm-%j.out")
+        with open(script_path, "w") as f:
+            f.write(
+                self._script(
+                    job, w.log_path + ".restart", batch_log, nodelist or "", exclude, rank=idx
+                )
+            )
+        key = f"{self._prefix()}/slurm/{w.role}/{idx}"
+        self.name_resolve.add(key, json.dumps({"restarting": True}), replace=True)
+        out = self._run("sbatch", "--parsable", *self.sbatch_args, script_path)
+        job_id = out.stdout.strip().split(";")[0]
+        sjob = _SlurmJob(
+            job_id=job_id,
+            role=f"{w.role}/{idx}",
+            script=script_path,
+            batch_log=batch_log.replace("%j", job_id),
+            log_paths=[w.log_path + ".restart"] * (idx + 1),
+        )
+        logger.info(
+            f"Restarting worker {worker_id} as Slurm job {job_id}"
+            + (f" (--exclude={exclude})" if exclude else "")
+        )
+        self._jobs_by_id[job_id] = sjob
+        deadline = time.monotonic() + (timeout or self.startup_timeout)
+        while True:
+            info = json.loads(self.name_resolve.get(key))
+            if info.get("job_id") == job_id:
+                break
+            if not self._job_state(sjob, max_age=1.0).startswith(ALIVE_STATES):
+                raise WorkerDiedError(self._job_dead_error(sjob, None, "restart"))
+            if time.monotonic() > deadline:
+                self._run("scancel", job_id, check=False)
+                raise TimeoutError(f"restart of {worker_id} (job {job_id}) published no address")
+            time.sleep(0.2)
+        new = Worker(id=worker_id, ip=info["ip"], worker_ports=[str(p) for p in info["ports"]])
+        rec = _SlurmWorker(
+            worker=new, role=w.role, index=idx, job_id=job_id, log_path=w.log_path + ".restart",
+            client=None, info=info,
+        )  # fmt: skip
+
+        def timed_out(_w: _SlurmWorker) -> TimeoutError:
+            return TimeoutError(f"restarted {worker_id} not healthy at {new.address}")
+
+        def dead(_w: _SlurmWorker) -> WorkerDiedError | None:
+            if self._job_state(sjob, max_age=1.0).startswith(ALIVE_STATES):
+                return None
+            return WorkerDiedError(self._job_dead_error(sjob, None, "restart"))
+
+        self._poll_healthy([rec], job.health_path, deadline, timed_out, dead=dead)
+        with self._lock:
+            self._roles[w.role][idx] = rec
+        self._lost.discard(worker_id)
+        logger.info(
+            f"Worker {worker_id} restarted by job {job_id} on {info.get('node')} ({new.address})"
+        )
+        return new
 
     def job_id(self, role: str) -> str:
         """Slurm job id of a role's workers."""
@@ -377,6 +562,11 @@ class SlurmScheduler(SchedulerBase):
         with self._lock:
             roles = [r for r in self._release_roles(role) if r in self._jobs]
             jobs = [self._jobs.pop(r) for r in roles]
+            jobs += [  # replacement jobs of restarted workers
+                j for j in self._jobs_by_id.values() if j.role.rpartition("/")[0] in roles
+            ]
+            for j in jobs:
+                self._jobs_by_id.pop(j.job_id, None)
             for r in roles:
                 self._roles.pop(r, None)
         if not jobs:
@@ -405,7 +595,7 @@ def _task_main(args: argparse.Namespace) -> None:
     """One Slurm task: publish the address, set torch.distributed env, exec the worker."""
     import socket
 
-    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    rank = int(os.environ.get("SLURM_PROCID", "0")) if args.rank is None else args.rank
     world = int(os.environ.get("SLURM_NTASKS", "1"))
     local_rank = os.environ.get("SLURM_LOCALID", "0")
     ip = os.environ.get("AREAL_WORKER_HOST") or gethostip()
@@ -437,7 +627,14 @@ def _task_main(args: argparse.Namespace) -> None:
         ]  # fmt: skip
     else:
         argv = format_command(json.loads(args.cmd), ip, ports)
-    info = {"ip": ip, "ports": ports, "pid": os.getpid(), "host": socket.gethostname()}
+    info = {
+        "ip": ip,
+        "ports": ports,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "node": os.environ.get("SLURMD_NODENAME", ""),  # Slurm's node name
+        "job_id": os.environ.get("SLURM_JOB_ID", ""),
+    }
     nr.add(f"{args.prefix}/workers/{args.role}/{rank}", f"{ip}:{ports[0]}", replace=True)
     nr.add(f"{base}/{rank}", json.dumps(info), replace=True)
     logger.info(f"Slurm task {args.role}/{rank} on {info['host']}: exec {shlex.join(argv)}")
@@ -458,6 +655,7 @@ def main(argv: list[str] | None = None) -> None:
     w.add_argument("--distributed", action="store_true")
     w.add_argument("--cmd", default=None, help="JSON of the command (string or argv list)")
     w.add_argument("--timeout", type=float, default=300.0)
+    w.add_argument("--rank", type=int, default=None, help="rank of a replacement task")
     _task_main(parser.parse_args(argv))
 
 

@@ -37,7 +37,10 @@ training loop), ``rollout/server_restart_background_seconds`` (kill to readmissi
 background), ``rollout/server_restarts_total``, ``rollout/servers_hung_total`` and
 ``rollout/servers_healthy``.
 
-Schedulers without ``dead_workers``/``restart_worker`` (Ray, Slurm): servers the engine
+Slurm (``SlurmScheduler.dead_workers``/``kill_worker``/``restart_worker``): a server whose
+job ended or whose node stopped answering slurmctld, or that stayed silent past the health
+deadline (a killed node, a cut link), is replaced by a one-task job on a node with room
+that is not the lost one. Schedulers without ``dead_workers``/``restart_worker`` (Ray): servers the engine
 took out (dead or hung) stay out of rotation (logged once each); training continues on
 the others. A server whose restart failed ``max_restarts`` times in a row is left out as well.
 ``background=False`` restarts and readmits inside ``check()`` (blocking, as before).
@@ -239,15 +242,22 @@ class ServerWatchdog:
             self._run_restart(r, hung)
 
     def _kill(self, wid: str) -> None:
-        """SIGKILL the process group of a hung worker and wait until the scheduler sees it dead."""
+        """SIGKILL the process group of a hung worker and wait until the scheduler sees it
+        dead; a scheduler whose workers run on other hosts (Slurm) kills it itself
+        (``kill_worker``)."""
         role, _, index = wid.rpartition("/")
-        pid = self.scheduler.worker_pids(role)[int(index)]
-        try:
-            os.killpg(pid, signal.SIGKILL)  # the worker leads its own process group
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            os.kill(pid, signal.SIGKILL)
+        kill_worker = getattr(self.scheduler, "kill_worker", None)
+        if callable(kill_worker):
+            kill_worker(wid)
+            pid = None
+        else:
+            pid = self.scheduler.worker_pids(role)[int(index)]
+            try:
+                os.killpg(pid, signal.SIGKILL)  # the worker leads its own process group
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + self.kill_timeout
         while wid not in self.scheduler.dead_workers(self.role):
             if time.monotonic() > deadline:

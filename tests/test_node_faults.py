@@ -1,0 +1,317 @@
+"""Node faults on a Slurm cluster made of network namespaces (as root; CI runs them).
+
+Scheduler: ``SlurmScheduler`` across the namespaces of ``tests/netns_cluster.py`` (the
+real user path of a multi-node run: ``slurmctld`` in the root namespace, one ``slurmd``
+per namespace, ``tests/slurm_fixture.py``: ``netns_slurm``). Node A holds the training
+worker, nodes B and C one inference server each (``rollout.scheduling_spec.0.nodelist=
+nb,nc``: one job, one task per node, ``--no-kill``). The GRPO demo runs on tiny data.
+
+- **inference node killed**: every process of node C (its server and its ``slurmd``)
+  gets SIGKILL after step 1. The rollout goes on on node B; the watchdog finds C's server
+  silent past ``rollout.health_check_timeout`` (or C's node lost in ``sinfo``), gives it
+  up and restarts it as a job of its own on a node with room (B): the run's records show
+  every prompt trained exactly ``n_samples`` times, every step, one restart and two
+  healthy servers at the end.
+- **link cut 30 s**: node C's link goes down for 30 s after step 1, then up. The run
+  finishes; the log names the server, its node and the health deadline that expired.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+from slurm_fixture import demo_command, netns_slurm, slurm_cluster, start_slurmd  # noqa: F401
+
+from areal.api.scheduler_api import Job, SchedulingSpec
+from areal.infra.scheduler.slurm import SlurmScheduler
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 60  # a step takes ~0.5-2 s: the restart (~15-20 s) completes within the run
+BATCH = 4
+N_SAMPLES = 2
+HEALTH_TIMEOUT = 5
+
+pytestmark = pytest.mark.slow
+
+
+def test_slurm_server_task_killed_job_lives_kill_worker_restart_worker_serves(
+    slurm_cluster,  # noqa: F811
+    tmp_path,
+):
+    """One node (nowhere else to go): the restart lands on the same node, as a job of its own."""
+    sched = SlurmScheduler(
+        fileroot=str(tmp_path), experiment_name="exp", trial_name="nf",
+        slurm_conf=slurm_cluster.conf, startup_timeout=120, state_poll_interval=0.5,
+    )  # fmt: skip
+    try:
+        spec = SchedulingSpec(
+            cmd=f"{sys.executable} -m http.server {{port}} --bind {{host}}", cpu=1, mem=1
+        )
+        job = Job(replicas=2, role="srv", tasks=[spec], health_path="/", distributed_env=False)
+        sched.create_workers(job)
+        old = [w.address for w in sched.get_workers("srv")]
+        os.kill(sched.worker_pids("srv")[1], signal.SIGKILL)
+        time.sleep(3)
+        assert sched.dead_workers("srv") == []  # --no-kill: the job and srv/0 live on
+        assert requests.get(f"http://{old[0]}/", timeout=5).status_code == 200
+        sched.kill_worker("srv/1")
+        assert sched.dead_workers("srv") == ["srv/1"]
+        w = sched.restart_worker("srv/1", timeout=120)
+        assert requests.get(f"http://{w.address}/", timeout=5).status_code == 200
+        assert sched.dead_workers("srv") == []
+        assert sched.worker_info("srv/1")["job_id"] not in ("", sched.job_id("srv"))
+        assert [x.address for x in sched.get_workers("srv")] == [old[0], w.address]
+    finally:
+        sched.close()
+    assert slurm_cluster.jobs() == []  # the replacement job was cancelled too
+
+
+@pytest.fixture(scope="module")
+def slurm_three_nodes(tmp_path_factory):
+    # SlurmdTimeout=10: a node that stops answering is DOWN 10 s later
+    with netns_slurm(
+        str(tmp_path_factory.mktemp("slurm3n")), nodes=("a", "b", "c"), slurmd_timeout=10
+    ) as c:
+        yield c
+
+
+def _revive_node(cluster, env, root, node: str, timeout: float = 60) -> None:
+    """Restart ``slurmd`` of a node a previous test killed; wait until it is idle."""
+    if any("slurmd" in _cmdline(p) for p in cluster.pids(node)):
+        return
+    logs = open(os.path.join(root, "log", "daemons.out"), "ab")  # noqa: SIM115
+    proc = start_slurmd(cluster, node, env["SLURM_CONF"], env, logs)
+    cluster._procs.append(proc)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-n", f"n{node}", "-o", "%T"], env=env, capture_output=True,
+            text=True, timeout=10,
+        ).stdout.strip()  # fmt: skip
+        if out == "idle":
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"node n{node} not idle again within {timeout} s")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _command(tmp_path, trial: str) -> list[str]:
+    cmd = demo_command(tmp_path, "slurm")
+    drop = ("total_train_steps=", "train_dataset.path=", "allocation_mode=", "trial_name=")
+    drop += ("gconfig.n_samples=", "train_dataset.batch_size=")
+    cmd = [a for a in cmd if not a.startswith(drop)]
+    return cmd + [
+        f"trial_name={trial}",
+        "allocation_mode=local:d2+fsdp:d1",
+        f"total_train_steps={STEPS}",
+        f"train_dataset.batch_size={BATCH}",
+        f"gconfig.n_samples={N_SAMPLES}",
+        # one epoch exactly: every row is trained on once
+        f"train_dataset.path=synthetic://arith?digits=2&steps=2&n={STEPS * BATCH}&seed=3",
+        "actor.dynamic_sampling=false",
+        "actor.scheduling_spec.0.nodelist=na",
+        "rollout.scheduling_spec.0.nodelist=nb,nc",
+        f"rollout.health_check_timeout={HEALTH_TIMEOUT}",
+        "rollout.request_timeout=20",
+        "rollout.setup_timeout=120",
+    ]
+
+
+def _records(tmp_path, trial: str, name: str) -> list[dict]:
+    path = tmp_path / "logs" / "gsm8k-grpo-cpu" / trial / name
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _run_with_fault(tmp_path, env, trial: str, fault, timeout: float = 420) -> str:
+    """Run the demo; once step 1 is in ``stats.jsonl`` call ``fault()``; return the output."""
+    log = tmp_path / f"{trial}.out"
+    env = dict(env, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+    with open(log, "w") as f:
+        proc = subprocess.Popen(
+            _command(tmp_path, trial), cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    try:
+        while not any(
+            r.get("global_step", -1) >= 1 for r in _records(tmp_path, trial, "stats.jsonl")
+        ):
+            assert proc.poll() is None, log.read_text()[-6000:]
+            assert time.monotonic() < deadline, "step 1 never came\n" + log.read_text()[-6000:]
+            time.sleep(0.3)
+        fault()
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        pytest.fail(f"run did not end within {timeout} s:\n{log.read_text()[-6000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    out = log.read_text()
+    assert proc.returncode == 0, out[-6000:]
+    return out
+
+
+def _assert_no_sample_lost_or_duplicated(tmp_path, trial: str) -> list[dict]:
+    stats = [r for r in _records(tmp_path, trial, "stats.jsonl") if "batch/reward" in r]
+    assert [r["global_step"] for r in stats] == list(range(STEPS)), stats
+    consumed = _records(tmp_path, trial, "consumed.jsonl")
+    assert [r["global_step"] for r in consumed] == list(range(STEPS))
+    assert all(len(r["prompts"]) == BATCH * N_SAMPLES for r in consumed)
+    counts = collections.Counter(h for r in consumed for h in r["prompts"])
+    # one epoch of STEPS * BATCH distinct prompts, each trained on with its n_samples
+    assert len(counts) == STEPS * BATCH, counts
+    assert set(counts.values()) == {N_SAMPLES}, counts
+    return stats
+
+
+def test_inference_node_killed_rollout_continues_server_restarted_elsewhere(
+    slurm_three_nodes, tmp_path
+):
+    cluster, env, root = slurm_three_nodes
+    _revive_node(cluster, env, root, "c")
+    killed = []
+    out = _run_with_fault(
+        tmp_path, env, "node-killed", lambda: killed.extend(cluster.kill_node("c"))
+    )
+    assert killed
+    stats = _assert_no_sample_lost_or_duplicated(tmp_path, "node-killed")
+    assert stats[-1]["rollout/server_restarts_total"] == 1, stats[-1]
+    assert stats[-1]["rollout/servers_healthy"] == 2
+    # restarted where there is room (node B), not readmitted on C (C stays down)
+    m = re.search(r"inference server rollout/(\d) \(([^)]*)\) restarted at ([\d.]+):", out)
+    assert m, out[-6000:]
+    assert m.group(3) == cluster["b"].addr, m.group(0)
+    assert "without a restart" not in out
+    assert "on Slurm node nc" in out, out[-6000:]  # the log names the lost node
+    assert "restarted by job" in out and f"on nb ({cluster['b'].addr}:" in out, out[-6000:]
+
+
+def test_inference_node_link_cut_30s_run_finishes_log_names_node(slurm_three_nodes, tmp_path):
+    cluster, env, root = slurm_three_nodes
+    _revive_node(cluster, env, root, "c")
+
+    def cut():
+        cluster.set_link("c", False)
+        try:
+            time.sleep(30)
+        finally:
+            cluster.set_link("c", True)
+
+    out = _run_with_fault(tmp_path, env, "link-cut", cut)
+    _assert_no_sample_lost_or_duplicated(tmp_path, "link-cut")
+    # the log names the server on node C and what timed out
+    assert re.search(rf"inference server rollout/\d \({re.escape(cluster['c'].addr)}:\d+\)", out), (
+        out[-6000:]
+    )
+    assert "on Slurm node nc" in out, out[-6000:]
+
+
+def _sync_command(tmp_path, root: str, trial: str, steps: int, actor: str = "na") -> list[str]:
+    cmd = [
+        a for a in _command(tmp_path, trial)
+        if not a.startswith(("cluster.fileroot=", "allocation_mode=", "total_train_steps=",
+                             "rollout.scheduling_spec.", "train_dataset.path=", "recover.",
+                             "actor.scheduling_spec."))
+    ]  # fmt: skip
+    return cmd + [
+        f"actor.scheduling_spec.0.nodelist={actor}",
+        f"cluster.fileroot={root}",
+        "allocation_mode=local:d1+fsdp:d1",
+        "rollout.scheduling_spec.0.nodelist=nb",
+        f"total_train_steps={steps}",
+        f"train_dataset.path=synthetic://arith?digits=2&steps=2&n={steps * BATCH}&seed=3",
+        "async_training=false",
+        "rollout.max_head_offpolicyness=0",
+        "recover.mode=auto",
+        "recover.freq_steps=1",
+    ]
+
+
+def test_trainer_node_killed_run_stops_clearly_relaunch_resumes_same_losses(
+    slurm_three_nodes, tmp_path
+):
+    cluster, env, root = slurm_three_nodes
+    steps, k = 6, 2
+    env = dict(env, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+    ref_root, crash_root = str(tmp_path / "ref"), str(tmp_path / "crash")
+
+    def stats(r):
+        p = os.path.join(r, "logs", "gsm8k-grpo-cpu", "trainer-node", "stats.jsonl")
+        if not os.path.exists(p):
+            return []
+        with open(p) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        return [x for x in rows if "batch/reward" in x]
+
+    _revive_node(cluster, env, root, "a")
+    _revive_node(cluster, env, root, "c")
+    with open(tmp_path / "ref.out", "w") as f:  # the uninterrupted run, beside, on node C
+        ref = subprocess.Popen(
+            _sync_command(tmp_path, ref_root, "trainer-node", steps, actor="nc"), cwd=REPO,
+            env=env,
+            stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        with open(tmp_path / "crash1.out", "w") as f:
+            crash = subprocess.Popen(
+                _sync_command(tmp_path, crash_root, "trainer-node", steps), cwd=REPO,
+                env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + 300
+        while not any(r["global_step"] >= k for r in stats(crash_root)):
+            assert crash.poll() is None, (tmp_path / "crash1.out").read_text()[-6000:]
+            assert time.monotonic() < deadline, (tmp_path / "crash1.out").read_text()[-6000:]
+            time.sleep(0.2)
+        # the training worker is in its next step; kill the node under it
+        assert cluster.kill_node("a")
+        rc = crash.wait(timeout=180)
+        out1 = (tmp_path / "crash1.out").read_text()
+        assert rc != 0, out1[-6000:]
+        assert "actor/0" in out1 and "dead" in out1, out1[-6000:]
+        _revive_node(cluster, env, root, "a")
+        with open(tmp_path / "crash2.out", "w") as f:
+            resumed = subprocess.run(
+                _sync_command(tmp_path, crash_root, "trainer-node", steps), cwd=REPO,
+                env=env, stdout=f, stderr=subprocess.STDOUT, timeout=300,
+            )  # fmt: skip
+        ref_rc = ref.wait(timeout=300)
+    finally:
+        for p in (ref, locals().get("crash")):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=30)
+    out2 = (tmp_path / "crash2.out").read_text()
+    assert ref_rc == 0, (tmp_path / "ref.out").read_text()[-6000:]
+    assert resumed.returncode == 0, out2[-6000:]
+    m = re.search(r"continuing at step (\d+)", out2)
+    assert m, out2[-6000:]
+    got, want = stats(crash_root), stats(ref_root)
+    assert [r["global_step"] for r in want] == list(range(steps))
+    assert sorted({r["global_step"] for r in got}) == list(range(steps))
+    resumed_from = int(m.group(1))
+    by_step = {r["global_step"]: r for r in got}  # the resumed run's rows win
+    for a in want[resumed_from:]:
+        b = by_step[a["global_step"]]
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-4), (a["global_step"], a, b)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], abs=1e-4)
