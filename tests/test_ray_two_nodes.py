@@ -10,11 +10,9 @@ update crosses the bridge. 20 steps; held-out accuracy must rise as in the one-n
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
-from ray_netns_fixture import ray_netns_cluster  # noqa: F401 - pytest fixture
 from two_node_demo import (
     assert_learned,
     assert_weights_verified,

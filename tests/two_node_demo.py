@@ -68,10 +68,14 @@ def run_demo(cmd: list[str], env: dict[str, str], out_path, timeout: float = 600
         out, _ = proc.communicate()
         with open(out_path, "w") as f:
             f.write(out)
-        pytest.fail(f"two-node demo timed out after {timeout} s (output {out_path}):\n{out[-6000:]}")
+        pytest.fail(
+            f"two-node demo timed out after {timeout} s (output {out_path}):\n{out[-6000:]}"
+        )
     with open(out_path, "w") as f:
         f.write(out)
-    assert proc.returncode == 0, f"demo exited {proc.returncode} (output {out_path}):\n{out[-6000:]}"
+    assert proc.returncode == 0, (
+        f"demo exited {proc.returncode} (output {out_path}):\n{out[-6000:]}"
+    )
     return out
 
 
