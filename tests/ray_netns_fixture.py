@@ -164,12 +164,13 @@ def stop_ray_cluster(rc: RayNetnsCluster) -> None:
                 os.killpg(p.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+    deadline = time.monotonic() + 10
     for name, p in rc.procs.items():
         try:
-            p.wait(timeout=20)
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-        rc.net.kill_node(name)  # whatever Ray left behind in this node
+        rc.net.kill_node(name)  # whatever Ray left behind in this node (only ours live there)
     for d in rc.temp_dirs.values():
         shutil.rmtree(d, ignore_errors=True)
 
