@@ -8,6 +8,7 @@ import random
 import pytest
 from _ci_plugin import CIPlugin, in_ci
 from netns_cluster import netns_cluster  # noqa: F401 - session fixture (tests/netns_cluster.py)
+from ray_netns_fixture import ray_netns_cluster  # noqa: F401 - module fixture (tests/ray_netns_fixture.py)
 
 
 def pytest_configure(config):

@@ -65,15 +65,36 @@ def slurm_skip_reason() -> str | None:
     return None
 
 
-def write_slurm_conf(root: str, node: str, cpus: int, mem_mb: int) -> str:
+def write_slurm_conf(
+    root: str,
+    nodes: list[tuple[str, str | None]],
+    ctld_host: str,
+    *,
+    cpus: int = 16,
+    mem_mb: int = 65536,
+    ctld_port: int | None = None,
+    d_port: int | None = None,
+    slurmd_timeout: int = 30,
+) -> str:
+    """Write ``root/slurm.conf``; ``nodes`` = ``[(name, NodeAddr or None)]``.
+
+    ``ctld_host``: ``SlurmctldHost`` (``host`` or ``host(addr)``). Spool, pid and log files
+    are per node (``%n``) since every node shares ``root``. Returns the file's path.
+    """
     for d in ("state", "spool", "log", "run"):
         os.makedirs(os.path.join(root, d), exist_ok=True)
-    ctld_port, d_port = _free_port(), _free_port()
+    host = socket.gethostname()
+    lines = "\n".join(
+        f"NodeName={name}"
+        + (f" NodeAddr={addr} NodeHostname={host}" if addr else "")
+        + f" CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN"
+        for name, addr in nodes
+    )
     conf = f"""\
-ClusterName=areal-test
-SlurmctldHost={node}
-SlurmctldPort={ctld_port}
-SlurmdPort={d_port}
+ClusterName=areal-{len(nodes)}n
+SlurmctldHost={ctld_host}
+SlurmctldPort={ctld_port or _free_port()}
+SlurmdPort={d_port or _free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/none
@@ -87,22 +108,22 @@ SchedulerType=sched/backfill
 ReturnToService=2
 MailProg=/bin/true
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd.log
+SlurmdLogFile={root}/log/slurmd-%n.log
 SlurmctldPidFile={root}/run/slurmctld.pid
-SlurmdPidFile={root}/run/slurmd.pid
+SlurmdPidFile={root}/run/slurmd-%n.pid
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 SlurmctldTimeout=30
-SlurmdTimeout=30
+SlurmdTimeout={slurmd_timeout}
 InactiveLimit=0
 KillWait=5
 MinJobAge=300
 SlurmdParameters=config_overrides
-NodeName={node} CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+{lines}
+PartitionName=debug Nodes={",".join(n for n, _ in nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """
     path = os.path.join(root, "slurm.conf")
     with open(path, "w") as f:
@@ -161,7 +182,8 @@ def slurm_cluster(tmp_path_factory):
         pytest.skip(reason)
     root = str(tmp_path_factory.mktemp("slurm"))
     node = socket.gethostname()
-    conf = write_slurm_conf(root, node, cpus=16, mem_mb=65536)
+    conf = write_slurm_conf(root, [(node, None)], node)
+    os.makedirs(os.path.join(root, "spool", node), exist_ok=True)
     env = dict(os.environ, SLURM_CONF=conf)
     old_conf = os.environ.get("SLURM_CONF")
     ctld = slurmd = None
@@ -193,7 +215,7 @@ def slurm_cluster(tmp_path_factory):
             raise RuntimeError(
                 f"Slurm node not idle within 60 s (sinfo: {state!r})\n"
                 + _log_tail(os.path.join(root, "log", "slurmctld.log"))
-                + _log_tail(os.path.join(root, "log", "slurmd.log"))
+                + _log_tail(os.path.join(root, "log", f"slurmd-{node}.log"))
             )
         os.environ["SLURM_CONF"] = conf
         yield cluster
@@ -206,7 +228,7 @@ def slurm_cluster(tmp_path_factory):
                     time.sleep(0.5)
         except Exception:  # noqa: BLE001 - teardown continues
             pass
-        _stop(slurmd, os.path.join(root, "run", "slurmd.pid"))
+        _stop(slurmd, os.path.join(root, "run", f"slurmd-{node}.pid"))
         _stop(ctld, os.path.join(root, "run", "slurmctld.pid"))
         if old_conf is None:
             os.environ.pop("SLURM_CONF", None)
@@ -239,56 +261,6 @@ def demo_command(tmp_path, scheduler_type: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- multi-node
-def _netns_conf(root: str, cluster, nodes, ctld_port: int, d_port: int, slurmd_timeout: int) -> str:
-    for d in ("state", "spool", "log", "run"):
-        os.makedirs(os.path.join(root, d), exist_ok=True)
-    host = socket.gethostname()
-    lines = "\n".join(
-        f"NodeName=n{n} NodeAddr={cluster[n].addr} NodeHostname={host} "
-        "CPUs=16 RealMemory=65536 State=UNKNOWN"
-        for n in nodes
-    )
-    conf = f"""\
-ClusterName=areal-{len(nodes)}n
-SlurmctldHost={host}({cluster.host_addr})
-SlurmctldPort={ctld_port}
-SlurmdPort={d_port}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/none
-CredType=cred/none
-MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SchedulerType=sched/backfill
-ReturnToService=2
-MailProg=/bin/true
-StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool/%n
-SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd-%n.log
-SlurmctldPidFile={root}/run/slurmctld.pid
-SlurmdPidFile={root}/run/slurmd-%n.pid
-JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-SlurmctldTimeout=30
-SlurmdTimeout={slurmd_timeout}
-InactiveLimit=0
-KillWait=5
-MinJobAge=300
-SlurmdParameters=config_overrides
-{lines}
-PartitionName=debug Nodes={",".join("n" + n for n in nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
-"""
-    path = os.path.join(root, "slurm.conf")
-    with open(path, "w") as f:
-        f.write(conf)
-    return path
-
-
 def _free_port_on(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -323,8 +295,12 @@ def netns_slurm(root: str, nodes=("a", "b"), slurmd_timeout: int = 30):
     slurmds = {}
     env = {}
     try:
-        conf = _netns_conf(
-            root, cluster, nodes, _free_port_on(cluster.host_addr), _free_port(), slurmd_timeout
+        conf = write_slurm_conf(
+            root,
+            [(f"n{n}", cluster[n].addr) for n in nodes],
+            f"{socket.gethostname()}({cluster.host_addr})",
+            ctld_port=_free_port_on(cluster.host_addr),
+            slurmd_timeout=slurmd_timeout,
         )
         env = dict(os.environ, SLURM_CONF=conf)
         logs = open(os.path.join(root, "log", "daemons.out"), "ab")  # noqa: SIM115

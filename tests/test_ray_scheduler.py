@@ -200,6 +200,20 @@ def test_ray_name_resolve_add_get_subtree_delete_behave_like_file_backend(ray_sc
     assert repo.find_subtree("nr") == []
 
 
+def test_nodelist_unknown_node_or_exclude_refused_naming_field_and_nodes(ray_sched):
+    ip = ray.util.get_node_ip_address()
+    pins = ray_sched._node_pins(SchedulingSpec(cpu=0, mem=1, nodelist=f"{ip},{ip}"), 3)
+    assert pins == [{f"node:{ip}": 0.001}] * 3
+    bad = Job(replicas=1, role="nowhere", tasks=[SchedulingSpec(cpu=0, mem=1, nodelist="10.9.9.9")])
+    with pytest.raises(ValueError, match=r"nodelist='10\.9\.9\.9'.*no alive Ray node") as ei:
+        ray_sched.create_workers(bad)
+    assert ip in str(ei.value)  # the nodes that exist are listed
+    ex = Job(replicas=1, role="excl", tasks=[SchedulingSpec(cpu=0, mem=1, exclude="n1")])
+    with pytest.raises(ValueError, match="SchedulingSpec.exclude='n1' is not supported"):
+        ray_sched.create_workers(ex)
+    assert "nowhere" not in ray_sched._roles and "excl" not in ray_sched._roles
+
+
 def test_close_kills_actors_and_local_ray_no_processes_left(ray_sched):
     ours = _ray_descendants()
     assert ours, "expected the local Ray's processes to be children of the test process"

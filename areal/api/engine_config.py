@@ -490,8 +490,14 @@ class SchedulingSpec:
         choices=["apptainer", "none"],
     )
     mount: str = cfield("/storage:/storage", "Bind mount for the container (Slurm only).")
-    nodelist: str | None = cfield(None, "`--nodelist` for sbatch/srun (Slurm only).")
-    exclude: str | None = cfield(None, "`--exclude` for sbatch/srun (Slurm only).")
+    nodelist: str | None = cfield(
+        None,
+        "Nodes to run on. Slurm: `--nodelist` for sbatch/srun. Ray: comma-separated node "
+        "IPs or hostnames; worker i goes to node i mod n of the list.",
+    )
+    exclude: str | None = cfield(
+        None, "`--exclude` for sbatch/srun (Slurm only; the Ray scheduler refuses it)."
+    )
     ray_placement_strategy: str = cfield(
         "shared",
         "Ray placement groups: 'shared' (one for the role), 'separate' (one per worker), "

@@ -8,7 +8,10 @@ this process is used as is and never shut down here.
 
 Placement: each job gets one placement group of ``replicas`` bundles
 ``{"CPU": spec.cpu, "GPU": spec.gpu}`` (strategy ``PACK``, or ``placement_strategy``);
-worker ``i`` is an actor pinned to bundle ``i``.
+worker ``i`` is an actor pinned to bundle ``i``. ``spec.nodelist`` (comma-separated node
+IPs or hostnames of alive Ray nodes) pins bundle ``i`` to node ``i mod n`` of the list
+through Ray's per-node resource ``node:<ip>``, as Slurm spreads ``--ntasks`` over the
+nodes of a ``--nodelist``; ``spec.exclude`` is refused (no Ray equivalent here).
 
 Two actor kinds (both threaded actors, ``max_concurrency=4``):
 
@@ -347,6 +350,39 @@ class RayScheduler(SchedulerBase):
             bundle["GPU"] = float(spec.gpu)
         return bundle or {"CPU": 0.01}
 
+    def _node_pins(self, spec: SchedulingSpec, replicas: int) -> list[dict[str, float]]:
+        """Per-bundle ``{"node:<ip>": 0.001}`` from ``spec.nodelist`` (``[{}] * n`` without one)."""
+        import ray
+
+        if spec.exclude:
+            raise ValueError(
+                f"SchedulingSpec.exclude={spec.exclude!r} is not supported by the Ray "
+                "scheduler; name the nodes to use in SchedulingSpec.nodelist instead"
+            )
+        if not spec.nodelist:
+            return [{} for _ in range(replicas)]
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        by_name: dict[str, str] = {}
+        for n in alive:
+            ip = n["NodeManagerAddress"]
+            for key in (ip, n.get("NodeManagerHostname"), n.get("NodeID")):
+                if key:
+                    by_name.setdefault(key, ip)
+        ips = []
+        for entry in (e.strip() for e in spec.nodelist.split(",")):
+            if not entry:
+                continue
+            if entry not in by_name:
+                raise ValueError(
+                    f"SchedulingSpec.nodelist={spec.nodelist!r}: no alive Ray node is "
+                    f"{entry!r}; nodes (IP / hostname): "
+                    f"{sorted((n['NodeManagerAddress'], n.get('NodeManagerHostname')) for n in alive)}"
+                )
+            ips.append(by_name[entry])
+        if not ips:
+            raise ValueError(f"SchedulingSpec.nodelist={spec.nodelist!r} names no node")
+        return [{f"node:{ips[i % len(ips)]}": 0.001} for i in range(replicas)]
+
     def _wait(self, ref, what: str, timeout: float | None = None) -> Any:
         import ray
 
@@ -381,13 +417,18 @@ class RayScheduler(SchedulerBase):
             self._roles[role] = workers
         try:
             bundle = self._bundle(spec)
+            pins = self._node_pins(spec, job.replicas)
             pg = placement_group(
-                [dict(bundle) for _ in range(job.replicas)],
+                [dict(bundle, **pin) for pin in pins],
                 strategy=self.placement_strategy,
                 name=f"{self.experiment_name}/{self.trial_name}/{role}",
             )
             self._pgs[role] = pg
-            self._wait(pg.ready(), f"Placement group of role {role!r} ({job.replicas} x {bundle})")
+            where = f" on {sorted({k for p in pins for k in p})}" if spec.nodelist else ""
+            self._wait(
+                pg.ready(),
+                f"Placement group of role {role!r} ({job.replicas} x {bundle}{where})",
+            )
             env_vars = worker_base_env()
             env_vars.update(job.env_vars)
             pending = []
