@@ -208,6 +208,7 @@ def test_inference_node_killed_rollout_continues_server_restarted_elsewhere(
     assert "restarted by job" in out and f"on nb ({cluster['b'].addr}:" in out, out[-6000:]
 
 
+@pytest.mark.cluster_faults  # `make cluster-faults`: over the CI share of the cluster tests
 def test_inference_node_link_cut_30s_run_finishes_log_names_node(slurm_three_nodes, tmp_path):
     cluster, env, root = slurm_three_nodes
     _revive_node(cluster, env, root, "c")
@@ -252,6 +253,7 @@ def _sync_command(tmp_path, root: str, trial: str, steps: int, actor: str = "na"
     ]
 
 
+@pytest.mark.cluster_faults  # `make cluster-faults`: over the CI share of the cluster tests
 def test_trainer_node_killed_run_stops_clearly_relaunch_resumes_same_losses(
     slurm_three_nodes, tmp_path
 ):
