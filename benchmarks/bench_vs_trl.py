@@ -509,7 +509,7 @@ def main() -> None:
 
     import torch
 
-    from areal.utils.cpu_info import cpu_kind
+    from areal.utils.cpu_info import cpu_kind, describe
 
     checkpoints = [float(x) for x in args.checkpoints.split(",") if x.strip()]
     checkpoints = [c for c in checkpoints if c <= args.seconds] or [args.seconds]
@@ -525,6 +525,7 @@ def main() -> None:
         "areal_overrides": args.overrides,
         "load_average_before": os.getloadavg(),
     }
+    print(f"CPU: {describe(result['cpu'])}", file=sys.stderr, flush=True)
     for setting in settings:
         entry: dict[str, Any] = {"max_new_tokens": SETTINGS[setting]["max_new_tokens"]}
         trl_runs: list[dict[str, Any]] = []
