@@ -136,12 +136,11 @@ def _session(rank, world, path, layout, steps, save_dir, load_dir, export_dir, a
         if save_dir and step == steps[0]:
             eng.save(SaveLoadMeta(path=save_dir, weight_format="dcp", with_optim=True))
     if export_dir:
-        pipeline = "p" in layout and not layout.endswith("p1")
-        if not pipeline:  # verified weight sync: digests taken while each tensor is gathered
-            eng.enable_weight_fingerprints(full_every=1, reference_root=export_dir)
+        # verified weight sync: digests taken while each tensor is gathered (pipeline
+        # stages: every stage fingerprints its own tensors when asked)
+        eng.enable_weight_fingerprints(full_every=1, reference_root=export_dir)
         eng.save(SaveLoadMeta(path=os.path.join(export_dir, "hf"), weight_format="hf"))
-        if not pipeline:
-            res["fingerprints"] = eng.weights_fingerprint(0)
+        res["fingerprints"] = eng.weights_fingerprint(0)
         res["shard_bytes"] = eng.export_weight_shards(
             os.path.join(export_dir, "shards"), shard_mb=0.05
         )
@@ -158,6 +157,7 @@ def _session(rank, world, path, layout, steps, save_dir, load_dir, export_dir, a
             eng.connect_engine(FakeInferenceEngine(spec_q, ack_q), meta)
         eng.update_weights(meta)
         res["pushed"] = _full(eng)
+        res["push_fingerprints"] = eng.weights_fingerprint(0)  # the push's digests
         if rank == 0:
             res["specs"] = [sp.name for b in eng.get_param_specs(1) for sp in b]
             spec_q.put(("done",))
@@ -446,3 +446,23 @@ def test_pp2_xccl_push_sends_every_stage_tensor_once(p2_qwen2):
     for k, v in want.items():
         assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
     assert p2_qwen2["received"]["n_buckets"] > 1  # several buckets, each acknowledged
+
+
+def test_pp2_weight_fingerprints_cover_every_stage_after_save_and_xccl_push(p2_qwen2):
+    # verified weight sync at p2: asked after the HF save, every stage fingerprints its
+    # own tensors (same answer on both ranks); after the xccl push, rank 0's digests of
+    # what it broadcast (its stages and the relayed ones) answer alone
+    from areal.utils.weight_fingerprint import compare_fingerprints, fingerprint_named
+
+    r0, r1 = p2_qwen2["ranks"]
+    received = p2_qwen2["received"]["tensors"]
+    assert set(r0["fingerprints"]) == set(received) and r1["fingerprints"] == r0["fingerprints"]
+    assert compare_fingerprints(r0["fingerprints"], fingerprint_named(received)) == []
+    push = r0["push_fingerprints"]
+    assert set(push) == set(received) and r1["push_fingerprints"] == {}
+    assert compare_fingerprints(push, fingerprint_named(received)) == []
+    name = next(n for n in sorted(r1["pushed"]) if n.endswith("down_proj.weight"))  # stage 2+
+    stale = dict(received, **{name: received[name].clone()})
+    stale[name][0, 0] += 1e-2  # what a server holding a stale or wrong tensor answers
+    bad = compare_fingerprints(push, fingerprint_named(stale))
+    assert len(bad) == 1 and name in bad[0]

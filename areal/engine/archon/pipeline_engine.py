@@ -22,6 +22,7 @@ pipeline rank.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -147,8 +148,11 @@ class ArchonPipelineMixin:
         if rank == 0:
             self._ensure_weight_update_group(meta)
         limit = int(meta.weight_chunked_mem_mb) << 20
+        digests = self._pp_push_digests()
 
         def push(bucket, tensors):
+            if digests is not None:
+                digests.add(list(zip((sp.name for sp in bucket), tensors)))
             fut = None
             if self.inference_engine is not None:
                 fut = self.inference_engine.update_weights_from_distributed(meta, bucket)
@@ -180,16 +184,54 @@ class ArchonPipelineMixin:
                         dist.recv(t, src=p * inner)
                     push(bucket, tensors)
                     del tensors
+        if digests is not None:  # every stage's tensors went through rank 0's push
+            digests.complete = True
+        self._export_digests = digests
         dist.barrier()
         logger.info("xccl weight update (p%d) done in %.2fs", pp, time.perf_counter() - t0)
 
-    def enable_weight_fingerprints(self, full_every: int = 1, *args, **kwargs) -> None:
-        if full_every:
-            self._pp_refuse(
-                "verified weight sync (fingerprints over every stage)",
-                "set rollout.verify_weights=false",
-            )
-        return super().enable_weight_fingerprints(full_every, *args, **kwargs)
+    # ------------------------------------------------------------------ verified sync
+    def _gather_buckets(self, limit_bytes: int, digest_pool: Any = None, defer: bool = False):
+        """At ``pp`` > 1 a stage's export holds only its own tensors: no digests are taken
+        here (they would cover one stage); ``weights_fingerprint`` then asks every stage,
+        and the xccl push digests on rank 0, which sees every tensor."""
+        if getattr(self, "_pp_stages", None) is None:
+            yield from super()._gather_buckets(limit_bytes, digest_pool, defer)
+            return
+        every, self._fingerprint_every = getattr(self, "_fingerprint_every", 0), 0
+        try:
+            yield from super()._gather_buckets(limit_bytes)
+        finally:
+            self._fingerprint_every = every
+            self._export_digests = None
+
+    def _pp_push_digests(self) -> Any:
+        """Rank 0, at the start of an xccl push with verified weight sync: digests of the
+        whole model (every stage's names and sizes for the rotation share), fed with each
+        bucket as it is broadcast. None when verification is off."""
+        from areal.utils.weight_fingerprint import WeightDigests, rotation_share
+
+        every = getattr(self, "_fingerprint_every", 0)
+        if not every:
+            return None
+        sizes = [(sp.name, math.prod(sp.shape)) for specs in self._pp_specs for sp in specs]
+        share = rotation_share(sizes, every, self._fingerprint_checks)
+        return WeightDigests(dist.get_rank() == 0, share, self._fingerprint_dtypes, None)
+
+    def weights_fingerprint(
+        self, seed: int = 0, dtypes: dict[str, str] | None = None, full: list[str] | None = None
+    ) -> dict[str, list[float]]:
+        """At ``pp`` > 1: the xccl push's digests on rank 0 when they are at hand (every
+        stage's tensors went through rank 0); otherwise collective: each stage fingerprints
+        its own tensors and the pipeline ranks exchange them (same result on every rank)."""
+        cached = getattr(self, "_export_digests", None)
+        usable = cached is not None and cached.complete and dtypes is None and full is None
+        if self._pp_stages is None or usable:
+            return super().weights_fingerprint(seed, dtypes, full)
+        mine = super().weights_fingerprint(seed, dtypes, full)
+        parts: list[Any] = [None] * dist.get_world_size(self._pp_group())
+        dist.all_gather_object(parts, mine, group=self._pp_group())
+        return {k: v for part in parts for k, v in part.items()}
 
     # ------------------------------------------------------------------ helpers
     def _pp_group(self) -> dist.ProcessGroup:
@@ -344,7 +386,10 @@ class ArchonPipelineMixin:
         if dist.get_rank() == 0:
             os.makedirs(path, exist_ok=True)
             for f in os.listdir(path):
-                if f.endswith(".safetensors") or f == "model.safetensors.index.json":
+                if f.endswith(".safetensors") or f in (
+                    "model.safetensors.index.json",
+                    "weights_fingerprint.json",  # weight_fingerprint.REFERENCE_FILE
+                ):
                     os.remove(os.path.join(path, f))
         dist.barrier()
         named: dict[str, torch.Tensor] = {}
