@@ -175,6 +175,35 @@ def _log_tail(path: str, n: int = 20) -> str:
         return ""
 
 
+def wait_idle(root: str, env: dict, daemons: dict, n_nodes: int, timeout: float) -> None:
+    """Wait until ``sinfo`` shows ``n_nodes`` idle nodes; a daemon that exits meanwhile
+    (``daemons``: log name -> process) or the deadline raises, with the logs' tails."""
+    deadline = time.monotonic() + timeout
+    states = ""
+    while time.monotonic() < deadline:
+        for name, p in daemons.items():
+            if p.poll() is not None:
+                raise RuntimeError(
+                    f"{name} exited with {p.returncode}:\n"
+                    + _log_tail(os.path.join(root, "log", f"{name}.log"))
+                    + _log_tail(os.path.join(root, "log", "daemons.out"))
+                )
+        try:
+            states = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%N %T"], env=env, capture_output=True,
+                text=True, timeout=10,
+            ).stdout  # fmt: skip
+        except subprocess.TimeoutExpired:
+            states = ""
+        if states.count("idle") == n_nodes:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(
+        f"Slurm nodes not idle within {timeout:.0f} s (sinfo: {states!r})\n"
+        + "".join(_log_tail(os.path.join(root, "log", f"{name}.log")) for name in daemons)
+    )
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     reason = slurm_skip_reason()
@@ -194,29 +223,7 @@ def slurm_cluster(tmp_path_factory):
             ["slurmctld", "-D", "-i", "-f", conf], env=env, stdout=logs, stderr=logs
         )
         slurmd = subprocess.Popen(["slurmd", "-D", "-f", conf], env=env, stdout=logs, stderr=logs)
-        deadline = time.monotonic() + 60
-        state = ""
-        while time.monotonic() < deadline:
-            for name, p in (("slurmctld", ctld), ("slurmd", slurmd)):
-                if p.poll() is not None:
-                    raise RuntimeError(
-                        f"{name} exited with {p.returncode}:\n"
-                        + _log_tail(os.path.join(root, "log", f"{name}.log"))
-                        + _log_tail(os.path.join(root, "log", "daemons.out"))
-                    )
-            try:
-                state = cluster.run("sinfo", "-h", "-N", "-o", "%T", timeout=10).strip()
-            except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
-                state = ""
-            if state.startswith("idle"):
-                break
-            time.sleep(0.5)
-        else:
-            raise RuntimeError(
-                f"Slurm node not idle within 60 s (sinfo: {state!r})\n"
-                + _log_tail(os.path.join(root, "log", "slurmctld.log"))
-                + _log_tail(os.path.join(root, "log", f"slurmd-{node}.log"))
-            )
+        wait_idle(root, env, {"slurmctld": ctld, f"slurmd-{node}": slurmd}, 1, timeout=60)
         os.environ["SLURM_CONF"] = conf
         yield cluster
     finally:
@@ -310,35 +317,8 @@ def netns_slurm(root: str, nodes=("a", "b"), slurmd_timeout: int = 30):
         for n in nodes:
             os.makedirs(os.path.join(root, "spool", f"n{n}"), exist_ok=True)
             slurmds[n] = start_slurmd(cluster, n, conf, env, logs)
-        deadline = time.monotonic() + 90
-        states = ""
-        while time.monotonic() < deadline:
-            for name, p in [
-                ("slurmctld", ctld),
-                *((f"slurmd-n{n}", p) for n, p in slurmds.items()),
-            ]:
-                if p.poll() is not None:
-                    raise RuntimeError(
-                        f"{name} exited with {p.returncode}:\n"
-                        + _log_tail(os.path.join(root, "log", f"{name}.log"))
-                        + _log_tail(os.path.join(root, "log", "daemons.out"))
-                    )
-            try:
-                states = subprocess.run(
-                    ["sinfo", "-h", "-N", "-o", "%N %T"], env=env, capture_output=True,
-                    text=True, timeout=10,
-                ).stdout  # fmt: skip
-            except subprocess.TimeoutExpired:
-                states = ""
-            if states.count("idle") == len(nodes):
-                break
-            time.sleep(0.5)
-        else:
-            raise RuntimeError(
-                f"Slurm nodes not idle within 90 s (sinfo: {states!r})\n"
-                + _log_tail(os.path.join(root, "log", "slurmctld.log"))
-                + "".join(_log_tail(os.path.join(root, "log", f"slurmd-n{n}.log")) for n in nodes)
-            )
+        daemons = {"slurmctld": ctld, **{f"slurmd-n{n}": p for n, p in slurmds.items()}}
+        wait_idle(root, env, daemons, len(nodes), timeout=90)
         yield cluster, env, root
     finally:
         if ctld is not None and ctld.poll() is None:
