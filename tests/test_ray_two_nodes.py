@@ -15,6 +15,7 @@ import re
 import pytest
 from two_node_demo import (
     assert_learned,
+    assert_servers_bound,
     assert_weights_verified,
     demo_command,
     held_out_accuracy,
@@ -38,10 +39,7 @@ def test_gsm8k_grpo_demo_ray_trainer_node_a_servers_nodes_b_c_learns(ray_netns_c
         placed, out[-6000:],
     )  # fmt: skip
     logs = tmp_path / "logs" / "gsm8k-grpo-cpu" / "ray-3n"
-    for i, node in enumerate(("b", "c")):
-        server_log = (logs / f"rollout-{i}.log").read_text()
-        assert f"on http://{ips[node]}:" in server_log, server_log[-3000:]
-        assert "0.0.0.0" not in server_log, server_log[-3000:]
+    assert_servers_bound(logs, [ips["b"], ips["c"]])
     assert f"serving on {ips['a']}:" in (logs / "actor-0.log").read_text()
     # both servers on B and C took every weight version the trainer on A produced
     assert_weights_verified(out, n_servers=2)

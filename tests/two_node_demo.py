@@ -100,3 +100,12 @@ def assert_weights_verified(out: str, n_servers: int) -> None:
     for v in range(1, STEPS + 1):
         line = f"weights of version {v} verified on {n_servers} server(s)"
         assert line in out, f"missing {line!r}:\n{out[-6000:]}"
+
+
+def assert_servers_bound(logs, addrs: list[str]) -> None:
+    """Server ``i``'s log (``rollout-<i>.log`` in ``logs``) shows it serving on
+    ``addrs[i]``, its own node's address, and never names ``0.0.0.0``."""
+    for i, addr in enumerate(addrs):
+        server_log = (logs / f"rollout-{i}.log").read_text()
+        assert f"on http://{addr}:" in server_log, server_log[-3000:]
+        assert "0.0.0.0" not in server_log, server_log[-3000:]
