@@ -187,7 +187,11 @@ def run_areal(setting: str, seconds: float, checkpoints: list[float], extra: lis
         for r in rows
     )
     phases = ["rollout", "compute_logp", "compute_advantages", "train_step", "update_weights"]
+    # mean |trainer - server| logprob on current-version tokens (bf16 vs fp32 shows here)
+    gaps = [r["consistency/logp_absdiff_avg"] for r in rows if "consistency/logp_absdiff_avg" in r]
     return {
+        "cpu_compute_dtype": cfg.actor.cpu_compute_dtype,
+        "logprob_mismatch_mean": round(sum(gaps) / len(gaps), 5) if gaps else None,
         "steps": len(rows),
         "startup_seconds": round(t_ready - t_start, 1),
         "train_seconds": round(secs, 1),

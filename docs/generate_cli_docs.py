@@ -213,6 +213,13 @@ def render() -> str:
         "and sizes are overridden as usual, e.g.",
         "`allocation_mode=local:d1+fsdp:d1 actor.backend=fsdp:d1 rollout.backend=local:d1`.",
         "",
+        "On a CPU with bf16 matrix instructions (AVX-512-BF16 or AMX-BF16) training can run",
+        "its forward and backward in bfloat16: `actor.cpu_compute_dtype=bfloat16` (or `auto`,",
+        "which picks bfloat16 only on such CPUs) keeps float32 master weights, optimizer",
+        "states, gradient reduction and log-probabilities (FSDP2 mixed precision). Measured",
+        'figures and the logprob mismatch it adds: docs/benchmarks.md, "On an AVX-512-BF16',
+        'CPU".',
+        "",
     ]
     out += _render_deprecated() + _render_not_acted_on()
     out += ["## Sections", ""]

@@ -28,3 +28,18 @@ def test_cpu_kind_without_avx512_lists_only_what_the_flags_name():
     assert kind["bf16_matmul_fast"] is False
     assert describe(kind).startswith("AMD EPYC (avx2 fma; torch ")
     assert describe(kind).endswith("; bf16 slow)")
+
+
+def test_cpu_compute_dtype_auto_follows_the_cpu_kind_and_explicit_values_win():
+    import pytest
+    import torch
+
+    from areal.utils.cpu_info import cpu_compute_dtype
+
+    fast, slow = cpu_kind(AMX_HOST), cpu_kind("model name\t: X\nflags\t\t: avx2 fma\n")
+    assert cpu_compute_dtype("auto", kind=fast) is torch.bfloat16
+    assert cpu_compute_dtype("auto", kind=slow) is torch.float32
+    assert cpu_compute_dtype("float32", requested="bfloat16", kind=fast) is torch.float32
+    assert cpu_compute_dtype("bfloat16", kind=slow) is torch.bfloat16  # asked for: warned
+    with pytest.raises(ValueError, match="cpu_compute_dtype='fp8'.*allowed"):
+        cpu_compute_dtype("fp8", kind=fast)

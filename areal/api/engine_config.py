@@ -596,6 +596,14 @@ class TrainEngineConfig:
         "(steadier memory, slower; padding rows attend to themselves only).",
     )
     grad_reduce_dtype: str = cfield("float32", "Dtype of gradient reduction.", choices=_DTYPES)
+    cpu_compute_dtype: str = cfield(
+        "float32",
+        "Compute dtype of training on CPU (`dtype` applies on GPUs): 'float32'; 'bfloat16' "
+        "(bf16 forward/backward under FSDP2 mixed precision, fp32 master weights, optimizer "
+        "states and log-probabilities; fast only on CPUs with AVX-512-BF16 or AMX-BF16); "
+        "'auto' (bfloat16 where the CPU has those instructions, else float32).",
+        choices=["float32", "bfloat16", "auto"],
+    )
     scheduling_spec: list[SchedulingSpec] = cfield(
         help="Worker resources: one spec (engine inside the worker) or two (worker, engine). "
         "Used by the single-controller schedulers.",
@@ -653,6 +661,9 @@ class TrainEngineConfig:
         owner = type(self).__name__
         check_choice(owner, "dtype", self.dtype, _DTYPES)
         check_choice(owner, "grad_reduce_dtype", self.grad_reduce_dtype, _DTYPES)
+        check_choice(
+            owner, "cpu_compute_dtype", self.cpu_compute_dtype, ["float32", "bfloat16", "auto"]
+        )
         if self.attn_impl not in _ATTN_IMPLS and "/" not in self.attn_impl:
             raise ValueError(
                 f"{owner}.attn_impl={self.attn_impl!r} is not allowed; choose one of {_ATTN_IMPLS} "

@@ -55,3 +55,37 @@ def describe(kind: dict) -> str:
     ext = " ".join(kind["extensions"]) or "no AVX2/AVX-512/AMX"
     bf16 = "bf16 fast" if kind["bf16_matmul_fast"] else "bf16 slow"
     return f"{kind['model']} ({ext}; torch {kind['torch_capability']}; {bf16})"
+
+
+def cpu_compute_dtype(setting: str, requested: str = "float32", kind: dict | None = None):
+    """The torch dtype a CPU training engine computes in, from ``cpu_compute_dtype``
+    (``'float32'`` / ``'bfloat16'`` / ``'auto'``): ``'auto'`` is bfloat16 only where
+    ``kind`` (default: this machine's) says bf16 matmuls are fast. Master weights,
+    gradients' reduction and optimizer states stay float32 either way; ``requested`` is
+    the engine's ``dtype`` field, which on CPU is only reported."""
+    import torch
+
+    from areal.utils import logging
+
+    logger = logging.getLogger("CPUInfo")
+    if setting not in ("float32", "bfloat16", "auto"):
+        raise ValueError(f"cpu_compute_dtype={setting!r}; allowed: 'float32', 'bfloat16', 'auto'")
+    if setting == "auto":
+        kind = kind if kind is not None else cpu_kind()
+        setting = "bfloat16" if kind["bf16_matmul_fast"] else "float32"
+        logger.info("cpu_compute_dtype=auto on %s: %s", describe(kind), setting)
+    if setting == "bfloat16":
+        kind = kind if kind is not None else cpu_kind()
+        if not kind["bf16_matmul_fast"]:
+            logger.warning(
+                "cpu_compute_dtype=bfloat16 on a CPU without AVX-512-BF16/AMX-BF16 (%s): "
+                "bf16 matmuls are much slower than float32 here",
+                describe(kind),
+            )
+        return torch.bfloat16
+    if requested != "float32":
+        logger.info(
+            "dtype=%s requested; training in float32 on CPU (cpu_compute_dtype=float32)",
+            requested,
+        )
+    return torch.float32

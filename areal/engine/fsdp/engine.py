@@ -71,6 +71,7 @@ from areal.engine.fsdp.weight_export import DTYPES as _DTYPES
 from areal.engine.fsdp.weight_export import FSDPWeightExportMixin
 from areal.engine.fsdp.weight_push import FSDPWeightPushMixin
 from areal.utils import logging, stats_tracker
+from areal.utils.cpu_info import cpu_compute_dtype
 from areal.utils.data import (
     MicroBatchList,
     get_seqlens,
@@ -212,9 +213,8 @@ class FSDPEngine(
         if name not in _DTYPES:
             raise ValueError(f"TrainEngineConfig.dtype={name!r}; allowed: {sorted(_DTYPES)}")
         dtype = _DTYPES[name]
-        if self.device.type == "cpu" and dtype != torch.float32:
-            logger.info("dtype=%s requested; training in float32 on CPU", name)
-            dtype = torch.float32
+        if self.device.type == "cpu":
+            return cpu_compute_dtype(self.config.cpu_compute_dtype, requested=name)
         return dtype
 
     def _build_model(self) -> nn.Module:

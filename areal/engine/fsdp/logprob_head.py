@@ -17,7 +17,9 @@ def _logprob_entropy_chunk(
     labels: torch.Tensor,
     temperature: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = F.linear(hidden, weight, bias).float()
+    # fp32 logits even when the layers run in bf16 (mixed precision): log-probabilities
+    # are compared with the inference server's, and bf16 logits are off by ~1e-2
+    logits = F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
