@@ -145,7 +145,7 @@ def test_hybrid_attn_d2t2_ffn_d2e2_on_four_ranks_equals_one_process():
     _check([res[r] for r in range(4)], 4, 2, efsdp=2)
 
 
-def _engine_session(rank, world, path, layout, replay, save_dir=None):
+def _engine_session(rank, world, path, layout, replay, save_dir=None, archon=None):
     from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
     from areal.api.io_struct import FinetuneSpec, SaveLoadMeta
     from areal.engine.archon import ArchonEngine
@@ -163,6 +163,8 @@ def _engine_session(rank, world, path, layout, replay, save_dir=None):
         num_threads=1,
     )
     cfg.archon.router_replay = replay
+    for k, v in (archon or {}).items():
+        setattr(cfg.archon, k, v)
     eng = ArchonEngine(cfg)
     eng.create_process_group()
     eng.initialize(None, FinetuneSpec(1, 10, 1))
@@ -293,6 +295,70 @@ def test_engine_hybrid_attn_d2t2_ffn_d2e2_equals_d1(moe_ckpt):
             torch.testing.assert_close(r["grads"][k], w, atol=ATOL, rtol=0, msg=k)
         for k, w in base["params"].items():
             torch.testing.assert_close(r["params"][k], w, atol=ATOL, rtol=0, msg=k)
+
+
+@pytest.fixture(scope="module")
+def moe_aux_ckpt(moe_ckpt, tmp_path_factory):
+    """``moe_ckpt`` whose config trains the load-balancing loss (output_router_logits,
+    router_aux_loss_coef 0.5: large enough to move the gradients well past atol)."""
+    import json
+    import shutil
+
+    path = str(tmp_path_factory.mktemp("moe_aux"))
+    shutil.copytree(moe_ckpt, path, dirs_exist_ok=True)
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(output_router_logits=True, router_aux_loss_coef=0.5)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def _assert_stages_equal(ranks: list[dict], base: dict) -> None:
+    """Pipeline ranks hold their stages' parameters: together they are the model; the
+    loss, every gradient and every weight after the SGD step equal one rank's."""
+    grads: dict[str, torch.Tensor] = {}
+    params: dict[str, torch.Tensor] = {}
+    for r in ranks:
+        assert abs(r["loss"] - base["loss"]) < ATOL
+        grads.update(r["grads"])
+        params.update(r["params"])
+    assert set(grads) == set(base["grads"]) == set(params)
+    for k, w in base["grads"].items():
+        torch.testing.assert_close(grads[k], w, atol=ATOL, rtol=0, msg=f"grad {k}")
+    for k, w in base["params"].items():
+        torch.testing.assert_close(params[k], w, atol=ATOL, rtol=0, msg=f"param {k}")
+
+
+@pytest.mark.slow
+@pytest.mark.archon_matrix  # 2 ranks, but about 40 s
+def test_engine_p2_moe_with_aux_loss_and_replay_equals_d1(moe_aux_ckpt):
+    # pipeline stages of the MoE model (Interleaved1F1B, 4 virtual stages on 2 ranks):
+    # the load-balancing loss's sums travel stage to stage, the routing is replayed by
+    # each stage's own layers; loss, gradients and stepped weights equal one rank's
+    base = run_ranks(_engine_session, 1, (moe_aux_ckpt, "d1", True), timeout=600)[0]
+    res = run_ranks(_engine_session, 2, (moe_aux_ckpt, "d1p2", True), timeout=600)
+    assert not set(res[0]["params"]) & set(res[1]["params"])
+    _assert_stages_equal([res[0], res[1]], base)
+
+
+@pytest.mark.slow
+@pytest.mark.archon_matrix
+@pytest.mark.parametrize(
+    "aux,replay,schedule,ref",
+    [(False, True, "1F1B", "d1"), (True, False, "Interleaved1F1B", "d2e2")],
+    ids=["replayed-1F1B-vs-d1", "aux-interleaved-vs-d2e2"],
+)
+def test_engine_d2e2p2_moe_equals_reference(moe_ckpt, moe_aux_ckpt, aux, replay, schedule, ref):
+    # archon:d2e2p2: the experts of each stage split over its two data-parallel ranks.
+    # The load-balancing loss is each data rank's own (its tokens, as transformers' per
+    # batch), so with it the reference is d2e2 without stages; without it, one rank
+    path = moe_aux_ckpt if aux else moe_ckpt
+    base = run_ranks(_engine_session, int(ref[1]), (path, ref, replay), timeout=600)[0]
+    args = (path, "d2e2p2", replay, None, {"pp_schedule": schedule})
+    res = run_ranks(_engine_session, 4, args, timeout=900)
+    for d in (0, 1):  # the two pipeline ranks of data-parallel rank d: ranks d and d + 2
+        _assert_stages_equal([res[d], res[d + 2]], base)
 
 
 def _aux_session(rank, world, path):

@@ -237,16 +237,7 @@ class ArchonEngine(ArchonPipelineMixin, FSDPEngine):
         cu = mb["cu_seqlens"].long()
         n = ids.shape[0]
         labels = torch.roll(ids, shifts=-1)
-        routed = None
-        if self.config.archon.router_replay:  # [n, n_moe_layers, top_k] from the rollout
-            if "routed_experts" not in mb:
-                raise ValueError(
-                    "archon.router_replay=True needs the batch's 'routed_experts' (ask the "
-                    "inference server for return_routed_experts)"
-                )
-            routed = mb["routed_experts"].long()
-            if routed.ndim == 2:  # SGLang's flat rows: [n, n_moe_layers * top_k]
-                routed = routed.reshape(n, -1, self._top_k)
+        routed = self._routed_experts(mb)
         cp = dims.cp
         if cp > 1:
             pad = (-n) % cp
@@ -286,6 +277,21 @@ class ArchonEngine(ArchonPipelineMixin, FSDPEngine):
         is_first[cu[:-1]] = True
         shifted = torch.where(is_first[:, None], torch.zeros_like(shifted), shifted)
         return shifted[:, 0], shifted[:, 1].detach()
+
+    def _routed_experts(self, mb: dict[str, Any]) -> torch.Tensor | None:
+        """With ``archon.router_replay``: the micro-batch's ``[n, n_moe_layers, top_k]``
+        expert ids from the rollout (None without replay)."""
+        if not self.config.archon.router_replay:
+            return None
+        if "routed_experts" not in mb:
+            raise ValueError(
+                "archon.router_replay=True needs the batch's 'routed_experts' (ask the "
+                "inference server for return_routed_experts)"
+            )
+        routed = mb["routed_experts"].long()
+        if routed.ndim == 2:  # SGLang's flat rows: [n, n_moe_layers * top_k]
+            routed = routed.reshape(routed.shape[0], -1, self._top_k)
+        return routed
 
     def train_batch(self, input_, loss_fn, loss_weight_fn) -> dict[str, float]:
         """``FSDPEngine.train_batch``; an MoE model whose HF config sets
