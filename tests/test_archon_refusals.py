@@ -154,11 +154,10 @@ def test_check_layout_names_dimension_and_allowed_values():
     with pytest.raises(ValueError, match=r"tied embeddings.*allowed p: \[1\]"):
         check_layout(_Cfg(tie=True), pp=2)
     check_layout(_Cfg(), pp=2, tp=2)
-    # pipeline stages of a mixture-of-experts model (with expert parallelism too) are a
-    # layout of their own, no longer refused
+    # pipeline stages of a mixture-of-experts model (with expert parallelism too) and
+    # with context parallelism are layouts of their own, no longer refused
     check_layout(_Cfg(experts=4), pp=2, ep=2)
-    with pytest.raises(ValueError, match=r"p2 with context parallel c2 is not supported"):
-        check_layout(_Cfg(), pp=2, cp=2)
+    check_layout(_Cfg(), pp=2, cp=2)
     with pytest.raises(
         ValueError, match=r"p3 needs at least one decoder layer.*allowed p: \[1, 2\]"
     ):

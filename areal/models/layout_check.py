@@ -19,7 +19,7 @@ def allowed_sizes(n: int) -> list[int]:
 def check_layout(hf_config: Any, *, tp: int = 1, cp: int = 1, ep: int = 1, pp: int = 1) -> None:
     """ValueError when tp does not divide the attention or KV heads, cp does not divide
     the heads each tp rank holds, ep > 1 on a dense model, ep not dividing the experts, or
-    pp > 1 with tied embeddings, context parallelism or more stages than layers."""
+    pp > 1 with tied embeddings or more stages than layers."""
     heads = int(hf_config.num_attention_heads)
     kv = int(getattr(hf_config, "num_key_value_heads", None) or heads)
     mtype = getattr(hf_config, "model_type", "?")
@@ -55,11 +55,6 @@ def check_layout(hf_config: Any, *, tp: int = 1, cp: int = 1, ep: int = 1, pp: i
             f"pipeline parallel p{pp}: a model with tied embeddings (tie_word_embeddings="
             "True) cannot be split into pipeline stages (the first and the last stage "
             "would share the weight); allowed p: [1]"
-        )
-    if pp > 1 and cp > 1:
-        raise ValueError(
-            f"pipeline parallel p{pp} with context parallel c{cp} is not supported by the "
-            "archon engine; allowed: c1 with p > 1, or p1"
         )
     layers = int(getattr(hf_config, "num_hidden_layers", 0) or 0)
     if pp > layers:
