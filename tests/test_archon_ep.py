@@ -59,7 +59,7 @@ def _nll_sum(model, ids, pos, cu):
     return -(lp * keep).sum(), int(keep.sum())
 
 
-def _ranks(rank, world, dp, ep, n_experts, tp=1, hybrid=False):
+def _ranks(rank, world, dp, ep, n_experts, tp=1, hybrid=False, etp=1):
     import torch.distributed as dist
 
     from areal.models.archon import ArchonParallelDims
@@ -74,8 +74,9 @@ def _ranks(rank, world, dp, ep, n_experts, tp=1, hybrid=False):
     ref_grads = {n: p.grad.clone() for n, p in ref.named_parameters()}
 
     dims = ArchonParallelDims(
-        dp_shard=dp, ep=ep, tp=tp, world_size=world, device_type="cpu", ep_spans_cp_tp=hybrid
-    )
+        dp_shard=dp, ep=ep, tp=tp, etp=etp, world_size=world, device_type="cpu",
+        ep_spans_cp_tp=hybrid,
+    )  # fmt: skip
     dims.build_mesh()
     model = parallelize_qwen3_moe(_model(n_experts), dims)
     r = dims.get_mesh("dp_shard").get_local_rank()
@@ -87,21 +88,24 @@ def _ranks(rank, world, dp, ep, n_experts, tp=1, hybrid=False):
     for n, p in model.named_parameters():
         g = p.grad
         grads[n] = (g.full_tensor() if hasattr(g, "full_tensor") else g).clone()
-    local_experts = model.layers["0"].moe.experts.w1.to_local().shape[0]
+    local_experts, local_hidden, _ = model.layers["0"].moe.experts.w1.to_local().shape
     return {
         "loss": float(loss),
         "ref_loss": float(ref_loss.detach()),
         "grads": grads,
         "ref_grads": ref_grads,
         "local_experts": local_experts,
+        "local_hidden": local_hidden,
     }
 
 
-def _check(res, n_experts, ep, efsdp=1):
+def _check(res, n_experts, ep, efsdp=1, etp=1):
     for r in res.values() if isinstance(res, dict) else res:
         assert abs(r["loss"] - r["ref_loss"]) < ATOL
-        # stored per rank: n_experts / ep, FSDP-sharded again over efsdp = dp / ep
+        # stored per rank: n_experts / ep, FSDP-sharded again over efsdp = dp / ep; each
+        # expert's hidden dimension (16) split over etp
         assert r["local_experts"] == n_experts // ep // efsdp
+        assert r["local_hidden"] == 16 // etp
         assert set(r["grads"]) == set(r["ref_grads"])
         for k, w in r["ref_grads"].items():
             torch.testing.assert_close(r["grads"][k], w, atol=ATOL, rtol=0, msg=k)
@@ -135,6 +139,23 @@ def test_hybrid_attn_t2_ffn_e2_on_two_ranks_equals_one_process():
     # split over the same two ranks (ep borrows the tp ranks, which hold the same tokens)
     res = run_ranks(_ranks, 2, (1, 2, 4, 2, True), timeout=300)
     _check([res[0], res[1]], 4, 2)
+
+
+@pytest.mark.slow
+def test_hybrid_attn_t2_ffn_t2_on_two_ranks_equals_one_process():
+    # archon:(attn:t2|ffn:t2), expert tensor parallelism: each tensor rank holds half of
+    # every expert's hidden dimension, the partial outputs are summed over tp
+    res = run_ranks(_ranks, 2, (1, 1, 4, 2, False, 2), timeout=300)
+    _check([res[0], res[1]], 4, 1, etp=2)
+
+
+@pytest.mark.slow
+@pytest.mark.archon_matrix
+def test_hybrid_attn_d2t2_ffn_e2t2_on_four_ranks_equals_one_process():
+    # archon:(attn:d2t2|ffn:e2t2): experts split over the two data ranks (ep) and each
+    # over the two tensor ranks (etp)
+    res = run_ranks(_ranks, 4, (2, 2, 4, 2, False, 2), timeout=600)
+    _check([res[r] for r in range(4)], 4, 2, etp=2)
 
 
 @pytest.mark.slow
@@ -282,11 +303,11 @@ def test_engine_d2e2_equals_d1(moe_ckpt, replay, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.archon_matrix
-def test_engine_hybrid_attn_d2t2_ffn_d2e2_equals_d1(moe_ckpt):
-    # the MoE hybrid form through the engine: loss, every gradient and the weights after
-    # one SGD step equal one rank's
+@pytest.mark.parametrize("layout", ["(attn:d2t2|ffn:d2e2)", "(attn:d2t2|ffn:e2t2)"])
+def test_engine_hybrid_4_ranks_equals_d1(moe_ckpt, layout):
+    # the MoE hybrid form through the engine (etp=1: ep over each tp pair; etp=2: each
+    # expert split over tp too): loss, every gradient and the stepped weights equal one rank's
     base = run_ranks(_engine_session, 1, (moe_ckpt, "d1", False), timeout=600)[0]
-    layout = "(attn:d2t2|ffn:d2e2)"
     res = run_ranks(_engine_session, 4, (moe_ckpt, layout, False), timeout=900)
     for r in (res[i] for i in range(4)):
         assert abs(r["loss"] - base["loss"]) < ATOL

@@ -93,7 +93,9 @@ class ArchonEngine(ArchonPipelineMixin, FSDPEngine):
         self.dtype = self._resolve_dtype()
         ps = archon_layout(self.config, dist.get_world_size())
         hf = AutoConfig.from_pretrained(path)
-        check_layout(hf, tp=ps.tp_size, cp=ps.cp_size, ep=ps.ep_size, pp=ps.pp_size)
+        check_layout(
+            hf, tp=ps.tp_size, cp=ps.cp_size, ep=ps.ep_size, pp=ps.pp_size, etp=ps.etp_size
+        )
         ac = self.config.archon
         ac.refuse_unsupported("ArchonEngine", self.config.gradient_checkpointing)
         if self.config.use_lora:
@@ -114,7 +116,7 @@ class ArchonEngine(ArchonPipelineMixin, FSDPEngine):
             etp=ps.etp_size,
             world_size=dist.get_world_size(),
             device_type=self.device.type,
-            ep_spans_cp_tp=ps.hybrid_moe,
+            ep_spans_cp_tp=ps.hybrid_moe and ps.etp_size == 1,
         )
         dims.build_mesh()
         self.parallel_dims = dims
