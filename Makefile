@@ -30,7 +30,7 @@ TORCH_FLAGS   ?=
 # Test selection. Only these three kinds are left out of `make check` (they cannot run on
 # a fresh clone here: CUDA, vLLM's CPU build, an AReaL checkout); nothing else is.
 NOT_HERE      := not (gpu or vllm_cpu or areal_checkout)
-# The Archon layout matrix (`make archon-matrix`, ~10 min on 2 cores: 9 cases) is a make target of its own.
+# The Archon layout matrix (`make archon-matrix`, ~8-10 min on 2 cores: 15 cases) is a make target of its own.
 MATRIX        := not archon_matrix and not cluster_faults
 QUICK_MARKS   := not slow and $(NOT_HERE) and $(MATRIX)
 # `.ci/run` runs `make test` first, then `make check CHECK_AFTER_TEST=1`: the full check then

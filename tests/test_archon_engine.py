@@ -415,7 +415,8 @@ def test_pp2_hf_save_and_sharded_export_hold_every_tensor_once(p2_qwen2, base_qw
 
 @pytest.mark.archon_matrix
 @pytest.mark.parametrize(
-    "layout,schedule", [("d2p2", "1F1B"), ("p2t2", "GPipe"), ("d2p2", "Interleaved1F1B")]
+    "layout,schedule",
+    [("d2p2", "1F1B"), ("p2t2", "GPipe"), ("d2p2", "Interleaved1F1B"), ("c2p2", "1F1B")],
 )
 def test_pp_combined_layouts_equal_one_rank(models, base_qwen2, layout, schedule):
     res = _run(models, "qwen2", layout, 4, archon={"pp_schedule": schedule})

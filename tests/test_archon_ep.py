@@ -59,7 +59,7 @@ def _nll_sum(model, ids, pos, cu):
     return -(lp * keep).sum(), int(keep.sum())
 
 
-def _ranks(rank, world, dp, ep, n_experts, tp=1, hybrid=False):
+def _ranks(rank, world, dp, ep, n_experts, tp=1, hybrid=False, etp=1):
     import torch.distributed as dist
 
     from areal.models.archon import ArchonParallelDims
@@ -74,8 +74,9 @@ def _ranks(rank, world, dp, ep, n_experts, tp=1, hybrid=False):
     ref_grads = {n: p.grad.clone() for n, p in ref.named_parameters()}
 
     dims = ArchonParallelDims(
-        dp_shard=dp, ep=ep, tp=tp, world_size=world, device_type="cpu", ep_spans_cp_tp=hybrid
-    )
+        dp_shard=dp, ep=ep, tp=tp, etp=etp, world_size=world, device_type="cpu",
+        ep_spans_cp_tp=hybrid,
+    )  # fmt: skip
     dims.build_mesh()
     model = parallelize_qwen3_moe(_model(n_experts), dims)
     r = dims.get_mesh("dp_shard").get_local_rank()
@@ -87,21 +88,24 @@ def _ranks(rank, world, dp, ep, n_experts, tp=1, hybrid=False):
     for n, p in model.named_parameters():
         g = p.grad
         grads[n] = (g.full_tensor() if hasattr(g, "full_tensor") else g).clone()
-    local_experts = model.layers["0"].moe.experts.w1.to_local().shape[0]
+    local_experts, local_hidden, _ = model.layers["0"].moe.experts.w1.to_local().shape
     return {
         "loss": float(loss),
         "ref_loss": float(ref_loss.detach()),
         "grads": grads,
         "ref_grads": ref_grads,
         "local_experts": local_experts,
+        "local_hidden": local_hidden,
     }
 
 
-def _check(res, n_experts, ep, efsdp=1):
+def _check(res, n_experts, ep, efsdp=1, etp=1):
     for r in res.values() if isinstance(res, dict) else res:
         assert abs(r["loss"] - r["ref_loss"]) < ATOL
-        # stored per rank: n_experts / ep, FSDP-sharded again over efsdp = dp / ep
+        # stored per rank: n_experts / ep, FSDP-sharded again over efsdp = dp / ep; each
+        # expert's hidden dimension (16) split over etp
         assert r["local_experts"] == n_experts // ep // efsdp
+        assert r["local_hidden"] == 16 // etp
         assert set(r["grads"]) == set(r["ref_grads"])
         for k, w in r["ref_grads"].items():
             torch.testing.assert_close(r["grads"][k], w, atol=ATOL, rtol=0, msg=k)
@@ -138,6 +142,23 @@ def test_hybrid_attn_t2_ffn_e2_on_two_ranks_equals_one_process():
 
 
 @pytest.mark.slow
+def test_hybrid_attn_t2_ffn_t2_on_two_ranks_equals_one_process():
+    # archon:(attn:t2|ffn:t2), expert tensor parallelism: each tensor rank holds half of
+    # every expert's hidden dimension, the partial outputs are summed over tp
+    res = run_ranks(_ranks, 2, (1, 1, 4, 2, False, 2), timeout=300)
+    _check([res[0], res[1]], 4, 1, etp=2)
+
+
+@pytest.mark.slow
+@pytest.mark.archon_matrix
+def test_hybrid_attn_d2t2_ffn_e2t2_on_four_ranks_equals_one_process():
+    # archon:(attn:d2t2|ffn:e2t2): experts split over the two data ranks (ep) and each
+    # over the two tensor ranks (etp)
+    res = run_ranks(_ranks, 4, (2, 2, 4, 2, False, 2), timeout=600)
+    _check([res[r] for r in range(4)], 4, 2, etp=2)
+
+
+@pytest.mark.slow
 @pytest.mark.archon_matrix
 def test_hybrid_attn_d2t2_ffn_d2e2_on_four_ranks_equals_one_process():
     # archon:(attn:d2t2|ffn:d2e2): ep over each tp pair, experts FSDP-sharded over ffn d2
@@ -145,7 +166,7 @@ def test_hybrid_attn_d2t2_ffn_d2e2_on_four_ranks_equals_one_process():
     _check([res[r] for r in range(4)], 4, 2, efsdp=2)
 
 
-def _engine_session(rank, world, path, layout, replay, save_dir=None):
+def _engine_session(rank, world, path, layout, replay, save_dir=None, archon=None):
     from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
     from areal.api.io_struct import FinetuneSpec, SaveLoadMeta
     from areal.engine.archon import ArchonEngine
@@ -163,6 +184,8 @@ def _engine_session(rank, world, path, layout, replay, save_dir=None):
         num_threads=1,
     )
     cfg.archon.router_replay = replay
+    for k, v in (archon or {}).items():
+        setattr(cfg.archon, k, v)
     eng = ArchonEngine(cfg)
     eng.create_process_group()
     eng.initialize(None, FinetuneSpec(1, 10, 1))
@@ -280,11 +303,11 @@ def test_engine_d2e2_equals_d1(moe_ckpt, replay, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.archon_matrix
-def test_engine_hybrid_attn_d2t2_ffn_d2e2_equals_d1(moe_ckpt):
-    # the MoE hybrid form through the engine: loss, every gradient and the weights after
-    # one SGD step equal one rank's
+@pytest.mark.parametrize("layout", ["(attn:d2t2|ffn:d2e2)", "(attn:d2t2|ffn:e2t2)"])
+def test_engine_hybrid_4_ranks_equals_d1(moe_ckpt, layout):
+    # the MoE hybrid form through the engine (etp=1: ep over each tp pair; etp=2: each
+    # expert split over tp too): loss, every gradient and the stepped weights equal one rank's
     base = run_ranks(_engine_session, 1, (moe_ckpt, "d1", False), timeout=600)[0]
-    layout = "(attn:d2t2|ffn:d2e2)"
     res = run_ranks(_engine_session, 4, (moe_ckpt, layout, False), timeout=900)
     for r in (res[i] for i in range(4)):
         assert abs(r["loss"] - base["loss"]) < ATOL
@@ -293,6 +316,70 @@ def test_engine_hybrid_attn_d2t2_ffn_d2e2_equals_d1(moe_ckpt):
             torch.testing.assert_close(r["grads"][k], w, atol=ATOL, rtol=0, msg=k)
         for k, w in base["params"].items():
             torch.testing.assert_close(r["params"][k], w, atol=ATOL, rtol=0, msg=k)
+
+
+@pytest.fixture(scope="module")
+def moe_aux_ckpt(moe_ckpt, tmp_path_factory):
+    """``moe_ckpt`` whose config trains the load-balancing loss (output_router_logits,
+    router_aux_loss_coef 0.5: large enough to move the gradients well past atol)."""
+    import json
+    import shutil
+
+    path = str(tmp_path_factory.mktemp("moe_aux"))
+    shutil.copytree(moe_ckpt, path, dirs_exist_ok=True)
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(output_router_logits=True, router_aux_loss_coef=0.5)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def _assert_stages_equal(ranks: list[dict], base: dict) -> None:
+    """Pipeline ranks hold their stages' parameters: together they are the model; the
+    loss, every gradient and every weight after the SGD step equal one rank's."""
+    grads: dict[str, torch.Tensor] = {}
+    params: dict[str, torch.Tensor] = {}
+    for r in ranks:
+        assert abs(r["loss"] - base["loss"]) < ATOL
+        grads.update(r["grads"])
+        params.update(r["params"])
+    assert set(grads) == set(base["grads"]) == set(params)
+    for k, w in base["grads"].items():
+        torch.testing.assert_close(grads[k], w, atol=ATOL, rtol=0, msg=f"grad {k}")
+    for k, w in base["params"].items():
+        torch.testing.assert_close(params[k], w, atol=ATOL, rtol=0, msg=f"param {k}")
+
+
+@pytest.mark.slow
+@pytest.mark.archon_matrix  # 2 ranks, but about 40 s
+def test_engine_p2_moe_with_aux_loss_and_replay_equals_d1(moe_aux_ckpt):
+    # pipeline stages of the MoE model (Interleaved1F1B, 4 virtual stages on 2 ranks):
+    # the load-balancing loss's sums travel stage to stage, the routing is replayed by
+    # each stage's own layers; loss, gradients and stepped weights equal one rank's
+    base = run_ranks(_engine_session, 1, (moe_aux_ckpt, "d1", True), timeout=600)[0]
+    res = run_ranks(_engine_session, 2, (moe_aux_ckpt, "d1p2", True), timeout=600)
+    assert not set(res[0]["params"]) & set(res[1]["params"])
+    _assert_stages_equal([res[0], res[1]], base)
+
+
+@pytest.mark.slow
+@pytest.mark.archon_matrix
+@pytest.mark.parametrize(
+    "aux,replay,schedule,ref",
+    [(False, True, "1F1B", "d1"), (True, False, "Interleaved1F1B", "d2e2")],
+    ids=["replayed-1F1B-vs-d1", "aux-interleaved-vs-d2e2"],
+)
+def test_engine_d2e2p2_moe_equals_reference(moe_ckpt, moe_aux_ckpt, aux, replay, schedule, ref):
+    # archon:d2e2p2: the experts of each stage split over its two data-parallel ranks.
+    # The load-balancing loss is each data rank's own (its tokens, as transformers' per
+    # batch), so with it the reference is d2e2 without stages; without it, one rank
+    path = moe_aux_ckpt if aux else moe_ckpt
+    base = run_ranks(_engine_session, int(ref[1]), (path, ref, replay), timeout=600)[0]
+    args = (path, "d2e2p2", replay, None, {"pp_schedule": schedule})
+    res = run_ranks(_engine_session, 4, args, timeout=900)
+    for d in (0, 1):  # the two pipeline ranks of data-parallel rank d: ranks d and d + 2
+        _assert_stages_equal([res[d], res[d + 2]], base)
 
 
 def _aux_session(rank, world, path):

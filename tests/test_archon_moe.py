@@ -135,3 +135,44 @@ def test_ep_not_dividing_dp_is_refused_at_parse_time():
     ):
         AllocationMode.from_str("local:d1+archon:d2e4")
     assert AllocationMode.from_str("local:d1+archon:d4e2").train.ep_size == 2
+
+
+@pytest.mark.parametrize("mlp_only", [(), (1,)], ids=["all-moe", "dense-layer1"])
+def test_moe_stages_carry_the_aux_loss_and_replay_as_the_whole_model(mlp_only):
+    # pipeline stages of a qwen3_moe model, run one after the other in one process: the
+    # last stage's logits and load-balancing loss (sums carried in the activation's extra
+    # rows, padding tokens not counted) equal the whole model's, gradients included, and
+    # each stage replays its own layers' slice of the routing
+    from areal.models.archon.pipeline import MoEStage, make_stage
+
+    model, _ = archon_of(hf_moe(mlp_only_layers=mlp_only, n_experts=8))
+    _, ids, pos, cu = packed([7, 5])
+    n, pad = ids.shape[0], 3
+    routed = torch.stack([torch.randperm(8)[:2] for _ in range(n * model.args.n_layers)])
+    routed = routed.view(n, -1, 2)[:, : len(model.moe_modules())]
+    for replay in (None, routed):
+        model.zero_grad()
+        want = model(ids, pos, cu, routed_experts=replay)
+        want_aux = model.aux_loss()
+        (want.logsumexp(-1).mean() + want_aux).backward()
+        want_g = {k: p.grad.clone() for k, p in model.named_parameters()}
+        model.zero_grad()
+        ranges = [range(0), range(1), range(1, 2)]  # the first stage: the embedding only
+        stages = [make_stage(model, s, 3, r) for s, r in enumerate(ranges)]
+        assert all(isinstance(st, MoEStage) for st in stages)
+        x = torch.cat([ids, torch.zeros(pad, dtype=torch.long)])[None]
+        full_pos = torch.cat([pos, torch.arange(pad)])
+        full_cu = torch.cat([cu, torch.tensor([n + pad])]).int()
+        rt = None if replay is None else torch.cat([replay, replay[:pad]])
+        for st in stages:
+            st.carry_aux = True
+            st.set_micro_batches([(full_pos, full_cu, n, rt)])
+            x = st(x)
+            if not st.is_last:
+                assert x.shape == (1, n + pad + 1, 32)  # 17 sums in one extra row
+        got, aux = x[0, :n], stages[-1].pop_aux(0)
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+        torch.testing.assert_close(aux, want_aux, atol=ATOL, rtol=0)
+        (got.logsumexp(-1).mean() + aux).backward()
+        for k, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, want_g[k], atol=ATOL, rtol=0, msg=k)

@@ -96,7 +96,9 @@ def test_archon_hybrid_moe_form_parses_and_round_trips(text):
         ("archon:(attn:d3t2|ffn:e4)", "cannot derive ffn d: the attn world size 6"),
         ("archon:(attn:d2t2e2|ffn:d2e2)", "unknown parallel dimension 'e' in the attn section"),
         ("archon:(attn:d2t2|ffn:c2e2)", "unknown parallel dimension 'c' in the ffn section"),
-        ("archon:(attn:d2t2|ffn:d1t2e2)", "ffn t2: expert tensor parallelism is not supported"),
+        ("archon:(attn:d2t4|ffn:d4t2)", "ffn t2 must equal attn t4"),
+        ("archon:(attn:d4t2|ffn:d2e2t2)", "ffn e2 with ffn t2: the experts are split over all"),
+        ("archon:(attn:d2t2c2|ffn:d2e2t2)", "allowed ffn e: [1]"),
         ("archon:(attn:d1t4|ffn:d2e2)", "ffn e2 must be a multiple of attn c*t = 4"),
         ("fsdp:(attn:d2t2|ffn:d2e2)", "needs the archon engine"),
         ("(attn:d2t2|ffn:d2e2)", "needs the archon engine"),
@@ -110,6 +112,21 @@ def test_archon_hybrid_moe_form_refusals_name_the_part(text, fragment):
     assert fragment in str(info.value) and repr(text) in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "sizes"),
+    [
+        ("archon:(attn:t2|ffn:t2)", (1, 2, 1, 2, 1)),
+        ("archon:(attn:d2t2|ffn:e2t2)", (2, 2, 2, 2, 1)),
+    ],
+)
+def test_archon_hybrid_expert_tensor_parallel_parses_and_round_trips(text, sizes):
+    # ffn t = attn t: each expert's hidden dimension split over the tensor ranks
+    ps = ParallelStrategy.parse_backend(text).parallel
+    got = (ps.dp_size, ps.tp_size, ps.ep_size, ps.etp_size, ps.expert_data_parallel_size)
+    assert got == sizes and ps.hybrid_moe
+    assert ParallelStrategy.parse_backend(f"archon:{ps}").parallel == ps
+
+
 def test_parallel_dims_hybrid_mesh_sizes():
     from areal.models.archon import ArchonParallelDims
 
@@ -119,6 +136,10 @@ def test_parallel_dims_hybrid_mesh_sizes():
     assert dims.efsdp == 1
     with pytest.raises(ValueError, match=r"ep=2 \(hybrid form: ep takes the cp\*tp=4"):
         ArchonParallelDims(dp_shard=2, tp=2, cp=2, ep=2, world_size=8, ep_spans_cp_tp=True)
+    with pytest.raises(ValueError, match=r"etp=2 with ep_spans_cp_tp=True"):
+        ArchonParallelDims(dp_shard=2, tp=2, ep=2, etp=2, world_size=4, ep_spans_cp_tp=True)
+    with pytest.raises(ValueError, match=r"cannot also be FSDP-sharded \(dp_shard/ep\*cp = 2\)"):
+        ArchonParallelDims(dp_shard=4, tp=2, ep=2, etp=2, world_size=8)
 
 
 class _Cfg:
@@ -154,10 +175,17 @@ def test_check_layout_names_dimension_and_allowed_values():
     with pytest.raises(ValueError, match=r"tied embeddings.*allowed p: \[1\]"):
         check_layout(_Cfg(tie=True), pp=2)
     check_layout(_Cfg(), pp=2, tp=2)
-    with pytest.raises(ValueError, match=r"mixture-of-experts.*allowed p: \[1\]"):
-        check_layout(_Cfg(experts=4), pp=2)
-    with pytest.raises(ValueError, match=r"p2 with context parallel c2 is not supported"):
-        check_layout(_Cfg(), pp=2, cp=2)
+    # pipeline stages of a mixture-of-experts model (with expert parallelism too) and
+    # with context parallelism are layouts of their own, no longer refused
+    check_layout(_Cfg(experts=4), pp=2, ep=2)
+    check_layout(_Cfg(), pp=2, cp=2)
+    moe = _Cfg(experts=4)
+    moe.moe_intermediate_size = 6
+    check_layout(moe, tp=2, etp=2)
+    with pytest.raises(
+        ValueError, match=r"ffn t4 does not divide the hidden size 6.*\[1, 2, 3, 6\]"
+    ):
+        check_layout(moe, etp=4)
     with pytest.raises(
         ValueError, match=r"p3 needs at least one decoder layer.*allowed p: \[1, 2\]"
     ):

@@ -120,10 +120,8 @@ def _check_hybrid(backend: str, parallel: ParallelStrategy, context: str) -> Non
         )
     etp, ep = parallel.expert_tensor_parallel_size, parallel.ep_size
     if etp != 1:
-        raise AllocationValidationError(
-            f"{context}: ffn t{etp}: expert tensor parallelism is not supported by the "
-            "archon engine (experts are split over e only); allowed ffn t: [1]"
-        )
+        _check_expert_tp(parallel, context)
+        return
     ct = parallel.cp_size * parallel.tp_size
     per_stage = parallel.world_size // parallel.pp_size
     if ep % ct:
@@ -132,6 +130,27 @@ def _check_hybrid(backend: str, parallel: ParallelStrategy, context: str) -> Non
             f"{context}: ffn e{ep} must be a multiple of attn c*t = {ct} (expert "
             f"parallelism takes the context and tensor ranks of the attention layout); "
             f"allowed ffn e: {allowed}"
+        )
+
+
+def _check_expert_tp(parallel: ParallelStrategy, context: str) -> None:
+    """The hybrid form with ffn ``t`` > 1 (expert tensor parallelism, torchtitan's
+    etp = tp): each expert's hidden dimension split over the attention's tensor ranks,
+    the experts over ``e`` data-parallel ranks (all of them, and no context parallelism:
+    experts split both ways are not FSDP-sharded as well)."""
+    etp, ep, tp = parallel.expert_tensor_parallel_size, parallel.ep_size, parallel.tp_size
+    if etp != tp:
+        raise AllocationValidationError(
+            f"{context}: ffn t{etp} must equal attn t{tp} (expert tensor parallelism "
+            f"splits each expert over the attention's tensor ranks); allowed ffn t: "
+            f"{sorted({1, tp})}"
+        )
+    dp, cp = parallel.dp_size, parallel.cp_size
+    if ep > 1 and (ep != dp or cp > 1):
+        allowed = [1] + ([dp] if cp == 1 and dp > 1 else [])
+        raise AllocationValidationError(
+            f"{context}: ffn e{ep} with ffn t{etp}: the experts are split over all the "
+            f"data-parallel ranks (attn d{dp}, with c1) or not at all; allowed ffn e: {allowed}"
         )
 
 

@@ -16,11 +16,13 @@ def allowed_sizes(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def check_layout(hf_config: Any, *, tp: int = 1, cp: int = 1, ep: int = 1, pp: int = 1) -> None:
+def check_layout(
+    hf_config: Any, *, tp: int = 1, cp: int = 1, ep: int = 1, pp: int = 1, etp: int = 1
+) -> None:
     """ValueError when tp does not divide the attention or KV heads, cp does not divide
-    the heads each tp rank holds, ep > 1 on a dense model, ep not dividing the experts, or
-    pp > 1 with tied embeddings, a mixture-of-experts model, context parallelism or more
-    stages than layers."""
+    the heads each tp rank holds, ep > 1 (or etp > 1) on a dense model, ep not dividing
+    the experts, etp not dividing an expert's hidden size, or pp > 1 with tied embeddings
+    or more stages than layers."""
     heads = int(hf_config.num_attention_heads)
     kv = int(getattr(hf_config, "num_key_value_heads", None) or heads)
     mtype = getattr(hf_config, "model_type", "?")
@@ -51,21 +53,18 @@ def check_layout(hf_config: Any, *, tp: int = 1, cp: int = 1, ep: int = 1, pp: i
             f"expert parallel e{ep} does not divide the {n_experts} experts of this {mtype} "
             f"model; allowed e: {allowed_sizes(n_experts)}"
         )
+    moe_hidden = int(getattr(hf_config, "moe_intermediate_size", 0) or 0)
+    if etp > 1 and (n_experts == 0 or moe_hidden % etp):
+        raise ValueError(
+            f"expert tensor parallel ffn t{etp} does not divide the hidden size "
+            f"{moe_hidden} of the experts of this {mtype} model; allowed ffn t: "
+            f"{allowed_sizes(moe_hidden) if n_experts else [1]}"
+        )
     if pp > 1 and bool(getattr(hf_config, "tie_word_embeddings", False)):
         raise ValueError(
             f"pipeline parallel p{pp}: a model with tied embeddings (tie_word_embeddings="
             "True) cannot be split into pipeline stages (the first and the last stage "
             "would share the weight); allowed p: [1]"
-        )
-    if pp > 1 and n_experts:
-        raise ValueError(
-            f"pipeline parallel p{pp} with a mixture-of-experts model ({mtype}, "
-            f"{n_experts} experts) is not supported by the archon engine; allowed p: [1]"
-        )
-    if pp > 1 and cp > 1:
-        raise ValueError(
-            f"pipeline parallel p{pp} with context parallel c{cp} is not supported by the "
-            "archon engine; allowed: c1 with p > 1, or p1"
         )
     layers = int(getattr(hf_config, "num_hidden_layers", 0) or 0)
     if pp > layers:

@@ -61,5 +61,6 @@ def select_engine(fsdp_path: str, engine_config: Any, alloc_mode: Any) -> str:
                 cp=parallel.cp_size,
                 ep=parallel.ep_size,
                 pp=parallel.pp_size,
+                etp=parallel.etp_size,
             )
     return path

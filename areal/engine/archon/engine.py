@@ -93,7 +93,9 @@ class ArchonEngine(ArchonPipelineMixin, FSDPEngine):
         self.dtype = self._resolve_dtype()
         ps = archon_layout(self.config, dist.get_world_size())
         hf = AutoConfig.from_pretrained(path)
-        check_layout(hf, tp=ps.tp_size, cp=ps.cp_size, ep=ps.ep_size, pp=ps.pp_size)
+        check_layout(
+            hf, tp=ps.tp_size, cp=ps.cp_size, ep=ps.ep_size, pp=ps.pp_size, etp=ps.etp_size
+        )
         ac = self.config.archon
         ac.refuse_unsupported("ArchonEngine", self.config.gradient_checkpointing)
         if self.config.use_lora:
@@ -114,7 +116,7 @@ class ArchonEngine(ArchonPipelineMixin, FSDPEngine):
             etp=ps.etp_size,
             world_size=dist.get_world_size(),
             device_type=self.device.type,
-            ep_spans_cp_tp=ps.hybrid_moe,
+            ep_spans_cp_tp=ps.hybrid_moe and ps.etp_size == 1,
         )
         dims.build_mesh()
         self.parallel_dims = dims
@@ -237,16 +239,7 @@ class ArchonEngine(ArchonPipelineMixin, FSDPEngine):
         cu = mb["cu_seqlens"].long()
         n = ids.shape[0]
         labels = torch.roll(ids, shifts=-1)
-        routed = None
-        if self.config.archon.router_replay:  # [n, n_moe_layers, top_k] from the rollout
-            if "routed_experts" not in mb:
-                raise ValueError(
-                    "archon.router_replay=True needs the batch's 'routed_experts' (ask the "
-                    "inference server for return_routed_experts)"
-                )
-            routed = mb["routed_experts"].long()
-            if routed.ndim == 2:  # SGLang's flat rows: [n, n_moe_layers * top_k]
-                routed = routed.reshape(n, -1, self._top_k)
+        routed = self._routed_experts(mb)
         cp = dims.cp
         if cp > 1:
             pad = (-n) % cp
@@ -286,6 +279,21 @@ class ArchonEngine(ArchonPipelineMixin, FSDPEngine):
         is_first[cu[:-1]] = True
         shifted = torch.where(is_first[:, None], torch.zeros_like(shifted), shifted)
         return shifted[:, 0], shifted[:, 1].detach()
+
+    def _routed_experts(self, mb: dict[str, Any]) -> torch.Tensor | None:
+        """With ``archon.router_replay``: the micro-batch's ``[n, n_moe_layers, top_k]``
+        expert ids from the rollout (None without replay)."""
+        if not self.config.archon.router_replay:
+            return None
+        if "routed_experts" not in mb:
+            raise ValueError(
+                "archon.router_replay=True needs the batch's 'routed_experts' (ask the "
+                "inference server for return_routed_experts)"
+            )
+        routed = mb["routed_experts"].long()
+        if routed.ndim == 2:  # SGLang's flat rows: [n, n_moe_layers * top_k]
+            routed = routed.reshape(routed.shape[0], -1, self._top_k)
+        return routed
 
     def train_batch(self, input_, loss_fn, loss_weight_fn) -> dict[str, float]:
         """``FSDPEngine.train_batch``; an MoE model whose HF config sets

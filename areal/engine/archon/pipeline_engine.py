@@ -18,6 +18,14 @@ dp``). The reported loss is summed over the ``pp`` group, the gradient norm for 
 over ``pp`` too. Forward-only passes (``forward_batch``, ``eval_batch``) send the
 activations stage to stage and broadcast the last stage's per-token output to every
 pipeline rank.
+
+Mixture-of-experts models: the stages are ``MoEStage``s (routing replay of their own
+layers; with ``output_router_logits`` the load-balancing loss's sums travel with the
+activations and the last stage adds ``router_aux_loss_coef`` x the loss of the whole
+model to each micro-batch's loss). Context parallelism (``c`` > 1): the padded length is
+a multiple of ``cp``, each cp rank runs its consecutive part of every micro-batch
+through its stages (stage ``s``'s cp rank ``r`` sends to stage ``s + 1``'s cp rank
+``r``) and the last stage gathers the per-token logprobs over ``cp`` before the loss.
 """
 
 from __future__ import annotations
@@ -36,7 +44,8 @@ from torch import nn
 from areal.api.io_struct import ParamSpec
 from areal.engine.fsdp.checkpoint import write_safetensors
 from areal.engine.fsdp.weight_export import bucket_param_specs
-from areal.models.archon.pipeline import DenseStage, build_schedule, plan_stages
+from areal.models.archon.pipeline import DenseStage, build_schedule, make_stage, plan_stages
+from areal.models.archon.ulysses import gather_seq
 from areal.utils import logging
 from areal.utils.dist import broadcast_tensor
 
@@ -77,14 +86,10 @@ class ArchonPipelineMixin:
 
     _pp_stages: list[DenseStage] | None = None
     _pp_n_stages: int = 1
+    _aux_coef: float = 0.0  # ArchonEngine: the load-balancing loss's coefficient
 
     # ------------------------------------------------------------------ build
     def _build_pipeline(self, model: nn.Module, spec, dims, args, **parallel_kw) -> nn.Module:
-        if args.n_experts:
-            raise ValueError(
-                f"pipeline parallel p{dims.pp} with a mixture-of-experts model is not "
-                "supported by the archon engine; allowed p: [1]"
-            )
         ac = self.config.archon
         ranges = plan_stages(
             args.n_layers,
@@ -96,20 +101,13 @@ class ArchonPipelineMixin:
         )
         self._pp_n_stages = n = len(ranges)
         rank = dims.get_mesh("pp").get_local_rank()
-        stages = [DenseStage(model, s, n, ranges[s]) for s in range(rank, n, dims.pp)]
+        stages = [make_stage(model, s, n, ranges[s]) for s in range(rank, n, dims.pp)]
         for st in stages:
             spec.parallelize_fn(st, dims, **parallel_kw)
         self._pp_stages = stages
         parts = PipelineParts(stages)
         self._pp_gather_specs(parts)
         return parts
-
-    # ------------------------------------------------------------------ not yet with stages
-    def _pp_refuse(self, what: str, instead: str) -> None:
-        if getattr(self, "_pp_stages", None) is not None:
-            raise NotImplementedError(
-                f"ArchonEngine with pipeline stages (p > 1): {what} is not supported yet; {instead}"
-            )
 
     # ------------------------------------------------------------------ xccl push
     def _pp_gather_specs(self, parts: PipelineParts) -> None:
@@ -250,43 +248,88 @@ class ArchonPipelineMixin:
     def _pp_out_dim(self) -> int:
         return 1 if self.is_critic else int(self.model_config.vocab_size)
 
-    def _pp_head(self, out: torch.Tensor, mb: dict[str, Any]):
-        """Last stage's ``[n, out_dim]`` -> (logprobs, entropy) or (values, None), as
-        ``ArchonEngine._forward_packed`` (row ``i`` scores token ``i``)."""
-        if self.is_critic:
-            return out[:, 0].float(), None
+    def _pp_cp_slice(self, length: int) -> slice:
+        """This context-parallel rank's consecutive part of a ``length``-token stream."""
+        dims = self._dims()
+        part = length // dims.cp
+        r = dims.get_mesh("cp").get_local_rank()
+        return slice(r * part, (r + 1) * part)
+
+    def _pp_head(self, out: torch.Tensor, mb: dict[str, Any], labels: torch.Tensor):
+        """Last stage's ``[rows, out_dim]`` (this cp rank's rows of the padded stream,
+        ``labels`` their next tokens) -> (logprobs, entropy) or (values, None) of the
+        micro-batch's ``n`` tokens, as ``ArchonEngine._forward_packed`` (row ``i`` scores
+        token ``i``; gathered over ``cp``, differentiably)."""
+        dims = self._dims()
+        group = dims.get_group("cp") if dims.cp > 1 else None
         ids, cu = mb["input_ids"], mb["cu_seqlens"].long()
+        n = ids.shape[0]
+        if self.is_critic:
+            vals = out[:, 0].float()
+            return (vals if group is None else gather_seq(vals, group))[:n], None
         logp = torch.log_softmax(out.float() / self.temperature, dim=-1)
-        lp = logp.gather(-1, torch.roll(ids, shifts=-1)[:, None])[:, 0]
+        lp = logp.gather(-1, labels[:, None])[:, 0]
         with torch.no_grad():
             ent = -(logp.exp() * logp).sum(-1)
-        pred = torch.roll(torch.stack([lp, ent], dim=-1), shifts=1, dims=0)
-        is_first = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        if group is not None:
+            lp, ent = gather_seq(lp, group), gather_seq(ent, group)
+        pred = torch.roll(torch.stack([lp[:n], ent[:n]], dim=-1), shifts=1, dims=0)
+        is_first = torch.zeros(n, dtype=torch.bool, device=ids.device)
         is_first[cu[:-1]] = True
         pred = torch.where(is_first[:, None], torch.zeros_like(pred), pred)
         return pred[:, 0], pred[:, 1].detach()
+
+    def _pp_pad_meta(self, mb: dict[str, Any] | None, length: int):
+        """(tokens [length], labels [length], (positions, cu_seqlens, n_real, routed)) of a
+        micro-batch padded to ``length`` (the padding is a sequence of its own; None: a
+        padding micro-batch), positions, labels and routing cut to this cp rank's part."""
+        dev, sl = self.device, self._pp_cp_slice(length)
+        tokens = torch.zeros(length, dtype=torch.long, device=dev)
+        labels = torch.zeros_like(tokens)
+        routed = self._routed_experts(mb) if mb is not None else None
+        if mb is None:
+            pos = torch.arange(length, device=dev)
+            cu = torch.tensor([0, length], dtype=torch.int32, device=dev)
+            k = 0
+        else:
+            ids, pos, cu = mb["input_ids"], mb["position_ids"], mb["cu_seqlens"].int()
+            k = ids.shape[0]
+            tokens[:k], labels[:k] = ids, torch.roll(ids, shifts=-1)
+            if k < length:
+                pos = torch.cat([pos, torch.arange(length - k, device=dev, dtype=pos.dtype)])
+                cu = F.pad(cu, (0, 1), value=length)
+        if routed is not None and k < length:  # padding tokens: experts 0..top_k-1
+            fill = torch.arange(routed.shape[-1], device=dev).expand(
+                length - k, routed.shape[1], -1
+            )
+            routed = torch.cat([routed, fill.to(routed.dtype)])
+        n_real = max(0, min(sl.stop, k) - sl.start) if mb is not None else sl.stop - sl.start
+        routed = routed[sl] if routed is not None else None
+        return tokens, labels[sl], (pos[sl], cu, n_real, routed)
 
     # ------------------------------------------------------------------ forward only
     def _pp_forward_packed(self, mb: dict[str, Any]):
         """One packed micro-batch through every stage in order (no schedule: forward
         only); the result is broadcast from the last stage to the whole ``pp`` group."""
-        ids, pos, cu = mb["input_ids"], mb["position_ids"], mb["cu_seqlens"].int()
-        n, last = ids.shape[0], self._pp_n_stages - 1
+        n, last = mb["input_ids"].shape[0], self._pp_n_stages - 1
+        length = -(-n // self._dims().cp) * self._dims().cp
+        tokens, labels, meta = self._pp_pad_meta(mb, length)
+        rows = labels.shape[0]
         group = self._pp_group()
         h = None
         for s in range(self._pp_n_stages):
             if not self._pp_owns(s):
                 continue
             if s == 0:
-                x = ids[None]
+                x = tokens[self._pp_cp_slice(length)][None]
             elif self._pp_owns(s - 1):
                 x = h
             else:
-                x = torch.empty(1, n, self.model_config.hidden_size, dtype=self.dtype)
+                x = torch.empty(1, rows, self.model_config.hidden_size, dtype=self.dtype)
                 x = x.to(self.device)
                 dist.recv(x, src=self._pp_global(s - 1), group=group)
             st = self._pp_stage(s)
-            st.set_micro_batches([(pos, cu)])
+            st.set_micro_batches([meta])
             h = st(x)
             st.set_micro_batches(None)
             if s < last and not self._pp_owns(s + 1):
@@ -294,7 +337,7 @@ class ArchonPipelineMixin:
         width = 1 if self.is_critic else 2
         res = torch.empty(n, width, dtype=torch.float32, device=self.device)
         if self._pp_owns(last):
-            a, b = self._pp_head(h[0], mb)
+            a, b = self._pp_head(h[0], mb, labels)
             res = a[:, None] if b is None else torch.stack([a, b], dim=-1)
             res = res.contiguous()
         dist.broadcast(res, src=self._pp_global(last), group=group)
@@ -304,6 +347,10 @@ class ArchonPipelineMixin:
     def _pp_train_batch(
         self, input_: dict[str, Any], loss_fn: Callable[..., torch.Tensor], loss_weight_fn
     ) -> dict[str, float]:
+        """One step through a pipeline schedule (module docstring); a mixture-of-experts
+        model whose HF config sets ``output_router_logits`` adds ``router_aux_loss_coef``
+        x the micro-batch's load-balancing loss (every stage's MoE layers: the sums
+        travel with the activations, :class:`~areal.models.archon.pipeline.MoEStage`)."""
         model = self._require_model()
         if self.optimizer is None:
             raise RuntimeError("train_batch needs config.optimizer (this engine has none)")
@@ -314,35 +361,30 @@ class ArchonPipelineMixin:
         n_real = len(mbs)
         n_mb = -(-n_real // dims.pp) * dims.pp  # a multiple of pp (padding micro-batches)
         length = max(int(mb["input_ids"].shape[0]) for mb in mbs)
-        dev = self.device
-        tokens = torch.zeros(n_mb, length, dtype=torch.long, device=dev)
-        meta = []
-        for i in range(n_mb):
-            if i < n_real:
-                ids, pos = mbs[i]["input_ids"], mbs[i]["position_ids"]
-                cu = mbs[i]["cu_seqlens"].int()
-                k = ids.shape[0]
-                tokens[i, :k] = ids
-                if k < length:  # the padding is a sequence of its own
-                    pos = torch.cat([pos, torch.arange(length - k, device=dev, dtype=pos.dtype)])
-                    cu = F.pad(cu, (0, 1), value=length)
-            else:
-                pos = torch.arange(length, device=dev)
-                cu = torch.tensor([0, length], dtype=torch.int32, device=dev)
-            meta.append((pos, cu))
+        length = -(-length // dims.cp) * dims.cp  # each cp rank an equal part
+        padded = [self._pp_pad_meta(mbs[i] if i < n_real else None, length) for i in range(n_mb)]
+        tokens = torch.stack([t for t, _, _ in padded])[:, self._pp_cp_slice(length)]
+        coef = self._aux_coef
         for st in self._pp_stages:
-            st.set_micro_batches(meta)
+            st.set_micro_batches([m for *_, m in padded])
+            if hasattr(st, "carry_aux"):
+                st.carry_aux = coef > 0
+        n_st = self._pp_n_stages
+        last = self._pp_stage(n_st - 1) if self._pp_owns(n_st - 1) else None
         acc = [torch.zeros((), dtype=torch.float64, device=self._reduce_device())]
 
         def pp_loss(out: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
             i = int(idx.reshape(-1)[0])
+            aux = last.pop_aux(i) if coef > 0 else None
             if i >= n_real:  # a padding micro-batch: no loss, no gradient
-                return out.sum() * 0.0
+                return (out.sum() + (0.0 if aux is None else aux)) * 0.0
             mb = mbs[i]
-            o, e = self._pp_head(out[0, : mb["input_ids"].shape[0]], mb)
+            o, e = self._pp_head(out[0], mb, padded[i][1])
             loss = loss_fn(o, e, mb)
             if not torch.is_tensor(loss) or loss.dim() != 0:
                 raise ValueError(f"loss_fn must return a scalar tensor, got {loss!r:.80}")
+            if aux is not None:
+                loss = loss + coef * aux
             w = float(weights[i] / total)
             acc[0] = acc[0] + loss.detach().double() * w
             return loss * (w * dp)
@@ -356,16 +398,18 @@ class ArchonPipelineMixin:
             pp_loss,
             schedule,
             scale_grads=False,
-            shapes=(length, self._pp_out_dim()),
+            shapes=(length // dims.cp, self._pp_out_dim()),
             act_dtype=self.dtype,
         )
         self.optimizer_zero_grad()
-        target = torch.arange(n_mb, device=dev).reshape(n_mb, 1)
+        target = torch.arange(n_mb, device=self.device).reshape(n_mb, 1)
         try:
             sched.step(tokens, target=target)
         finally:
             for st in self._pp_stages:
                 st.set_micro_batches(None)
+                if hasattr(st, "carry_aux"):
+                    st.carry_aux = False
         stats = self.optimizer_step()
         loss_t = acc[0].reshape(1)
         dist.all_reduce(loss_t, group=self._pp_group())

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["DispatchState", "all_to_all", "combine", "dispatch", "grad_scale"]
+__all__ = [
+    "DispatchState",
+    "all_to_all",
+    "combine",
+    "dispatch",
+    "grad_scale",
+    "reduce_partial",
+]
 
 
 class _AllToAll(torch.autograd.Function):
@@ -55,6 +62,25 @@ def grad_scale(x: torch.Tensor, scale: float) -> torch.Tensor:
     """Identity forward; the gradient times ``scale`` (an expert's gradient sums the
     contributions of every ep rank, a dense one averages them: experts take ``1 / ep``)."""
     return _GradScale.apply(x, scale)
+
+
+class _ReducePartial(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        out = x.contiguous().clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def reduce_partial(x: torch.Tensor, group) -> torch.Tensor:
+    """Sum of the partial results of ``group``'s ranks (expert tensor parallelism: each
+    holds a slice of every expert's hidden dimension); the gradient passes unchanged
+    (every rank's loss is the same, its gradient already the whole)."""
+    return _ReducePartial.apply(x, group)
 
 
 @dataclass

@@ -3,6 +3,11 @@ the MoE feed-forward that joins them (with expert-parallel token dispatch when t
 parallelize function gives it an ``ep`` group), a decoder block with an MoE feed-forward,
 and the load-balancing auxiliary loss (Switch Transformer's, as transformers computes it).
 
+Expert tensor parallelism (``etp_group``, etp = tp): each tensor rank holds a slice of
+every (local) expert's hidden dimension; the routed tokens, the same on every tensor
+rank, enter with their gradient summed over ``etp_group`` and the partial expert outputs
+are summed over it.
+
 Routing replay: ``MoE.replay`` (``[tokens, top_k]`` expert ids, set by the model from its
 ``routed_experts`` argument) replaces the router's top-k choice; the weights are still the
 router's softmax probabilities at those experts (renormalised when ``norm_topk_prob``),
@@ -17,8 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from areal.models.archon.expert_parallel import combine, dispatch, grad_scale
+from areal.models.archon.expert_parallel import combine, dispatch, grad_scale, reduce_partial
 from areal.models.archon.layers import DecoderBlock
+from areal.models.archon.ulysses import grad_all_reduce
 
 __all__ = ["GroupedExperts", "MoE", "MoEDecoderBlock", "TopKRouter", "load_balancing_loss"]
 
@@ -90,6 +96,7 @@ class MoE(nn.Module):
         self.n_experts = n_experts
         self.top_k = top_k
         self.ep_group: dist.ProcessGroup | None = None  # set by the parallelize function
+        self.etp_group: dist.ProcessGroup | None = None  # expert tensor parallel (etp > 1)
         self.replay: torch.Tensor | None = None
         self.last_logits: torch.Tensor | None = None
         self.last_indices: torch.Tensor | None = None
@@ -102,11 +109,15 @@ class MoE(nn.Module):
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.n_experts)
         x_sorted = x[order // k]
+        if self.etp_group is not None:  # each tensor rank: a slice of the hidden dimension
+            x_sorted = grad_all_reduce(x_sorted, self.etp_group)
         if self.ep_group is None:
             y_sorted = self.experts(x_sorted, counts.tolist())
         else:
             grouped, local_counts, state = dispatch(x_sorted, counts, self.ep_group)
             y_sorted = combine(self.experts(grouped, local_counts), state, self.ep_group)
+        if self.etp_group is not None:
+            y_sorted = reduce_partial(y_sorted, self.etp_group)
         y_sorted = y_sorted * weights.reshape(-1)[order, None]
         out = torch.zeros_like(x)
         return out.index_add(0, order // k, y_sorted.to(x.dtype))

@@ -3,7 +3,8 @@
 
 Dimensions (AReaL's names): ``dp_shard`` (FSDP data-parallel shard), ``cp`` (context,
 Ulysses sequence parallel), ``tp`` (tensor), ``pp`` (pipeline), ``ep`` (expert), ``etp``
-(expert tensor, 1 or ``tp``); ``dp_replicate`` (HSDP) must be 1. The mesh is
+(expert tensor, 1 or ``tp``: with ``tp`` each expert's hidden dimension is split over
+the tensor ranks, and ``ep`` comes from ``dp_shard``); ``dp_replicate`` (HSDP) must be 1. The mesh is
 ``(pp, dp_shard, cp, tp)`` with the flattened ``dp_shard_cp`` dimension that FSDP shards
 over (context-parallel ranks hold different tokens of the same sequences, so their
 gradients are reduced like data-parallel ones). With expert parallelism ``dp_shard`` is
@@ -75,6 +76,18 @@ class ArchonParallelDims:
             )
         if self.etp not in (1, self.tp):
             raise ValueError(f"ArchonParallelDims.etp={self.etp}; allowed: 1 or tp={self.tp}")
+        if self.etp > 1 and self.ep_spans_cp_tp:
+            raise ValueError(
+                f"ArchonParallelDims.etp={self.etp} with ep_spans_cp_tp=True: the tensor "
+                "ranks cannot both split the experts (ep) and each expert (etp); allowed: "
+                "etp=1, or ep_spans_cp_tp=False"
+            )
+        if self.etp > 1 and self.ep > 1 and self.dp_shard // self.ep * self.cp > 1:
+            raise ValueError(
+                f"ArchonParallelDims.etp={self.etp} with ep={self.ep}: experts split over "
+                f"ep and tp cannot also be FSDP-sharded (dp_shard/ep*cp = "
+                f"{self.dp_shard // self.ep * self.cp}); allowed: ep = dp_shard with cp=1, or ep=1"
+            )
         if self.ep_spans_cp_tp:
             ct, ranks = self.cp * self.tp, self.dp_shard * self.cp * self.tp
             if self.ep % ct or ranks % self.ep:

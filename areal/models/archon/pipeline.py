@@ -10,12 +10,23 @@ sequence boundaries of each micro-batch are not sent between stages, every stage
 them from :attr:`DenseStage.mb_meta` (the engine gives every pipeline rank the same
 micro-batches).
 
+Mixture-of-experts models (:class:`MoEStage`): each stage replays the routing of its own
+MoE layers (the micro-batch's ``routed_experts`` slice of each layer) and, when the
+load-balancing loss is trained, carries its running sums (expert assignment counts,
+router probability sums, routed rows over the real tokens of the micro-batch) to the
+next stage in ``ceil((2E + 1) / dim)`` extra rows of the activation; the last stage
+turns them into the loss of the whole model (:func:`areal.models.archon.moe.
+load_balancing_loss`, the same sums in the same layer order) and keeps it for the
+micro-batch's loss (:meth:`MoEStage.pop_aux`). The router-probability sums are sent
+with their gradients, so every stage's routers get the aux loss's gradient.
+
 The engine side (schedules per step, loss, forward-only passes) is
 ``areal.engine.archon.pipeline_engine``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -23,6 +34,7 @@ from torch import nn
 
 from areal.models.archon.base import DenseTransformer
 from areal.models.archon.layers import rope_cos_sin
+from areal.models.archon.moe import MoE
 
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
 
@@ -128,31 +140,118 @@ class DenseStage(nn.Module):
         self.layers = nn.ModuleDict({str(i): model.layers[str(i)] for i in owned})
         self.norm = model.norm if self.is_last else None
         self.output = model.output if self.is_last else None
-        # packed micro-batches: (positions [L], cu_seqlens) of micro-batch i, read in
-        # forward order (every schedule runs a stage's forwards in micro-batch order)
-        self.mb_meta: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        # packed micro-batches: (positions [L], cu_seqlens[, ...]) of micro-batch i, read
+        # in forward order (every schedule runs a stage's forwards in micro-batch order)
+        self.mb_meta: list[tuple] | None = None
         self._calls = 0
 
-    def set_micro_batches(self, meta: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
+    def set_micro_batches(self, meta: list[tuple] | None) -> None:
         """The (positions, cu_seqlens) of the next ``len(meta)`` forwards (None: one
-        sequence per micro-batch)."""
+        sequence per micro-batch); :class:`MoEStage` reads two more entries."""
         self.mb_meta, self._calls = meta, 0
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(x[0]) if self.is_first else x[0]
-        n = h.shape[0]
+    def act_rows(self, length: int) -> int:
+        """Rows of the activation this stage sends for an ``length``-token micro-batch."""
+        return length
+
+    def _next_meta(self, n: int, device) -> tuple[int, tuple]:
+        """(micro-batch index, its meta) of this forward."""
         if self.mb_meta:
-            positions, cu = self.mb_meta[self._calls % len(self.mb_meta)]
+            i = self._calls % len(self.mb_meta)
             self._calls += 1
-        else:
-            positions = torch.arange(n, device=h.device)
-            cu = torch.tensor([0, n], dtype=torch.int32, device=h.device)
+            return i, self.mb_meta[i]
+        cu = torch.tensor([0, n], dtype=torch.int32, device=device)
+        return 0, (torch.arange(n, device=device), cu)
+
+    def _blocks(self, h: torch.Tensor, meta: tuple) -> torch.Tensor:
+        positions, cu = meta[0], meta[1]
         cos, sin = rope_cos_sin(positions, self.args.head_dim, self.args.rope_theta, h.dtype)
         for block in self.layers.values():
             h = block(h, cos, sin, cu)
+        return h
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(x[0]) if self.is_first else x[0]
+        _, meta = self._next_meta(h.shape[0], h.device)
+        h = self._blocks(h, meta)
         if self.is_last:
             h = self.output(self.norm(h))
         return h[None].clone()  # not a view: FSDP's pre-backward hook sits on the output
+
+
+class MoEStage(DenseStage):
+    """A stage of a mixture-of-experts model (module docstring): routing replay of its MoE
+    layers and, with ``carry_aux``, the load-balancing loss's running sums.
+
+    Meta of a micro-batch: ``(positions, cu_seqlens, n_real, routed)``: ``n_real`` the
+    tokens the aux loss counts (the rest is padding), ``routed`` ``[L, n_moe_layers,
+    top_k]`` expert ids to replay, or None."""
+
+    def __init__(self, model: DenseTransformer, stage: int, pp: int, layers: range | None = None):
+        super().__init__(model, stage, pp, layers)
+        sparse = [i for i in range(self.args.n_layers) if self.args.is_sparse(i)]
+        # (global MoE-layer index, module) of this stage's MoE layers, in layer order
+        self.moes: list[tuple[int, MoE]] = [
+            (sparse.index(int(k)), m)
+            for k, block in self.layers.items()
+            for m in block.modules()
+            if isinstance(m, MoE)
+        ]
+        self.n_sums = 2 * self.args.n_experts + 1  # counts [E], probability sums [E], rows
+        self.carry_aux = False
+        self._aux: dict[int, torch.Tensor] = {}
+
+    def act_rows(self, length: int) -> int:
+        return length + (math.ceil(self.n_sums / self.args.dim) if self.carry_aux else 0)
+
+    def pop_aux(self, i: int) -> torch.Tensor:
+        """The last stage's load-balancing loss of micro-batch ``i`` (unscaled)."""
+        return self._aux.pop(i)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e = self.args.n_experts
+        if self.is_first:
+            h = self.tok_embeddings(x[0])
+            sums = h.new_zeros(self.n_sums, dtype=torch.float32)
+        elif self.carry_aux:
+            length = x.shape[1] - self.act_rows(0)
+            h, sums = x[0, :length], x[0, length:].reshape(-1)[: self.n_sums].float()
+        else:
+            h = x[0]
+        i, meta = self._next_meta(h.shape[0], h.device)
+        routed = meta[3] if len(meta) > 3 else None
+        n_real = meta[2] if len(meta) > 2 else h.shape[0]
+        for j, m in self.moes:
+            m.replay = None if routed is None else routed[:, j]
+        try:
+            h = self._blocks(h, meta)
+        finally:
+            for _, m in self.moes:
+                m.replay = None
+        if self.carry_aux:
+            for _, m in self.moes:  # as load_balancing_loss: layer by layer
+                p = torch.softmax(m.last_logits[:n_real].float(), dim=-1)
+                _, sel = torch.topk(p, m.top_k, dim=-1)
+                counts = torch.bincount(sel.reshape(-1), minlength=e).float()
+                rows = torch.full((1,), float(p.shape[0]), device=p.device)
+                sums = sums + torch.cat([counts, p.sum(0), rows])
+        if self.is_last:
+            h = self.output(self.norm(h))
+            if self.carry_aux:
+                tokens, probs, rows = sums[:e].detach(), sums[e:-1], sums[-1].detach()
+                self._aux[i] = (tokens / rows * probs / rows).sum() * e
+            return h[None].clone()
+        if self.carry_aux:
+            pad = self.act_rows(0) * self.args.dim - self.n_sums
+            extra = torch.nn.functional.pad(sums, (0, pad)).to(h.dtype).view(-1, self.args.dim)
+            return torch.cat([h, extra])[None]
+        return h[None].clone()
+
+
+def make_stage(model: DenseTransformer, stage: int, pp: int, layers: range | None = None):
+    """:class:`MoEStage` for a mixture-of-experts model, :class:`DenseStage` otherwise."""
+    cls = MoEStage if model.args.n_experts else DenseStage
+    return cls(model, stage, pp, layers)
 
 
 def build_schedule(
@@ -201,12 +300,13 @@ def _stage(pl, m: DenseStage, device, group, shapes, act_dtype):
     length, out_dim = shapes
     dim = m.args.dim
     dt = act_dtype or next(m.parameters()).dtype
+    rows = m.act_rows(length)
     if m.is_first:
         inp = torch.zeros(1, length, dtype=torch.long, device=device)
     else:
         # activations take gradients (the static shapes carry requires_grad: without it
         # no gradient is sent back between stages)
-        inp = torch.zeros(1, length, dim, dtype=dt, device=device, requires_grad=True)
-    shape = (1, length, out_dim if m.is_last else dim)
+        inp = torch.zeros(1, rows, dim, dtype=dt, device=device, requires_grad=True)
+    shape = (1, length, out_dim) if m.is_last else (1, rows, dim)
     out = torch.zeros(shape, dtype=dt, device=device, requires_grad=True)
     return pl.PipelineStage(m, m.stage, m.pp, device, inp, out, group=group)

@@ -1,7 +1,8 @@
 """``parallelize_qwen3_moe``, in order: tensor parallel of attention (qwen2's plan; the
-dense SwiGLU of mlp_only layers too; routers and experts stay replicated over ``tp``),
-context parallel (Ulysses), expert parallel (experts sharded over ``ep``, tokens
-dispatched with all_to_all), activation checkpointing, FSDP2 (experts sharded over the
+dense SwiGLU of mlp_only layers too; routers stay replicated over ``tp``, and so do the
+experts unless etp = tp), context parallel (Ulysses), expert parallel (experts sharded
+over ``ep``, tokens dispatched with all_to_all; with etp > 1 each expert's hidden
+dimension over ``tp`` too), activation checkpointing, FSDP2 (experts sharded over the
 data-parallel ranks left once ``ep`` is taken, ``efsdp``; the rest over ``dp_shard_cp``).
 """
 
@@ -32,18 +33,33 @@ def _apply_tp(model: nn.Module, dims: ArchonParallelDims) -> None:
 
 
 def apply_ep(model: nn.Module, dims: ArchonParallelDims) -> None:
-    """Each expert tensor becomes a DTensor sharded on dim 0 over ``ep``; the MoE modules
-    get the ``ep`` group (token dispatch) and the experts a gradient scale of 1/ep."""
-    mesh = dims.get_mesh("ep")
+    """Each expert tensor becomes a DTensor sharded on dim 0 (experts) over ``ep`` and, with
+    expert tensor parallelism (etp = tp), on its hidden dimension over ``tp`` (``w1``/``w3``
+    dim 1, ``w2`` dim 2: a tensor rank computes a slice of each expert's SwiGLU and the
+    partial outputs are summed); the MoE modules get the ``ep`` group (token dispatch)
+    and the ``tp`` group, the experts a gradient scale of 1/ep."""
+    hidden_dim = {"w1": 1, "w2": 2, "w3": 1}
+    if dims.ep_enabled and dims.etp_enabled:
+        mesh = dims.world_mesh["ep", "tp"]
+        place = {w: [Shard(0), Shard(d)] for w, d in hidden_dim.items()}
+    elif dims.ep_enabled:
+        mesh = dims.get_mesh("ep")
+        place = {w: [Shard(0)] for w in hidden_dim}
+    else:
+        mesh = dims.get_mesh("tp")
+        place = {w: [Shard(d)] for w, d in hidden_dim.items()}
     for block in model.layers.values():
         if block.moe is None:
             continue
         experts = block.moe.experts
         for name in ("w1", "w2", "w3"):
             full = getattr(experts, name).detach()
-            setattr(experts, name, nn.Parameter(distribute_tensor(full, mesh, [Shard(0)])))
-        experts.grad_scale = 1.0 / dims.ep
-        block.moe.ep_group = mesh.get_group()
+            setattr(experts, name, nn.Parameter(distribute_tensor(full, mesh, place[name])))
+        if dims.ep_enabled:
+            experts.grad_scale = 1.0 / dims.ep
+            block.moe.ep_group = dims.get_group("ep")
+        if dims.etp_enabled:
+            block.moe.etp_group = dims.get_group("tp")
 
 
 def _apply_fsdp(model, dims, *, param_dtype, reduce_dtype, reshard_after_forward) -> None:
@@ -83,7 +99,7 @@ def parallelize_qwen3_moe(
         _apply_tp(model, dims)
     if dims.cp_enabled:
         apply_cp(model, dims)
-    if dims.ep_enabled:
+    if dims.ep_enabled or dims.etp_enabled:
         apply_ep(model, dims)
     if ac_every > 0:
         apply_ac(model, ac_every, ac_preserve_rng_state)
