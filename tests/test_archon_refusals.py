@@ -285,6 +285,14 @@ def test_archon_activation_checkpointing_modes():
             gradient_checkpointing=True,
             archon=ArchonEngineConfig(ac_mode="memory_budget"),
         )
+    # a recomputed block would route by its own top-k, not the replayed experts
+    with pytest.raises(ValueError, match="router_replay=True with gradient_checkpointing"):
+        TrainEngineConfig(
+            backend="archon:d1",
+            gradient_checkpointing=True,
+            archon=ArchonEngineConfig(ac_mode="full", router_replay=True),
+        )
+    TrainEngineConfig(backend="archon:d1", archon=ArchonEngineConfig(router_replay=True))
 
 
 def test_experiment_allocation_archon_checks_every_model():

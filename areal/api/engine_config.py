@@ -341,6 +341,14 @@ class ArchonEngineConfig:
             out.append(
                 "archon.ac_debug=True: activation-checkpointing debug capture is not supported; use False"
             )
+        if gradient_checkpointing and self.ac_mode != "none" and self.router_replay:
+            # a block recomputed in backward would route by the router's own top-k (the
+            # replayed ids are cleared after the forward): wrong gradients, so refused
+            out.append(
+                "archon.router_replay=True with gradient_checkpointing=True: the recomputed "
+                "blocks would not replay the routing; allowed: one of them, or "
+                "archon.ac_mode='none'"
+            )
         if gradient_checkpointing and self.ac_mode == "memory_budget":
             out.append(
                 "archon.ac_mode='memory_budget' needs torch.compile, which is not supported; "
