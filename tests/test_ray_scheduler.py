@@ -214,6 +214,55 @@ def test_nodelist_unknown_node_or_exclude_refused_naming_field_and_nodes(ray_sch
     assert "nowhere" not in ray_sched._roles and "excl" not in ray_sched._roles
 
 
+def test_server_given_up_or_dead_restart_worker_serves_again_old_actor_gone(ray_sched):
+    """kill_worker / dead_workers / restart_worker (the watchdog's API) on one node: the
+    lost node is the only one, so the restart lands there again, as a new actor."""
+    import requests
+
+    spec = SchedulingSpec(cpu=0, mem=1, port_count=1, cmd=f"{sys.executable} -m http.server {{port}} --bind {{host}}")  # fmt: skip
+    ray_sched.create_workers(Job(replicas=2, role="srv", tasks=[spec], health_path="/"))
+    old = [w.address for w in ray_sched.get_workers("srv")]
+    assert ray_sched.dead_workers("srv") == []
+    with pytest.raises(ValueError, match="is alive"):
+        ray_sched.restart_worker("srv/1")
+    with pytest.raises(ValueError, match="RPC worker"):
+        ray_sched.kill_worker("actor/0")
+    # a silent server given up: its actor is killed, the worker reported dead at once
+    ray_sched.kill_worker("srv/1")
+    assert ray_sched.dead_workers("srv") == ["srv/1"]
+    w1 = ray_sched.restart_worker("srv/1", timeout=60)
+    assert requests.get(f"http://{w1.address}/", timeout=5).status_code == 200
+    assert ray_sched.dead_workers("srv") == []
+    assert ray_sched.name_resolve.get(ray_sched._key("srv", 1)) == w1.address
+    # an actor that dies on its own (as on a lost node): reported dead, restarted
+    ray.kill(ray_sched.actor_handle("srv/0"), no_restart=True)
+    deadline = time.monotonic() + 60
+    while ray_sched.dead_workers("srv") != ["srv/0"]:
+        assert time.monotonic() < deadline, "the killed actor was never reported dead"
+        time.sleep(0.1)
+    assert f"Ray node {ray.util.get_node_ip_address()} (alive" in ray_sched.worker_exit_info(
+        "srv/0"
+    )
+    w0 = ray_sched.restart_worker("srv/0", timeout=60)
+    assert [w.address for w in ray_sched.get_workers("srv")] == [w0.address, w1.address]
+    assert requests.get(f"http://{w0.address}/", timeout=5).status_code == 200
+
+    def gone(addr: str) -> bool:  # ray.kill is asynchronous: poll
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                requests.get(f"http://{addr}/", timeout=2)
+            except requests.ConnectionError:
+                return True
+            time.sleep(0.2)
+        return False
+
+    # the old servers died with their actors (unless a new one took the same port)
+    assert all(gone(a) for a in old if a not in (w0.address, w1.address))
+    ray_sched.delete_workers("srv")
+    assert gone(w0.address) and gone(w1.address)
+
+
 def test_close_kills_actors_and_local_ray_no_processes_left(ray_sched):
     ours = _ray_descendants()
     assert ours, "expected the local Ray's processes to be children of the test process"

@@ -6,13 +6,22 @@ a shared auth token. The controller runs on node A (a driver connecting to the h
 the training worker is pinned to A and one inference server to each of B and C
 (``scheduling_spec.0.nodelist`` with node IPs), so every request and every xccl weight
 update crosses the bridge. 20 steps; held-out accuracy must rise as in the one-node demo.
+
+Then node faults under Ray (after the demo: it kills node C for the rest of the module):
+every process of node C (its raylet, the actor and its server) gets SIGKILL after step
+1. The rollout goes on on node B; the watchdog finds C's server silent past
+``rollout.health_check_timeout`` (or its actor dead), gives it up (``kill_worker``) and
+``RayScheduler.restart_worker`` starts it again as an actor pinned to node B
+(``node:<ip>``): every prompt is trained exactly ``n_samples`` times, every step runs.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
+from node_fault_checks import assert_no_sample_lost_or_duplicated, fault_args, run_with_fault
 from two_node_demo import (
     assert_learned,
     assert_servers_bound,
@@ -23,6 +32,12 @@ from two_node_demo import (
 )
 
 pytestmark = pytest.mark.slow
+
+# node-fault run: ~0.3 s a step; the restart ends ~25 s after the kill (step ~77 of 120)
+FAULT_STEPS = int(os.environ.get("AREAL_RAY_FAULT_STEPS", "120"))
+FAULT_BATCH = 4
+N_SAMPLES = 2
+HEALTH_TIMEOUT = 5
 
 
 def test_gsm8k_grpo_demo_ray_trainer_node_a_servers_nodes_b_c_learns(ray_netns_cluster, tmp_path):
@@ -47,3 +62,44 @@ def test_gsm8k_grpo_demo_ray_trainer_node_a_servers_nodes_b_c_learns(ray_netns_c
     print(f"ray three-node demo: held-out {before:.3f} -> {after:.3f}")
     assert_learned(out)
     assert "Stopped actors" in out
+
+
+def _fault_command(tmp_path, ips: dict[str, str], trial: str) -> list[str]:
+    cmd = demo_command(
+        tmp_path, "ray", trial, trainer_nodes=ips["a"], server_nodes=f"{ips['b']},{ips['c']}",
+        n_servers=2, steps=FAULT_STEPS,
+    )  # fmt: skip
+    drop = ("allocation_mode=", "total_train_steps=", "train_dataset.", "valid_dataset.")
+    drop += ("actor.weight_update_mode=",)  # disk: a restarted server loads the current weights
+    return [a for a in cmd if not a.startswith(drop)] + [
+        *fault_args(FAULT_STEPS, FAULT_BATCH, N_SAMPLES, HEALTH_TIMEOUT),
+        "valid_dataset.path=synthetic://arith?digits=1&steps=2&n=8&seed=1",
+        "valid_dataset.batch_size=8",
+        "gconfig.max_new_tokens=16",
+        "actor.ppo_n_minibatches=1",
+    ]
+
+
+def test_ray_inference_node_killed_rollout_continues_server_restarted_on_other_node(
+    ray_netns_cluster, tmp_path
+):
+    rc = ray_netns_cluster
+    ips = rc.node_ips
+    trial = "ray-node-killed"
+    killed = []
+    out = run_with_fault(
+        tmp_path, _fault_command(tmp_path, ips, trial), rc.env, trial,
+        lambda: killed.extend(rc.net.kill_node("c")), netns=rc.net["a"].netns,
+    )  # fmt: skip
+    assert killed
+    stats = assert_no_sample_lost_or_duplicated(
+        tmp_path, trial, FAULT_STEPS, FAULT_BATCH, N_SAMPLES
+    )
+    assert stats[-1]["rollout/server_restarts_total"] == 1, stats[-1]
+    assert stats[-1]["rollout/servers_healthy"] == 2
+    # C's server (rollout/1) restarted on node B, the node that is left
+    m = re.search(r"inference server rollout/1 \(([^)]*)\) restarted at ([\d.]+):", out)
+    assert m, out[-6000:]
+    assert m.group(2) == ips["b"], m.group(0)
+    assert f"Worker rollout/1 restarted on Ray node {ips['b']} " in out, out[-6000:]
+    assert f"Ray node {ips['c']}" in out, out[-6000:]  # the log names the lost node

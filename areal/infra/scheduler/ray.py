@@ -13,7 +13,7 @@ IPs or hostnames of alive Ray nodes) pins bundle ``i`` to node ``i mod n`` of th
 through Ray's per-node resource ``node:<ip>``, as Slurm spreads ``--ntasks`` over the
 nodes of a ``--nodelist``; ``spec.exclude`` is refused (no Ray equivalent here).
 
-Two actor kinds (both threaded actors, ``max_concurrency=4``):
+Two actor kinds (``areal.infra.scheduler.ray_actors``; threaded, ``max_concurrency=4``):
 
 - RPC workers (``SchedulingSpec.cmd is None``) run the ``rpc_server`` HTTP app
   (``EngineHost`` + ``build_app``) on a thread inside the actor, bound to the node IP.
@@ -36,18 +36,19 @@ stdout/stderr under Ray's session log dir (``/tmp/ray/session_latest/logs/worker
 Failures: every actor has a pending ``run_until_stopped()`` call; when the actor dies
 (``RayActorError``) or its command exits, ``get_workers`` / ``call_engine`` raise
 ``WorkerDiedError`` naming the worker, with the tail of its log when readable here.
+
+Server faults (used by ``ServerWatchdog``): ``dead_workers`` lists command workers whose
+actor died (its node too) or whose command exited; ``kill_worker`` ``ray.kill``s a silent
+one and marks its node suspect; ``restart_worker`` starts the same command as a new actor
+pinned (``node:<ip>``) to an alive node that was not lost, the ``nodelist`` nodes first,
+where this scheduler's workers leave the bundle's CPUs free (else sharing the first such
+node's CPUs, with a warning), outside the role's placement group.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging as std_logging
 import os
 import shlex
-import signal
-import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -61,12 +62,11 @@ from areal.infra.scheduler.base import (
     format_command,
     log_tail_block,
     read_log_tail,
-    set_pdeathsig,
     worker_base_env,
 )
+from areal.infra.scheduler.ray_actors import CommandWorkerActor, RPCWorkerActor
 from areal.utils import logging
 from areal.utils.auth import RUN_SECRET_ENV, ensure_run_secret
-from areal.utils.network import find_free_ports
 
 if TYPE_CHECKING:
     from areal.api.experiment_config import BaseExperimentConfig
@@ -76,173 +76,13 @@ logger = logging.getLogger("RayScheduler")
 # re-exported: older imports of these helpers name this module
 __all__ = [
     "LOG_TAIL_LINES",
+    "CommandWorkerActor",
+    "RPCWorkerActor",
     "RayScheduler",
     "call_with_liveness",
     "format_command",
     "read_log_tail",
 ]
-
-
-# ---------------------------------------------------------------------------- actor bodies
-class _ActorBase:
-    """Shared parts of the two actor kinds (plain classes; ``ray.remote`` is applied lazily)."""
-
-    def __init__(self, worker_id: str, log_path: str):
-        import ray
-
-        self.worker_id = worker_id
-        self.log_path = log_path
-        self.ip = ray.util.get_node_ip_address()
-        self._stopped = threading.Event()
-        os.makedirs(os.path.dirname(log_path), exist_ok=True)
-
-    def node_info(self, port_count: int) -> dict:
-        import ray
-
-        return {
-            "ip": self.ip,
-            "ports": find_free_ports(port_count, host=self.ip),
-            "pid": os.getpid(),
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "log_path": self.log_path,
-        }
-
-    def ping(self) -> int:
-        return os.getpid()
-
-    def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
-        return read_log_tail(self.log_path, n)
-
-
-class RPCWorkerActor(_ActorBase):
-    """Hosts ``rpc_server``'s app on a thread; engines run on its single engine thread."""
-
-    def __init__(self, worker_id: str, log_path: str):
-        super().__init__(worker_id, log_path)
-        handler = std_logging.FileHandler(log_path)
-        logging.getLogger("RPCServer")  # configures the "areal" root logger
-        root = std_logging.getLogger("areal")
-        if root.handlers:
-            handler.setFormatter(root.handlers[0].formatter)
-        root.addHandler(handler)
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def start(self, port: int, env: dict[str, str], startup_timeout: float = 60.0) -> dict:
-        import torch
-
-        from areal.infra.rpc.rpc_server import EngineHost, build_app
-
-        os.environ.update(env)
-        torch.set_num_threads(int(os.environ.get("AREAL_WORKER_NUM_THREADS", "1")))
-        started = threading.Event()
-        failure: list[BaseException] = []
-
-        def _serve() -> None:
-            from aiohttp import web
-
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            self._loop = loop
-            try:
-                runner = web.AppRunner(build_app(EngineHost()), access_log=None)
-                loop.run_until_complete(runner.setup())
-                loop.run_until_complete(web.TCPSite(runner, self.ip, port).start())
-            except BaseException as e:  # noqa: BLE001 - reported to start()
-                failure.append(e)
-                started.set()
-                return
-            started.set()
-            loop.run_forever()
-
-        threading.Thread(target=_serve, daemon=True, name="rpc-http").start()
-        if not started.wait(startup_timeout):
-            raise TimeoutError(
-                f"{self.worker_id}: HTTP server did not start in {startup_timeout} s"
-            )
-        if failure:
-            raise RuntimeError(
-                f"{self.worker_id}: HTTP server on {self.ip}:{port} failed: {failure[0]!r}"
-            )
-        logging.getLogger("RayRPCWorker").info(
-            f"{self.worker_id} (pid {os.getpid()}) serving on {self.ip}:{port}"
-        )
-        return {"ip": self.ip, "port": port}
-
-    def run_until_stopped(self) -> int:
-        self._stopped.wait()
-        return 0
-
-    def stop(self, grace: float = 5.0) -> None:
-        self._stopped.set()
-
-
-class CommandWorkerActor(_ActorBase):
-    """Runs one command as a subprocess; its output goes to the log file and the actor's stdout."""
-
-    def __init__(self, worker_id: str, log_path: str):
-        super().__init__(worker_id, log_path)
-        self.proc: subprocess.Popen | None = None
-        self._forwarder: threading.Thread | None = None
-
-    def start(self, argv: list[str], env: dict[str, str], cwd: str | None = None) -> int:
-        full_env = dict(os.environ)
-        full_env.update(env)
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=full_env,
-            cwd=cwd if cwd and os.path.isdir(cwd) else None,
-            start_new_session=True,
-            preexec_fn=set_pdeathsig if sys.platform == "linux" else None,
-        )
-        log = open(self.log_path, "ab")  # noqa: SIM115 - closed by the forwarder
-        log.write(
-            f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} start: {shlex.join(argv)}\n".encode()
-        )
-        log.flush()
-
-        def _forward(stream, log_file) -> None:
-            with log_file:
-                for line in iter(stream.readline, b""):
-                    log_file.write(line)
-                    log_file.flush()
-                    try:
-                        sys.stdout.write(line.decode(errors="replace"))
-                        sys.stdout.flush()
-                    except Exception:  # noqa: BLE001
-                        pass
-
-        self._forwarder = threading.Thread(
-            target=_forward, args=(self.proc.stdout, log), daemon=True, name="log-forward"
-        )
-        self._forwarder.start()
-        return self.proc.pid
-
-    def run_until_stopped(self) -> int:
-        while self.proc is None:
-            if self._stopped.wait(0.1):
-                return 0
-        code = self.proc.wait()
-        if self._forwarder is not None:
-            self._forwarder.join(timeout=5)
-        return code
-
-    def stop(self, grace: float = 5.0) -> None:
-        self._stopped.set()
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                return
-            try:
-                self.proc.wait(timeout=grace)
-                return
-            except subprocess.TimeoutExpired:
-                continue
 
 
 # ---------------------------------------------------------------------------- scheduler
@@ -258,6 +98,7 @@ class _RayWorker:
     client: RPCClient | None
     cmd: list[str] | None = None
     stopping: bool = False
+    env: dict[str, str] | None = None  # what ``start`` got (``restart_worker`` reuses it)
 
 
 class RayScheduler(SchedulerBase):
@@ -293,6 +134,9 @@ class RayScheduler(SchedulerBase):
         self.kill_grace = kill_grace
         self.placement_strategy = placement_strategy
         self._pgs: dict[str, Any] = {}
+        self._jobs_spec: dict[str, Job] = {}
+        self._lost: set[str] = set()  # worker ids given up by kill_worker
+        self._bad_nodes: set[str] = set()  # node IPs a worker was lost on
         self._started_ray = False
         self._name_resolve = None
 
@@ -415,6 +259,7 @@ class RayScheduler(SchedulerBase):
         workers: list[_RayWorker] = []
         with self._lock:
             self._roles[role] = workers
+            self._jobs_spec[role] = job
         try:
             bundle = self._bundle(spec)
             pins = self._node_pins(spec, job.replicas)
@@ -504,6 +349,7 @@ class RayScheduler(SchedulerBase):
                         MASTER_ADDR=master_addr,
                         MASTER_PORT=str(master_port),
                     )
+                w.env = env
                 if is_rpc:
                     starts.append(w.actor.start.remote(int(w.worker.serve_port), env))
                 else:
@@ -570,6 +416,154 @@ class RayScheduler(SchedulerBase):
             ),
         )
         logger.info(f"Workers of role {job.role!r} healthy: {[w.worker.id for w in workers]}")
+
+    # ------------------------------------------------------------------ server faults
+    def _node_alive(self, node_id: str) -> bool:
+        import ray
+
+        return any(n.get("NodeID") == node_id and n.get("Alive") for n in ray.nodes())
+
+    def dead_workers(self, role: str) -> list[str]:
+        """Ids of the workers of ``role`` that are gone: the actor died (its node too) or
+        its command exited, or ``kill_worker`` gave them up."""
+        import ray
+
+        try:
+            ws = self._workers(role)
+        except KeyError:
+            return []
+        dead = []
+        for w in ws:
+            if w.stopping:
+                continue
+            if w.worker.id in self._lost or ray.wait([w.sentinel], timeout=0)[0]:
+                dead.append(w.worker.id)
+                if not self._node_alive(w.node_id):
+                    self._bad_nodes.add(w.worker.ip)
+        return dead
+
+    def worker_exit_info(self, worker_id: str) -> str:
+        w = self._worker(worker_id)
+        alive = "alive" if self._node_alive(w.node_id) else "dead"
+        return f"Ray node {w.worker.ip} ({alive} in Ray's node table)\n" + log_tail_block(
+            w.log_path
+        )
+
+    def kill_worker(self, worker_id: str) -> None:
+        """Give up a silent command worker: ``ray.kill`` its actor (its command dies with
+        it) and remember its node as suspect, so ``restart_worker`` places the new one on
+        another node."""
+        import ray
+
+        w = self._worker(worker_id)
+        if w.client is not None:
+            raise ValueError(f"Worker {worker_id} is an RPC worker; kill_worker is for servers")
+        self._lost.add(worker_id)
+        self._bad_nodes.add(w.worker.ip)
+        try:
+            ray.kill(w.actor, no_restart=True)
+        except Exception as e:  # noqa: BLE001 - already dead, or its node unreachable
+            logger.debug(f"ray.kill({worker_id}): {e}")
+        logger.warning(
+            f"Gave up worker {worker_id} on Ray node {w.worker.ip} ({w.worker.address}): "
+            "silent past its health deadline"
+        )
+
+    def _restart_plan(self, spec: SchedulingSpec, cpus: float) -> list[tuple[str, float]]:
+        """(node IP, CPUs) to try for a restarted worker: alive nodes (the spec's
+        ``nodelist`` first) not lost before, that have ``cpus`` left beside this
+        scheduler's workers; then the first of them (or of all alive nodes) sharing its
+        CPUs (``num_cpus=0``) when none has room."""
+        import ray
+
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        total = {n["NodeManagerAddress"]: n["Resources"].get("CPU", 0.0) for n in nodes}
+        by_name = {
+            k: n["NodeManagerAddress"]
+            for n in nodes
+            for k in (n["NodeManagerAddress"], n.get("NodeManagerHostname"), n.get("NodeID"))
+            if k
+        }
+        listed = [by_name.get(e.strip(), "") for e in (spec.nodelist or "").split(",")]
+        order = [ip for ip in dict.fromkeys([*listed, *total]) if ip in total]
+        good = [ip for ip in order if ip not in self._bad_nodes] or order
+        used = dict.fromkeys(total, 0.0)
+        with self._lock:
+            for role, ws in self._roles.items():
+                held = self._bundle(self._jobs_spec[role].worker_spec).get("CPU", 0.0)
+                for w in ws:
+                    if w.worker.id not in self._lost and w.worker.ip in used:
+                        used[w.worker.ip] += held
+        plan = [(ip, cpus) for ip in good if total[ip] - used[ip] >= cpus]
+        return plan + [(good[0], 0.0)] if good else plan
+
+    def restart_worker(self, worker_id: str, timeout: float | None = None) -> Worker:
+        """Start a dead command worker again (same command and environment) as a new actor
+        pinned (``node:<ip>``) to an alive node with room that is not the one it was lost
+        on (``_restart_plan``); waits until it is healthy."""
+        import ray
+
+        w = self._worker(worker_id)
+        if w.client is not None or w.cmd is None:
+            raise ValueError(f"Worker {worker_id} is an RPC worker; only servers are restarted")
+        if worker_id not in self.dead_workers(w.role):
+            raise ValueError(f"Worker {worker_id} is alive; restart_worker needs a dead one")
+        job = self._jobs_spec[w.role]
+        spec = job.worker_spec
+        deadline = time.monotonic() + (timeout or self.startup_timeout)
+        tried = []
+        env_vars = {**worker_base_env(), **job.env_vars, "AREAL_WORKER_ID": worker_id}
+        for ip, cpus in self._restart_plan(spec, self._bundle(spec).get("CPU", 0.0)):
+            if cpus == 0:
+                logger.warning(f"no Ray node has room for {worker_id}: it shares node {ip}'s CPUs")
+            actor = (
+                ray.remote(CommandWorkerActor)
+                .options(
+                    num_cpus=cpus,
+                    num_gpus=spec.gpu,
+                    resources={f"node:{ip}": 0.001},
+                    max_concurrency=4,
+                    max_restarts=0,
+                    namespace=self.namespace,
+                    runtime_env={"env_vars": env_vars},
+                )  # fmt: skip
+                .remote(worker_id, w.log_path)
+            )
+            try:  # an actor that cannot be placed stays pending: try the next node
+                left = max(1.0, min(30.0, deadline - time.monotonic()))
+                info = ray.get(actor.node_info.remote(max(spec.port_count, 1)), timeout=left)
+                break
+            except Exception as e:  # noqa: BLE001 - GetTimeoutError, the actor died
+                tried.append(f"{ip}: {type(e).__name__}")
+                ray.kill(actor, no_restart=True)
+        else:
+            raise TimeoutError(f"no Ray node could take {worker_id} (tried {tried})")
+        new = Worker(id=worker_id, ip=info["ip"], worker_ports=[str(p) for p in info["ports"]])
+        cmd = format_command(spec.cmd, new.ip, [int(p) for p in info["ports"]])
+        rec = _RayWorker(
+            worker=new, role=w.role, index=w.index, actor=actor, sentinel=None,
+            log_path=info["log_path"], node_id=info["node_id"], client=None, cmd=cmd, env=w.env,
+        )  # fmt: skip
+        try:
+            start = actor.start.remote(cmd, w.env or {}, os.getcwd())
+            self._wait_actor(start, worker_id, "start", rec)
+            rec.sentinel = actor.run_until_stopped.remote()
+            self._poll_healthy(
+                [rec], job.health_path, deadline,
+                lambda r: TimeoutError(f"restarted {worker_id} not healthy at {new.address}"),
+            )  # fmt: skip
+        except BaseException:
+            ray.kill(actor, no_restart=True)
+            raise
+        with self._lock:
+            self._roles[w.role][w.index] = rec
+        self._lost.discard(worker_id)
+        self.name_resolve.add(self._key(w.role, w.index), new.address, replace=True)
+        logger.info(
+            f"Worker {worker_id} restarted on Ray node {new.ip} ({new.address}); it was on "
+            f"node {w.worker.ip}"
+        )
+        return new
 
     def actor_handle(self, worker_id: str) -> Any:
         """The Ray actor of a worker (tests and debugging)."""

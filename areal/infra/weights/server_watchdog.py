@@ -40,10 +40,24 @@ background), ``rollout/server_restarts_total``, ``rollout/servers_hung_total`` a
 Slurm (``SlurmScheduler.dead_workers``/``kill_worker``/``restart_worker``): a server whose
 job ended or whose node stopped answering slurmctld, or that stayed silent past the health
 deadline (a killed node, a cut link), is replaced by a one-task job on a node with room
-that is not the lost one. Schedulers without ``dead_workers``/``restart_worker`` (Ray): servers the engine
-took out (dead or hung) stay out of rotation (logged once each); training continues on
-the others. A server whose restart failed ``max_restarts`` times in a row is left out as well.
+that is not the lost one. Ray (``RayScheduler.dead_workers``/``kill_worker``/
+``restart_worker``): the same, as a new actor pinned to another alive node. Schedulers
+without ``dead_workers``/``restart_worker``: servers the engine took out (dead or hung)
+stay out of rotation (logged once each); training continues on the others. A server
+whose restart failed ``max_restarts`` times in a row is left out as well.
 ``background=False`` restarts and readmits inside ``check()`` (blocking, as before).
+
+Returning servers: the old address of every server given up (died, hung, its node lost)
+is probed from ``check()``, at most every ``probe_interval`` s, in the background (never
+while that worker's restart runs: a restart may reuse the address), for
+``readmit_window`` s. A server that answers again there (its node came back from a cut
+link and the process lived) is readmitted *beside* its replacement, through
+``WeightSynchronizer.readmit`` (current weights loaded and version set before it is
+marked healthy; the next weight sync's fingerprint check covers it), counted in
+``rollout/server_readmits_total`` and logged (``... old process at ADDR answers again N
+s after it was given up``). If it leaves the rotation again it is probed again. Schedulers that really kill a given-up server (local,
+Ray) leave nothing to readmit; Slurm cannot cancel one task of a job, so the task lives
+on unless slurmctld declares its node down (``SlurmdTimeout``).
 """
 
 from __future__ import annotations
@@ -108,6 +122,21 @@ class _Restart:
         self.thread: threading.Thread | None = None
 
 
+class _Returning:
+    """The old address of a server given up (died, hung, node lost): probed until it
+    answers again (its node came back and the process lives) or ``readmit_window`` s."""
+
+    def __init__(self, wid: str, since: float):
+        self.wid = wid
+        self.since = since
+        self.last_probe = 0.0
+        self.probe: threading.Thread | None = None
+        self.readmitted: tuple[str | None, int] | None = None
+        self.answered = False
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+
 class ServerWatchdog:
     """Detect dead and hung inference servers, restart and readmit them (module docstring)."""
 
@@ -123,6 +152,9 @@ class ServerWatchdog:
         weight_sync: WeightSynchronizer | None = None,
         background: bool = True,
         kill_timeout: float = 30.0,
+        readmit_window: float = 600.0,
+        probe_interval: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.scheduler = scheduler
         self.rollout = rollout
@@ -135,6 +167,13 @@ class ServerWatchdog:
         self.max_restarts = max_restarts
         self.background = background
         self.kill_timeout = kill_timeout
+        # a given-up server's old address is probed every probe_interval s for
+        # readmit_window s: if it answers it is readmitted beside its replacement
+        self.readmit_window = readmit_window
+        self.probe_interval = probe_interval
+        self._clock = clock
+        self._returning: dict[str, _Returning] = {}  # old address -> its probe state
+        self._returned: dict[str, str] = {}  # readmitted old address -> worker id
         self.can_restart = callable(getattr(scheduler, "dead_workers", None)) and callable(
             getattr(scheduler, "restart_worker", None)
         )
@@ -198,6 +237,15 @@ class ServerWatchdog:
                 self._start(wid, "hung", hung=True)
             elif addr not in healthy:
                 self._start(wid, "out", hung=False)
+        for addr, wid in list(self._returned.items()):
+            if addr not in healthy:  # out again: back to being probed
+                del self._returned[addr]
+                self._returning[addr] = _Returning(wid, self._clock())
+                logger.warning(
+                    f"readmitted inference server {wid} at {addr} left the rotation again; "
+                    "probing it for another readmission"
+                )
+        self._probe_returning()
         if not self.background or not self.rollout.healthy_addresses:
             # nothing to generate with: wait for the restarts (else the step cannot run)
             self.wait_restarts()
@@ -230,6 +278,7 @@ class ServerWatchdog:
             )
         if old is not None and why != "out":
             self.rollout.exclude_server(old, f"its process {why}")
+            self._returning.setdefault(old, _Returning(wid, self._clock()))
         r = _Restart(wid, old, why)
         with self._lock:
             self._restarting[wid] = r
@@ -305,12 +354,17 @@ class ServerWatchdog:
                     r.worker = self.scheduler.restart_worker(r.wid)
             if self.background:  # else (or when the actor is needed) _collect readmits it
                 r.readmitted = self.weight_sync.readmit(
-                    r.worker.address, replaces=r.old, allow_actor=False
+                    r.worker.address, replaces=self._replaces(r), allow_actor=False
                 )
         except BaseException as e:  # noqa: BLE001 - reported by _collect
             r.error = e
         finally:
             r.done.set()
+
+    def _replaces(self, r: _Restart) -> str | None:
+        """The address a restarted server takes the place of (not an old server that was
+        readmitted meanwhile: that one stays)."""
+        return None if r.old in self._returned else r.old
 
     def wait_restarts(self, timeout: float | None = None) -> None:
         """Block until every restart in progress has finished (or ``timeout`` s passed)."""
@@ -321,16 +375,93 @@ class ServerWatchdog:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             r.done.wait(left)
 
+    # ------------------------------------------------------------------ returning servers
+    def _probe_returning(self) -> None:
+        """Start a background probe of each given-up address that is due (not while its
+        worker's restart runs: a restart may reuse the address); forget addresses given up
+        more than ``readmit_window`` s ago (and, in ``_collect``, those a restart reused)."""
+        now = self._clock()
+        with self._lock:
+            busy = {r.wid for r in self._restarting.values()}
+        for addr, ret in list(self._returning.items()):
+            if now - ret.since > self.readmit_window:
+                if ret.probe is None or ret.done.is_set():
+                    del self._returning[addr]
+                continue
+            if (
+                ret.wid in busy
+                or ret.probe is not None
+                or now - ret.last_probe < self.probe_interval
+            ):
+                continue
+            ret.last_probe = now
+            ret.probe = threading.Thread(
+                target=self._run_probe, args=(addr, ret), name=f"probe-{addr}", daemon=True
+            )
+            ret.probe.start()
+            if not self.background:
+                ret.probe.join()
+
+    def _run_probe(self, addr: str, ret: _Returning) -> None:
+        try:
+            ret.answered = self._answers(addr, timeout=1.0)
+            if ret.answered:  # weights first: it gets requests only once it holds them
+                ret.readmitted = self.weight_sync.readmit(addr, allow_actor=False)
+        except BaseException as e:  # noqa: BLE001 - reported by _collect_returning
+            ret.error = e
+        finally:
+            ret.done.set()
+
+    def _collect_returning(self) -> int:
+        """Readmit (on the training thread when the actor must send the weights) the old
+        servers that answered again; returns how many were readmitted."""
+        n = 0
+        for addr, ret in list(self._returning.items()):
+            if ret.probe is None or not ret.done.is_set():
+                continue
+            if ret.answered and ret.error is None and ret.readmitted is None:
+                try:
+                    ret.readmitted = self.weight_sync.readmit(addr)
+                except Exception as e:  # noqa: BLE001
+                    ret.error = e
+            if not ret.answered or ret.error is not None:
+                if ret.error is not None:
+                    logger.warning(f"readmission of {ret.wid}'s old server {addr} failed: "
+                                   f"{type(ret.error).__name__}: {ret.error}; probing it again")  # fmt: skip
+                ret.probe, ret.answered, ret.error = None, False, None
+                ret.done.clear()
+                continue
+            del self._returning[addr]
+            self._returned[addr] = ret.wid
+            self.total_readmits += 1
+            n += 1
+            path, version = ret.readmitted
+            replacement = self._addr.get(ret.wid)
+            logger.warning(
+                f"inference server {ret.wid}'s old process at {addr} answers again "
+                f"{self._clock() - ret.since:.1f} s after it was given up (its node is back): "
+                f"readmitted with weights version {version} ({path or 'initial model'})"
+                + (f"; its replacement {replacement} stays" if replacement != addr else "")
+            )
+        return n
+
+    @property
+    def returned(self) -> dict[str, str]:
+        """Old server addresses readmitted after their node came back -> worker id."""
+        return dict(self._returned)
+
     def _collect(self) -> int:
         """Readmit (here, on the training thread) restarted servers the background could not
         readmit; account for finished restarts. Returns how many were readmitted."""
         with self._lock:
             finished = [r for r in self._restarting.values() if r.done.is_set()]
-        n = 0
+        n = self._collect_returning()
         for r in finished:
             if r.error is None and r.readmitted is None:
                 try:
-                    r.readmitted = self.weight_sync.readmit(r.worker.address, replaces=r.old)
+                    r.readmitted = self.weight_sync.readmit(
+                        r.worker.address, replaces=self._replaces(r)
+                    )
                 except Exception as e:  # noqa: BLE001
                     r.error = e
             with self._lock:
@@ -347,6 +478,7 @@ class ServerWatchdog:
                 )
                 continue
             self._addr[r.wid] = r.worker.address
+            self._returning.pop(r.worker.address, None)  # a restart reused the address
             self._failures.pop(r.wid, None)  # max_restarts counts failures in a row
             path, version = r.readmitted
             n += 1

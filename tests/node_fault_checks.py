@@ -1,0 +1,122 @@
+"""Run the demo with a fault once step 1 is logged; check that no sample was lost.
+
+Shared by the node-fault tests under Slurm (``tests/test_node_faults.py``) and Ray
+(``tests/test_ray_two_nodes.py``). The demo trains one epoch of ``steps * batch``
+distinct prompts; its records (``stats.jsonl``: one row per step; ``consumed.jsonl``: the
+prompt hashes each step trained on) must show every step and every prompt trained
+exactly ``n_samples`` times: none lost with the node, none generated twice.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXPERIMENT = "gsm8k-grpo-cpu"
+
+
+def fault_args(steps: int, batch: int, n_samples: int, health_timeout: float) -> list[str]:
+    """Overrides of the demo for a fault run: one epoch exactly, every row once."""
+    return [
+        "allocation_mode=local:d2+fsdp:d1",
+        f"total_train_steps={steps}",
+        f"train_dataset.batch_size={batch}",
+        f"gconfig.n_samples={n_samples}",
+        f"train_dataset.path=synthetic://arith?digits=2&steps=2&n={steps * batch}&seed=3",
+        "actor.dynamic_sampling=false",
+        f"rollout.health_check_timeout={health_timeout}",
+        "rollout.request_timeout=20",
+        "rollout.setup_timeout=120",
+    ]
+
+
+def slurm_fault_command(
+    fileroot, trial: str, steps: int, batch: int, n_samples: int, health_timeout: float
+) -> list[str]:
+    """The Slurm demo (``slurm_fixture.demo_command``) for a fault run: trainer on node
+    A, one server on each of B and C."""
+    from slurm_fixture import demo_command
+
+    drop = ("total_train_steps=", "train_dataset.path=", "allocation_mode=", "trial_name=")
+    drop += ("gconfig.n_samples=", "train_dataset.batch_size=")
+    cmd = [a for a in demo_command(fileroot, "slurm") if not a.startswith(drop)]
+    return cmd + [
+        f"trial_name={trial}",
+        *fault_args(steps, batch, n_samples, health_timeout),
+        "actor.scheduling_spec.0.nodelist=na",
+        "rollout.scheduling_spec.0.nodelist=nb,nc",
+    ]
+
+
+def records(fileroot, trial: str, name: str) -> list[dict]:
+    path = os.path.join(str(fileroot), "logs", EXPERIMENT, trial, name)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def run_with_fault(
+    fileroot, cmd: list[str], env: dict, trial: str, fault, timeout: float = 420,
+    netns: str | None = None, after_step: int = 1,
+) -> str:  # fmt: skip
+    """Run ``cmd`` (inside ``netns`` when given); once step ``after_step`` is in
+    ``stats.jsonl`` call ``fault()``; return the output (the run must exit 0)."""
+    log = os.path.join(str(fileroot), f"{trial}.out")
+    env = dict(env, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+    argv = ["ip", "netns", "exec", netns, *cmd] if netns else cmd
+    with open(log, "w") as f:
+        proc = subprocess.Popen(
+            argv, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def tail() -> str:
+        with open(log, errors="replace") as f:
+            return f.read()[-6000:]
+
+    deadline = time.monotonic() + timeout
+    try:
+        while not any(
+            r.get("global_step", -1) >= after_step for r in records(fileroot, trial, "stats.jsonl")
+        ):
+            assert proc.poll() is None, tail()
+            assert time.monotonic() < deadline, f"step {after_step} never came\n" + tail()
+            time.sleep(0.3)
+        fault()
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        pytest.fail(f"run did not end within {timeout} s:\n{tail()}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    with open(log, errors="replace") as f:
+        out = f.read()
+    assert proc.returncode == 0, out[-6000:]
+    return out
+
+
+def assert_no_sample_lost_or_duplicated(
+    fileroot, trial: str, steps: int, batch: int, n_samples: int
+) -> list[dict]:
+    """Every step ran; each of the ``steps * batch`` prompts was trained on ``n_samples``
+    times; returns the per-step stats rows."""
+    stats = [r for r in records(fileroot, trial, "stats.jsonl") if "batch/reward" in r]
+    assert [r["global_step"] for r in stats] == list(range(steps)), stats
+    consumed = records(fileroot, trial, "consumed.jsonl")
+    assert [r["global_step"] for r in consumed] == list(range(steps))
+    assert all(len(r["prompts"]) == batch * n_samples for r in consumed)
+    counts = collections.Counter(h for r in consumed for h in r["prompts"])
+    # one epoch of steps * batch distinct prompts, each trained on with its n_samples
+    assert len(counts) == steps * batch, counts
+    assert set(counts.values()) == {n_samples}, counts
+    return stats
