@@ -8,6 +8,8 @@ import torch
 from _dist_helpers import run_ranks
 from test_fsdp_engine import loss_fn, loss_weight_fn, make_batch, make_config
 
+pytestmark = pytest.mark.slow  # one engine session per dtype (~20 s)
+
 
 def _session(rank, world_size, path):
     from areal.api.io_struct import FinetuneSpec
