@@ -64,7 +64,7 @@ def records(fileroot, trial: str, name: str) -> list[dict]:
 
 
 def run_with_fault(
-    fileroot, cmd: list[str], env: dict, trial: str, fault, timeout: float = 420,
+    fileroot, cmd: list[str], env: dict, trial: str, fault, timeout: float = 600,
     netns: str | None = None, after_step: int = 1,
 ) -> str:  # fmt: skip
     """Run ``cmd`` (inside ``netns`` when given); once step ``after_step`` is in

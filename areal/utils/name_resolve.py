@@ -422,6 +422,8 @@ class RayNameRecordRepository:
 
     Needs a connected Ray (``ray.init``); the actor is created on first use
     (``get_if_exists``) in ``namespace`` and lives until ``destroy()`` or the cluster ends.
+    It is pinned to the node of the process that creates it (the controller's): left to
+    Ray it could land on an inference node, and losing that node would lose every name.
     """
 
     def __init__(
@@ -432,6 +434,9 @@ class RayNameRecordRepository:
         self.actor_name = actor_name
         self.namespace = namespace
         self.timeout = timeout
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self._actor = (
             ray.remote(_RayKVStore)
             .options(
@@ -440,6 +445,7 @@ class RayNameRecordRepository:
                 lifetime="detached",
                 get_if_exists=True,
                 num_cpus=0,
+                scheduling_strategy=here,
             )
             .remote()
         )
