@@ -70,12 +70,12 @@ def cpu_compute_dtype(setting: str, requested: str = "float32", kind: dict | Non
     logger = logging.getLogger("CPUInfo")
     if setting not in ("float32", "bfloat16", "auto"):
         raise ValueError(f"cpu_compute_dtype={setting!r}; allowed: 'float32', 'bfloat16', 'auto'")
+    if setting != "float32" and kind is None:
+        kind = cpu_kind()
     if setting == "auto":
-        kind = kind if kind is not None else cpu_kind()
         setting = "bfloat16" if kind["bf16_matmul_fast"] else "float32"
         logger.info("cpu_compute_dtype=auto on %s: %s", describe(kind), setting)
     if setting == "bfloat16":
-        kind = kind if kind is not None else cpu_kind()
         if not kind["bf16_matmul_fast"]:
             logger.warning(
                 "cpu_compute_dtype=bfloat16 on a CPU without AVX-512-BF16/AMX-BF16 (%s): "
