@@ -934,3 +934,23 @@ def test_grpo_trainer_loglinear_kk_stale_steps_without_proximal_forward(
         assert r["update_successful"] == 1.0
         w = r["ppo_actor/update/compute_logp/loglinear/importance_weight/avg"]
         assert 0.9 < w < 1.1
+
+
+def test_no_eos_ratio_reads_the_rollouts_flag_not_the_padded_width():
+    """Two of four rows are as long as the padded batch, but only one hit the length limit:
+    the stat is the rollout's ``no_eos`` (1/4), not "as long as the longest row" (2/4)."""
+    stats_tracker.export()
+    data = make_batch(bs=4)  # lengths 7, 5, 6, 4 in a width of 7
+    data["attention_mask"][2, :] = 1  # row 2 now also spans the padded width
+    data["no_eos"] = torch.tensor([False, False, True, False])
+    actor = PPOActor(cfg(), TinyEngine())
+    data["logprobs"] = actor.compute_logp(data)
+    actor.compute_advantages(data)
+    actor.ppo_update(data)
+    out = stats_tracker.export()
+    assert out["ppo_actor/no_eos_ratio/avg"] == 0.25
+    del data["no_eos"]  # a workflow without the flag: AReaL's rule, the padded width
+    data["logprobs"] = actor.compute_logp(data)
+    actor.compute_advantages(data)
+    actor.ppo_update(data)
+    assert stats_tracker.export()["ppo_actor/no_eos_ratio/avg"] == 0.5

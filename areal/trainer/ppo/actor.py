@@ -345,6 +345,10 @@ class PPOActor:
         attn = data["attention_mask"].bool()
         seqlens = attn.sum(-1).float()
         raw = data["rewards"].float().reshape(-1)
+        # the rollout's own flag (generation hit its length limit); the padded width only
+        # when a workflow does not send it (AReaL's rule: also counts the batch's longest)
+        no_eos = data.get("no_eos")
+        no_eos = (seqlens == attn.shape[-1]) if no_eos is None else no_eos.bool().reshape(-1)
         stats_tracker.denominator(
             n_seqs=torch.ones_like(raw, dtype=torch.bool),
             n_valid_tokens=loss_mask,
@@ -355,7 +359,7 @@ class PPOActor:
             task_reward=raw,
             seq_len=seqlens,
             prompt_len=seqlens - loss_mask.sum(-1).float(),
-            no_eos_ratio=(seqlens == attn.shape[-1]).float(),
+            no_eos_ratio=no_eos.float(),
             denominator="n_seqs",
         )
         stats_tracker.stat(correct_seq_len=seqlens, denominator="correct_n_seqs")
