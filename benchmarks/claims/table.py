@@ -143,6 +143,23 @@ CLAIMS: tuple[Claim, ...] = (
         controls=(SHUFFLED,),
     ),
     Claim(
+        name="moe",
+        stated="GRPO on tiny-moe at archon:d2e2 with routing replay, greedy 24.6% -> 87.5% "
+        "(8 steps; shuffled 18.0-29.7%)",
+        reproduce="python examples/math/gsm8k_rl.py --config examples/math/gsm8k_grpo_moe_cpu.yaml "
+        "total_train_steps=8",
+        script="examples/math/gsm8k_rl.py",
+        config="examples/math/gsm8k_grpo_moe_cpu.yaml",
+        steps=8,
+        overrides=HELDOUT_256,
+        metric="held-out greedy accuracy (256)",
+        parse=ACCURACY,
+        # the bar: 15 points above the base (24.6% on these 256), which the
+        # shuffled control must not reach
+        threshold=0.40,
+        controls=(SHUFFLED,),
+    ),
+    Claim(
         name="proxy-agent",
         stated="openai-SDK agent through the proxy, 23.2% -> 94.7% (600 s; shuffled 35.9%)",
         reproduce="python examples/agent_workflow/math_agent.py "
