@@ -21,13 +21,17 @@ import time
 
 import pytest
 from node_fault_checks import (
+    MAX_STEPS,
     assert_no_sample_lost_or_duplicated,
     run_with_fault,
     slurm_fault_command,
+    stat_at_least,
 )
 from slurm_fixture import netns_slurm
 
-STEPS = 250  # 0.2-0.4 s a step: the cut (30 s) and the readmission fall inside the run
+# the run lasts until C's old server is readmitted, then THEN_STEPS steps (each verifies a
+# weight version on every server), then the test stops it (SIGTERM)
+THEN_STEPS = 3
 BATCH = 4
 N_SAMPLES = 2
 HEALTH_TIMEOUT = 5
@@ -57,10 +61,12 @@ def test_inference_node_link_cut_30s_run_finishes_server_readmitted_log_names_no
             cluster.set_link("c", True)
 
     out = run_with_fault(
-        tmp_path, slurm_fault_command(tmp_path, "link-cut", STEPS, BATCH, N_SAMPLES, HEALTH_TIMEOUT),
+        tmp_path,
+        slurm_fault_command(tmp_path, "link-cut", MAX_STEPS, BATCH, N_SAMPLES, HEALTH_TIMEOUT),
         env, "link-cut", cut,
+        stop_when=stat_at_least("rollout/server_readmits_total"), then_steps=THEN_STEPS,
     )  # fmt: skip
-    stats = assert_no_sample_lost_or_duplicated(tmp_path, "link-cut", STEPS, BATCH, N_SAMPLES)
+    stats = assert_no_sample_lost_or_duplicated(tmp_path, "link-cut", None, BATCH, N_SAMPLES)
     # the log names the server on node C and what timed out
     assert re.search(rf"inference server rollout/\d \({re.escape(cluster['c'].addr)}:\d+\)", out), (
         out[-6000:]

@@ -17,11 +17,16 @@ every process of node C (its raylet, the actor and its server) gets SIGKILL afte
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
-from node_fault_checks import assert_no_sample_lost_or_duplicated, fault_args, run_with_fault
+from node_fault_checks import (
+    MAX_STEPS,
+    assert_no_sample_lost_or_duplicated,
+    fault_args,
+    run_with_fault,
+    stat_at_least,
+)
 from two_node_demo import (
     assert_learned,
     assert_servers_bound,
@@ -33,9 +38,9 @@ from two_node_demo import (
 
 pytestmark = pytest.mark.slow
 
-# node-fault run: 0.15-1 s a step (CPU kind, load); the restart ends ~15-25 s after the
-# kill, within the run even at 6.5 steps/s
-FAULT_STEPS = int(os.environ.get("AREAL_RAY_FAULT_STEPS", "250"))
+# node-fault run: 0.15-1 s a step (CPU kind, load); the run lasts until the restart is in
+# the step stats, then THEN_STEPS steps, then the test stops it (SIGTERM)
+THEN_STEPS = 3
 FAULT_BATCH = 4
 N_SAMPLES = 2
 HEALTH_TIMEOUT = 5
@@ -68,12 +73,12 @@ def test_gsm8k_grpo_demo_ray_trainer_node_a_servers_nodes_b_c_learns(ray_netns_c
 def _fault_command(tmp_path, ips: dict[str, str], trial: str) -> list[str]:
     cmd = demo_command(
         tmp_path, "ray", trial, trainer_nodes=ips["a"], server_nodes=f"{ips['b']},{ips['c']}",
-        n_servers=2, steps=FAULT_STEPS,
+        n_servers=2, steps=MAX_STEPS,
     )  # fmt: skip
     drop = ("allocation_mode=", "total_train_steps=", "train_dataset.", "valid_dataset.")
     drop += ("actor.weight_update_mode=",)  # disk: a restarted server loads the current weights
     return [a for a in cmd if not a.startswith(drop)] + [
-        *fault_args(FAULT_STEPS, FAULT_BATCH, N_SAMPLES, HEALTH_TIMEOUT),
+        *fault_args(MAX_STEPS, FAULT_BATCH, N_SAMPLES, HEALTH_TIMEOUT),
         "valid_dataset.path=synthetic://arith?digits=1&steps=2&n=8&seed=1",
         "valid_dataset.batch_size=8",
         "gconfig.max_new_tokens=16",
@@ -91,11 +96,10 @@ def test_ray_inference_node_killed_rollout_continues_server_restarted_on_other_n
     out = run_with_fault(
         tmp_path, _fault_command(tmp_path, ips, trial), rc.env, trial,
         lambda: killed.extend(rc.net.kill_node("c")), netns=rc.net["a"].netns,
+        stop_when=stat_at_least("rollout/server_restarts_total"), then_steps=THEN_STEPS,
     )  # fmt: skip
     assert killed
-    stats = assert_no_sample_lost_or_duplicated(
-        tmp_path, trial, FAULT_STEPS, FAULT_BATCH, N_SAMPLES
-    )
+    stats = assert_no_sample_lost_or_duplicated(tmp_path, trial, None, FAULT_BATCH, N_SAMPLES)
     assert stats[-1]["rollout/server_restarts_total"] == 1, stats[-1]
     assert stats[-1]["rollout/servers_healthy"] == 2
     # C's server (rollout/1) restarted on node B, the node that is left
