@@ -12,7 +12,7 @@ nb,nc``: one job, one task per node, ``--no-kill``). The GRPO demo runs on tiny 
   up and restarts it as a job of its own on a node with room (B): the run's records show
   every prompt trained exactly ``n_samples`` times, every step, one restart and two
   healthy servers at the end.
-- **trainer node killed** (``cluster_faults``): node A dies in step 3 of a synchronous
+- **trainer node killed**: node A dies in step 3 of a synchronous
   run; the run stops naming the node; the relaunch resumes with the per-step losses of
   an uninterrupted run.
 
@@ -173,7 +173,6 @@ def _sync_command(tmp_path, root: str, trial: str, steps: int, actor: str = "na"
     ]
 
 
-@pytest.mark.cluster_faults  # `make cluster-faults`: over the CI share of the cluster tests
 def test_trainer_node_killed_run_stops_clearly_relaunch_resumes_same_losses(
     slurm_three_nodes, tmp_path
 ):

@@ -47,7 +47,6 @@ def slurm_slow_timeout(tmp_path_factory):
         yield c
 
 
-@pytest.mark.cluster_faults  # `make cluster-faults`: over the CI share of the cluster tests
 def test_inference_node_link_cut_30s_run_finishes_server_readmitted_log_names_node(
     slurm_slow_timeout, tmp_path
 ):
