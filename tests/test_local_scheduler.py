@@ -279,3 +279,72 @@ def test_areal_rpc_server_cmd_worker_starts_and_answers(tmp_path):
         assert RPCClient(w.address, worker_id=w.id).health()
     finally:
         sched.delete_workers(None)
+
+
+def _taken_first(sched, monkeypatch):
+    """Make the scheduler's first port allocation return a port another socket listens on
+    (the race between ``find_free_ports`` and the worker's bind, made certain)."""
+    import socket
+
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    real = sched._allocate_ports
+    calls = []
+
+    def allocate(n):
+        calls.append(n)
+        ports = real(n)
+        return [taken] + ports[1:] if len(calls) == 1 else ports
+
+    monkeypatch.setattr(sched, "_allocate_ports", allocate)
+    return holder, taken
+
+
+def test_rpc_worker_whose_port_was_taken_starts_again_on_a_new_port(tmp_path, monkeypatch):
+    with LocalScheduler(fileroot=str(tmp_path), startup_timeout=120) as sched:
+        holder, taken = _taken_first(sched, monkeypatch)
+        try:
+            sched.create_workers(Job(replicas=2, role="rpc"))
+            w0, w1 = sched.get_workers("rpc")
+            sched.create_engine(w1.id, ECHO, scale=1.0)
+            assert int(w0.worker_ports[0]) != taken
+            assert RPCClient(w0.address).health()["status"] == "ok"
+            # rank 0 kept its second port: MASTER_PORT the other rank was given
+            assert sched.call_engine(w1.id, "env", "MASTER_PORT") == w0.worker_ports[1]
+            assert sched.name_resolve.get(sched._key("rpc", 0)) == w0.address
+            log = open(sched.log_path("rpc/0")).read()
+            assert "start (port taken)" in log and "already in use" in log.lower()
+        finally:
+            holder.close()
+    _assert_no_children()
+
+
+def test_command_worker_whose_port_was_taken_starts_again_on_a_new_port(tmp_path, monkeypatch):
+    spec = SchedulingSpec(cmd="python -m http.server {port} --bind 127.0.0.1", port_count=1)
+    with LocalScheduler(fileroot=str(tmp_path), startup_timeout=60) as sched:
+        holder, taken = _taken_first(sched, monkeypatch)
+        try:
+            sched.create_workers(Job(replicas=1, role="srv", tasks=[spec], health_path="/"))
+            (w,) = sched.get_workers("srv")
+            assert int(w.worker_ports[0]) != taken
+            import requests
+
+            assert requests.get(f"http://{w.address}/", timeout=5).status_code == 200
+        finally:
+            holder.close()
+    _assert_no_children()
+
+
+def test_worker_dying_for_another_reason_is_not_started_again(tmp_path):
+    spec = SchedulingSpec(
+        cmd="python -c \"import sys; print('OSError: something else'); sys.exit(1)\"",
+        port_count=1,
+    )
+    with LocalScheduler(fileroot=str(tmp_path), startup_timeout=60) as sched:
+        with pytest.raises(WorkerDiedError, match="something else"):
+            sched.create_workers(Job(replicas=1, role="broken", tasks=[spec]))
+        log = open(os.path.join(sched.log_dir, "broken-0.log")).read()
+        assert log.count("===== ") == 1
+    _assert_no_children()

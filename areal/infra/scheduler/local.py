@@ -82,6 +82,24 @@ def _can_bind(ports: list[int], host: str = "127.0.0.1") -> bool:
     return True
 
 
+_PORT_TAKEN = ("errno 98", "address already in use")
+
+
+def _lost_port_race(log_path: str) -> bool:
+    """Whether the worker's last start (the log after its last ``=====`` line) failed to
+    bind a port that another process took (``EADDRINUSE``)."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return False
+    last_start = text.rfind("\n===== ")
+    text = (text[last_start:] if last_start >= 0 else text).lower()
+    return any(s in text for s in _PORT_TAKEN)
+
+
 @dataclass
 class _WorkerProc:
     worker: Worker
@@ -300,13 +318,55 @@ class LocalScheduler(SchedulerBase):
                 logger.info(
                     f"Started {worker.id} pid {proc.pid} on port {ports[0]}; log {log_path}"
                 )
-            self._wait_healthy(job, procs)
+            self._wait_healthy_rebinding(job, procs)
             for p in procs:
                 self.name_resolve.add(self._key(role, p.index), p.worker.address, replace=True)
         except BaseException:
             self.delete_workers(role)
             raise
         return [p.worker.id for p in procs]
+
+    # A worker that lost its port to another process between ``find_free_ports`` and its
+    # bind is started again on a fresh port, this many times at most.
+    bind_retries = 3
+
+    def _wait_healthy_rebinding(self, job: Job, procs: list[_WorkerProc]) -> None:
+        """``_wait_healthy``; a worker that died at startup because its port was taken
+        (``EADDRINUSE`` in its log since its last start) is started again on fresh ports,
+        at most ``bind_retries`` times. An RPC worker keeps ``worker_ports[1:]`` (rank 0's
+        ``worker_ports[1]`` is the job's ``MASTER_PORT``, which the other ranks already
+        have); a command worker gets all new ports. Any other death is raised as is."""
+        for attempt in range(self.bind_retries + 1):
+            try:
+                self._wait_healthy(job, procs)
+                return
+            except WorkerDiedError:
+                lost = [
+                    p for p in procs if p.proc.poll() is not None and _lost_port_race(p.log_path)
+                ]
+                if not lost or attempt == self.bind_retries:
+                    raise
+            for p in lost:
+                old = [int(x) for x in p.worker.worker_ports]
+                if p.client is not None:
+                    ports = self._allocate_ports(1) + old[1:]
+                else:
+                    ports = self._allocate_ports(len(old))
+                assert p.spec is not None and p.env is not None
+                cmd = self._command(p.spec, ports)
+                with self._lock:
+                    if self._closed:
+                        raise RuntimeError("LocalScheduler is closed")
+                    self._used_ports.difference_update(set(old) - set(ports))
+                    p.proc = self._popen(cmd, p.env, p.log_file, "start (port taken)")
+                    p.cmd = cmd
+                    p.worker.worker_ports = [str(x) for x in ports]
+                    if p.client is not None:
+                        p.client = RPCClient(p.worker.address, worker_id=p.worker.id)
+                logger.warning(
+                    f"{p.worker.id}: port {old[0]} was taken by another process before the "
+                    f"worker bound it; started again as pid {p.pid} on port {ports[0]}"
+                )
 
     @staticmethod
     def _popen(cmd: list[str], env: dict[str, str], log_file: IO, what: str) -> subprocess.Popen:
