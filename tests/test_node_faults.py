@@ -4,12 +4,15 @@ Scheduler: ``SlurmScheduler`` across the namespaces of ``tests/netns_cluster.py`
 real user path of a multi-node run: ``slurmctld`` in the root namespace, one ``slurmd``
 per namespace, ``tests/slurm_fixture.py``: ``netns_slurm``). Node A holds the training
 worker, nodes B and C one inference server each (``rollout.scheduling_spec.0.nodelist=
-nb,nc``: one job, one task per node, ``--no-kill``). The GRPO demo runs on tiny data.
+nb,nc``: one single-task job per server, pinned to its node). The GRPO demo runs on tiny
+data.
 
-- **inference node killed**: every process of node C (its server and its ``slurmd``)
-  gets SIGKILL after step 1. The rollout goes on on node B; the watchdog finds C's server
-  silent past ``rollout.health_check_timeout`` (or C's node lost in ``sinfo``), gives it
-  up and restarts it as a job of its own on a node with room (B): the run's records show
+- **inference node killed**: every process of node B (its server, its job's batch script
+  and its ``slurmd``) gets SIGKILL after step 1. The rollout goes on on node C (a job of
+  its own: with one job for both servers, the death of B, its batch host, ended C's
+  server too); the watchdog finds B's server silent past
+  ``rollout.health_check_timeout`` (or B's node lost in ``sinfo``), gives it up and
+  restarts it as a job of its own on a node with room (C): the run's records show
   every prompt trained exactly ``n_samples`` times, every step, one restart and two
   healthy servers at the end.
 - **trainer node killed**: node A dies in step 3 of a synchronous
@@ -59,7 +62,8 @@ def test_slurm_server_task_killed_job_lives_kill_worker_restart_worker_serves(
     slurm_cluster,  # noqa: F811
     tmp_path,
 ):
-    """One node (nowhere else to go): the restart lands on the same node, as a job of its own."""
+    """One node (nowhere else to go): each server is a job of its own, so one server's
+    death ends its job only; the restart lands on the same node, as a new job."""
     sched = SlurmScheduler(
         fileroot=str(tmp_path), experiment_name="exp", trial_name="nf",
         slurm_conf=slurm_cluster.conf, startup_timeout=120, state_poll_interval=0.5,
@@ -71,16 +75,20 @@ def test_slurm_server_task_killed_job_lives_kill_worker_restart_worker_serves(
         job = Job(replicas=2, role="srv", tasks=[spec], health_path="/", distributed_env=False)
         sched.create_workers(job)
         old = [w.address for w in sched.get_workers("srv")]
+        first_jobs = sched.job_ids("srv")
+        assert len(set(first_jobs)) == 2
         os.kill(sched.worker_pids("srv")[1], signal.SIGKILL)
-        time.sleep(3)
-        assert sched.dead_workers("srv") == []  # --no-kill: the job and srv/0 live on
+        deadline = time.monotonic() + 60
+        while sched.dead_workers("srv") != ["srv/1"]:  # its job ended; srv/0's lives on
+            assert time.monotonic() < deadline, sched.dead_workers("srv")
+            time.sleep(0.5)
         assert requests.get(f"http://{old[0]}/", timeout=5).status_code == 200
         sched.kill_worker("srv/1")
         assert sched.dead_workers("srv") == ["srv/1"]
         w = sched.restart_worker("srv/1", timeout=120)
         assert requests.get(f"http://{w.address}/", timeout=5).status_code == 200
         assert sched.dead_workers("srv") == []
-        assert sched.worker_info("srv/1")["job_id"] not in ("", sched.job_id("srv"))
+        assert sched.worker_info("srv/1")["job_id"] not in ("", *first_jobs)
         assert [x.address for x in sched.get_workers("srv")] == [old[0], w.address]
     finally:
         sched.close()
@@ -132,24 +140,25 @@ def test_inference_node_killed_rollout_continues_server_restarted_elsewhere(
     slurm_three_nodes, tmp_path
 ):
     cluster, env, root = slurm_three_nodes
+    _revive_node(cluster, env, root, "b")
     _revive_node(cluster, env, root, "c")
     killed = []
     out = run_with_fault(
         tmp_path, _command(tmp_path, "node-killed"), env, "node-killed",
-        lambda: killed.extend(cluster.kill_node("c")),
+        lambda: killed.extend(cluster.kill_node("b")),
         stop_when=stat_at_least("rollout/server_restarts_total"), then_steps=THEN_STEPS,
     )  # fmt: skip
     assert killed
     stats = assert_no_sample_lost_or_duplicated(tmp_path, "node-killed", None, BATCH, N_SAMPLES)
     assert stats[-1]["rollout/server_restarts_total"] == 1, stats[-1]
     assert stats[-1]["rollout/servers_healthy"] == 2
-    # restarted where there is room (node B), not readmitted on C (C stays down)
+    # restarted where there is room (node C), not readmitted on B (B stays down)
     m = re.search(r"inference server rollout/(\d) \(([^)]*)\) restarted at ([\d.]+):", out)
     assert m, out[-6000:]
-    assert m.group(3) == cluster["b"].addr, m.group(0)
+    assert m.group(1) == "0" and m.group(3) == cluster["c"].addr, m.group(0)
     assert "without a restart" not in out
-    assert "on Slurm node nc" in out, out[-6000:]  # the log names the lost node
-    assert "restarted by job" in out and f"on nb ({cluster['b'].addr}:" in out, out[-6000:]
+    assert "on Slurm node nb" in out, out[-6000:]  # the log names the lost node
+    assert "restarted by job" in out and f"on nc ({cluster['c'].addr}:" in out, out[-6000:]
 
 
 def _sync_command(tmp_path, root: str, trial: str, steps: int, actor: str = "na") -> list[str]:
@@ -192,6 +201,7 @@ def test_trainer_node_killed_run_stops_clearly_relaunch_resumes_same_losses(
         return [x for x in rows if "batch/reward" in x]
 
     _revive_node(cluster, env, root, "a")
+    _revive_node(cluster, env, root, "b")  # the server's node
     _revive_node(cluster, env, root, "c")
     with open(tmp_path / "ref.out", "w") as f:  # the uninterrupted run, beside, on node C
         ref = subprocess.Popen(

@@ -51,7 +51,9 @@ def test_gsm8k_grpo_demo_slurm_trainer_node_a_servers_nodes_b_c_learns(slurm_two
     }
     assert set(tasks) == {("actor", 0), ("rollout", 0), ("rollout", 1)}, (tasks, out[-6000:])
     assert allocs[tasks[("actor", 0)][0]] == "na", allocs
-    assert allocs[tasks[("rollout", 0)][0]] == "nb,nc", allocs
+    # one single-task job per server, each on its node of the spec's nodelist
+    assert allocs[tasks[("rollout", 0)][0]] == "nb", allocs
+    assert allocs[tasks[("rollout", 1)][0]] == "nc", allocs
     # ... one server task per inference node, each publishing and binding its own address
     assert tasks[("actor", 0)][1] == cluster["a"].addr
     assert {tasks[("rollout", i)][1] for i in (0, 1)} == {cluster["b"].addr, cluster["c"].addr}

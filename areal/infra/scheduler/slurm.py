@@ -1,10 +1,15 @@
-"""``SlurmScheduler``: workers as the tasks of Slurm jobs (one ``sbatch`` job per role).
+"""``SlurmScheduler``: workers as the tasks of Slurm jobs.
 
-Each role becomes one batch job with ``--ntasks=replicas`` (``--cpus-per-task``,
-``--mem-per-cpu`` from ``SchedulingSpec.mem`` GB, ``--gpus-per-task`` when ``gpu > 0``,
-``--nodelist``/``--exclude`` from the spec, ``--partition`` from the scheduler). The batch
-script runs ``srun --kill-on-bad-exit=1`` on this module's task entry
-(``python -m areal.infra.scheduler.slurm worker ...``), which on each task:
+A role of RPC workers (``distributed_env``: the training ranks) becomes one batch job with
+``--ntasks=replicas``; a role of command workers (inference servers, independent of each
+other) becomes one single-task batch job per worker, so that the node running one
+server's batch script can die without ending the other servers (a batch job ends with its
+batch host, ``--no-kill`` or not). Each job gets ``--cpus-per-task``, ``--mem-per-cpu``
+from ``SchedulingSpec.mem`` GB, ``--gpus-per-task`` when ``gpu > 0``, ``--exclude`` from
+the spec and ``--partition`` from the scheduler; ``--nodelist`` from the spec for the
+shared job, its ``i mod n``-th node (``scontrol show hostnames``) for command worker ``i``.
+The batch script runs ``srun`` (``--kill-on-bad-exit=1`` for RPC workers) on this module's
+task entry (``python -m areal.infra.scheduler.slurm worker ...``), which on each task:
 
 1. takes ``RANK = SLURM_PROCID``, ``WORLD_SIZE = SLURM_NTASKS``, ``LOCAL_RANK =
    SLURM_LOCALID``, finds its node IP and free ports;
@@ -84,9 +89,14 @@ class _SlurmJob:
     role: str
     script: str
     batch_log: str
-    log_paths: list[str]
+    log_paths: list[str]  # of its tasks, ranks first_rank, first_rank + 1, ...
+    first_rank: int = 0
+    replacement: bool = False  # started by restart_worker
     state: str = "PENDING"
     checked_at: float = 0.0
+
+    def log_path(self, rank: int) -> str:
+        return self.log_paths[rank - self.first_rank]
 
 
 class SlurmScheduler(SchedulerBase):
@@ -137,7 +147,7 @@ class SlurmScheduler(SchedulerBase):
             if self.etcd3_addr
             else FileNameRecordRepository(self.name_resolve_root)
         )
-        self._jobs: dict[str, _SlurmJob] = {}
+        self._jobs: dict[str, list[_SlurmJob]] = {}  # role -> its job(s) at creation
         self._jobs_by_id: dict[str, _SlurmJob] = {}  # role jobs and replacement jobs
         self._lost: set[str] = set()  # worker ids given up by kill_worker
         self._bad_nodes: set[str] = set()  # Slurm nodes a worker was lost on
@@ -204,9 +214,10 @@ class SlurmScheduler(SchedulerBase):
         n_ports = max(spec.port_count, 2 if is_rpc else 1)
         distributed = job.distributed_env if job.distributed_env is not None else is_rpc
         cpus = max(1, spec.cpu)
+        name = f"areal-{self.experiment_name}-{self.trial_name}-{job.role}"
         lines = [
             "#!/bin/bash",
-            f"#SBATCH --job-name=areal-{self.experiment_name}-{self.trial_name}-{job.role}",
+            f"#SBATCH --job-name={name}" + ("" if rank is None else f"-{rank}"),
             f"#SBATCH --ntasks={job.replicas if rank is None else 1}",
             f"#SBATCH --cpus-per-task={cpus}",
             f"#SBATCH --output={batch_log}",
@@ -261,7 +272,8 @@ class SlurmScheduler(SchedulerBase):
 
     # ------------------------------------------------------------------ workers
     def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
-        """Submit the role's batch job and wait until every task is healthy; returns worker ids."""
+        """Submit the role's batch job(s) (one, or one per command worker: module docstring)
+        and wait until every task is healthy; returns worker ids."""
         role = job.role
         self._claim_role(role)
         colocated = self._colocate(job)
@@ -272,30 +284,32 @@ class SlurmScheduler(SchedulerBase):
         os.makedirs(self.log_dir, exist_ok=True)
         self.name_resolve.clear_subtree(f"{self._prefix()}/slurm/{role}")
         self.name_resolve.clear_subtree(f"{self._prefix()}/workers/{role}")
-        script_path = os.path.join(self.log_dir, f"{role}.sbatch")
-        batch_log = os.path.join(self.log_dir, f"{role}-slurm-%j.out")
-        with open(script_path, "w") as f:
-            f.write(self._script(job, os.path.join(self.log_dir, f"{role}-%t.log"), batch_log))
-        out = self._run("sbatch", "--parsable", *self.sbatch_args, script_path)
-        job_id = out.stdout.strip().split(";")[0]
-        sjob = _SlurmJob(
-            job_id=job_id,
-            role=role,
-            script=script_path,
-            batch_log=batch_log.replace("%j", job_id),
-            log_paths=[os.path.join(self.log_dir, f"{role}-{i}.log") for i in range(job.replicas)],
+        distributed = (
+            job.distributed_env if job.distributed_env is not None else job.worker_spec.cmd is None
         )
-        logger.info(f"Submitted Slurm job {job_id} for role {role!r} ({job.replicas} tasks)")
+        sjobs: list[_SlurmJob] = []
         workers: list[_SlurmWorker] = []
         with self._lock:
-            self._jobs[role] = sjob
-            self._jobs_by_id[job_id] = sjob
+            self._jobs[role] = sjobs
             self._jobs_spec[role] = job
             self._roles[role] = workers
         try:
+            if distributed:
+                submits: list[tuple[int | None, str | None]] = [(None, None)]
+            else:  # one job per server: no node's death ends another node's server
+                nodes = self._hostnames(job.worker_spec.nodelist)
+                submits = [
+                    (i, nodes[i % len(nodes)] if nodes else None) for i in range(job.replicas)
+                ]
+            for rank, node in submits:
+                sjob = self._submit(job, rank, node)
+                with self._lock:
+                    sjobs.append(sjob)
+                    self._jobs_by_id[sjob.job_id] = sjob
             deadline = time.monotonic() + self.startup_timeout
             for i in range(job.replicas):
-                info = self._wait_address(sjob, i, deadline)
+                sjob = sjobs[0] if distributed else sjobs[i]
+                info = self._wait_address(sjob, role, i, deadline)
                 w = Worker(
                     id=f"{role}/{i}", ip=info["ip"], worker_ports=[str(p) for p in info["ports"]]
                 )
@@ -304,8 +318,8 @@ class SlurmScheduler(SchedulerBase):
                         worker=w,
                         role=role,
                         index=i,
-                        job_id=job_id,
-                        log_path=sjob.log_paths[i],
+                        job_id=sjob.job_id,
+                        log_path=sjob.log_path(i),
                         client=RPCClient(w.address, worker_id=w.id)
                         if job.worker_spec.cmd is None
                         else None,
@@ -313,14 +327,49 @@ class SlurmScheduler(SchedulerBase):
                     )
                 )
                 logger.info(
-                    f"Task {w.id} of job {job_id} on {info['host']} ({w.ip}) ports {info['ports']}; "
-                    f"log {sjob.log_paths[i]}"
+                    f"Task {w.id} of job {sjob.job_id} on {info['host']} ({w.ip}) ports "
+                    f"{info['ports']}; log {sjob.log_path(i)}"
                 )
-            self._wait_healthy(job, sjob, workers, deadline)
+            self._wait_healthy(job, workers, deadline)
         except BaseException:
             self.delete_workers(role)
             raise
         return [w.worker.id for w in workers]
+
+    def _submit(self, job: Job, rank: int | None, node: str | None = None) -> _SlurmJob:
+        """``sbatch`` the role's job (``rank`` None: every task) or the one-task job of
+        worker ``rank`` (pinned to ``node`` when given)."""
+        role = job.role
+        tag = role if rank is None else f"{role}-{rank}"
+        script_path = os.path.join(self.log_dir, f"{tag}.sbatch")
+        batch_log = os.path.join(self.log_dir, f"{tag}-slurm-%j.out")
+        log = os.path.join(self.log_dir, f"{role}-%t.log" if rank is None else f"{tag}.log")
+        with open(script_path, "w") as f:
+            f.write(self._script(job, log, batch_log, nodelist=node, rank=rank))
+        out = self._run("sbatch", "--parsable", *self.sbatch_args, script_path)
+        job_id = out.stdout.strip().split(";")[0]
+        ranks = range(job.replicas) if rank is None else [rank]
+        sjob = _SlurmJob(
+            job_id=job_id,
+            role=role,
+            script=script_path,
+            batch_log=batch_log.replace("%j", job_id),
+            log_paths=[os.path.join(self.log_dir, f"{role}-{i}.log") for i in ranks],
+            first_rank=0 if rank is None else rank,
+        )
+        where = f" on {node}" if node else ""
+        logger.info(
+            f"Submitted Slurm job {job_id} for role {role!r} "
+            + (f"({job.replicas} tasks)" if rank is None else f"(worker {rank}{where})")
+        )
+        return sjob
+
+    def _hostnames(self, nodelist: str | None) -> list[str]:
+        """The node names of a Slurm host list (``n[1-3],m1``), in order."""
+        if not nodelist:
+            return []
+        out = self._run("scontrol", "show", "hostnames", nodelist)
+        return out.stdout.split()
 
     def _job_state(self, sjob: _SlurmJob, max_age: float = 0.0) -> str:
         """Slurm state of the job (cached for ``max_age`` s)."""
@@ -349,13 +398,13 @@ class SlurmScheduler(SchedulerBase):
             or f"Worker {worker_id or sjob.role} (Slurm job {sjob.job_id}, role {sjob.role}) "
             f"is dead{what}: job state {sjob.state}."
         ]
-        paths = [sjob.log_paths[int(worker_id.rsplit("/", 1)[1])]] if worker_id else sjob.log_paths
+        paths = [sjob.log_path(int(worker_id.rsplit("/", 1)[1]))] if worker_id else sjob.log_paths
         for p in [*paths, sjob.batch_log]:
             lines.append(log_tail_block(p))
         return "\n".join(lines)
 
-    def _wait_address(self, sjob: _SlurmJob, rank: int, deadline: float) -> dict:
-        key = f"{self._prefix()}/slurm/{sjob.role}/{rank}"
+    def _wait_address(self, sjob: _SlurmJob, role: str, rank: int, deadline: float) -> dict:
+        key = f"{self._prefix()}/slurm/{role}/{rank}"
         while True:
             try:
                 return json.loads(self.name_resolve.get(key))
@@ -363,29 +412,27 @@ class SlurmScheduler(SchedulerBase):
                 pass
             state = self._job_state(sjob, max_age=1.0)
             if not state.startswith(ALIVE_STATES):
-                raise WorkerDiedError(self._job_dead_error(sjob, f"{sjob.role}/{rank}", "startup"))
+                raise WorkerDiedError(self._job_dead_error(sjob, f"{role}/{rank}", "startup"))
             if time.monotonic() > deadline:
                 reason = self._run(
                     "squeue", "-h", "-j", sjob.job_id, "-o", "%T %r", check=False
                 ).stdout.strip()
                 headline = (
-                    f"Task {sjob.role}/{rank} of Slurm job {sjob.job_id} did not publish its "
+                    f"Task {role}/{rank} of Slurm job {sjob.job_id} did not publish its "
                     f"address within {self.startup_timeout} s (squeue: {reason or state!r})"
                 )
-                raise TimeoutError(
-                    self._job_dead_error(sjob, f"{sjob.role}/{rank}", headline=headline)
-                )
+                raise TimeoutError(self._job_dead_error(sjob, f"{role}/{rank}", headline=headline))
             time.sleep(0.2)
 
-    def _wait_healthy(
-        self, job: Job, sjob: _SlurmJob, workers: list[_SlurmWorker], deadline: float
-    ) -> None:
+    def _wait_healthy(self, job: Job, workers: list[_SlurmWorker], deadline: float) -> None:
         def dead(w: _SlurmWorker) -> WorkerDiedError | None:
+            sjob = self._jobs_by_id[w.job_id]
             if self._job_state(sjob, max_age=1.0).startswith(ALIVE_STATES):
                 return None
             return WorkerDiedError(self._job_dead_error(sjob, w.worker.id, "startup"))
 
         def timed_out(w: _SlurmWorker) -> TimeoutError:
+            sjob = self._jobs_by_id[w.job_id]
             headline = (
                 f"Worker {w.worker.id} not healthy at {w.worker.address} "
                 f"within {self.startup_timeout} s (job state {sjob.state})"
@@ -474,14 +521,15 @@ class SlurmScheduler(SchedulerBase):
         )
 
     def kill_worker(self, worker_id: str) -> None:
-        """Give up a silent command worker: ``scancel`` its replacement job (a task of the
-        role's shared job cannot be cancelled alone; it is left to the job's end) and
-        remember its node as suspect, so ``restart_worker`` places the new one elsewhere."""
+        """Give up a silent command worker: ``scancel`` its replacement job (a worker's first
+        job is left alone: when its node comes back after a cut link, the server there is
+        readmitted beside its replacement, see ``ServerWatchdog``) and remember its node
+        as suspect, so ``restart_worker`` places the new one elsewhere."""
         w = self._worker(worker_id)
         if w.client is not None:
             raise ValueError(f"Worker {worker_id} is an RPC worker; kill_worker is for servers")
-        role_job = self._jobs.get(w.role)
-        if role_job is not None and w.job_id != role_job.job_id:
+        sjob = self._jobs_by_id.get(w.job_id)
+        if sjob is not None and sjob.replacement:
             self._run("scancel", "--signal=KILL", "--full", w.job_id, check=False)
         node = w.info.get("node", "")
         if node:
@@ -521,7 +569,7 @@ class SlurmScheduler(SchedulerBase):
             nodelist = ",".join(n for n in dict.fromkeys(names) if n not in bad) or None
         idx = w.index
         old = self._jobs_by_id.get(w.job_id)
-        if old is not None and old.role != w.role:  # a replacement job: stop what is left
+        if old is not None and old.replacement:  # a replacement job: stop what is left
             self._run("scancel", "--full", old.job_id, check=False)
         script_path = os.path.join(self.log_dir, f"{w.role}-{idx}-restart.sbatch")
         batch_log = os.path.join(self.log_dir, f"{w.role}-{idx}-slurm-%j.out")
@@ -540,7 +588,9 @@ class SlurmScheduler(SchedulerBase):
             role=f"{w.role}/{idx}",
             script=script_path,
             batch_log=batch_log.replace("%j", job_id),
-            log_paths=[w.log_path + ".restart"] * (idx + 1),
+            log_paths=[w.log_path + ".restart"],
+            first_rank=idx,
+            replacement=True,
         )
         logger.info(
             f"Restarting worker {worker_id} as Slurm job {job_id}"
@@ -582,9 +632,13 @@ class SlurmScheduler(SchedulerBase):
         return new
 
     def job_id(self, role: str) -> str:
-        """Slurm job id of a role's workers."""
+        """Slurm job id of a role's workers (of its first worker where each has a job)."""
+        return self.job_ids(role)[0]
+
+    def job_ids(self, role: str) -> list[str]:
+        """Slurm job ids the role's workers were created in (one, or one per worker)."""
         with self._lock:
-            return self._jobs[self._aliases.get(role, role)].job_id
+            return [j.job_id for j in self._jobs[self._aliases.get(role, role)]]
 
     def worker_info(self, worker_id: str) -> dict:
         """``ip``, ``ports``, ``pid`` and ``host`` as published by the task."""
@@ -594,9 +648,11 @@ class SlurmScheduler(SchedulerBase):
         """``scancel`` the jobs of ``role`` (all if None) and wait until squeue drops them."""
         with self._lock:
             roles = [r for r in self._release_roles(role) if r in self._jobs]
-            jobs = [self._jobs.pop(r) for r in roles]
+            jobs = [j for r in roles for j in self._jobs.pop(r)]
             jobs += [  # replacement jobs of restarted workers
-                j for j in self._jobs_by_id.values() if j.role.rpartition("/")[0] in roles
+                j
+                for j in self._jobs_by_id.values()
+                if j.replacement and j.role.rpartition("/")[0] in roles
             ]
             for j in jobs:
                 self._jobs_by_id.pop(j.job_id, None)
@@ -617,9 +673,9 @@ class SlurmScheduler(SchedulerBase):
                 logger.error(f"Slurm jobs {ids} still listed by squeue 60 s after scancel")
         except Exception as e:  # noqa: BLE001 - keep cleaning up
             logger.error(f"scancel {ids} failed: {e}")
-        for j in jobs:
-            self.name_resolve.clear_subtree(f"{self._prefix()}/slurm/{j.role}")
-            self.name_resolve.clear_subtree(f"{self._prefix()}/workers/{j.role}")
+        for r in dict.fromkeys(j.role for j in jobs):
+            self.name_resolve.clear_subtree(f"{self._prefix()}/slurm/{r}")
+            self.name_resolve.clear_subtree(f"{self._prefix()}/workers/{r}")
         logger.info(f"Cancelled Slurm jobs {ids} (roles {roles})")
 
 
