@@ -8,8 +8,9 @@ Steps, each timed, results in ``$OUT/gpu_check.json`` (or ``--out``):
 
 1. environment: GPU, torch / CUDA / transformers versions;
 2. missing dependencies installed from ``.gpu-wheels/`` (``pip --no-index``);
-3. the ``gpu``-marked tests (``tests/test_gpu.py``: bf16 FSDP2 over NCCL, the built-in
-   server on CUDA vs HF);
+3. the ``gpu``-marked tests (``tests/test_gpu.py``: bf16 FSDP2 over NCCL; bf16
+   ArchonEngine over NCCL, qwen3 and qwen3_moe on one GPU, ``d1t2`` with two; the
+   built-in server on CUDA vs HF);
 4. 20 steps of the demo (``examples/math/gsm8k_grpo_cpu.yaml``) with the trainer and the
    built-in server on the GPU: held-out accuracy before/after, seconds per step.
 """
