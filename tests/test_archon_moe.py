@@ -14,12 +14,18 @@ ATOL = 1e-5
 VOCAB = 96
 
 
-def hf_moe(seed: int = 0, norm_topk_prob: bool = True, mlp_only_layers=(), n_experts: int = 4):
+def hf_moe(
+    seed: int = 0,
+    norm_topk_prob: bool = True,
+    mlp_only_layers=(),
+    n_experts: int = 4,
+    vocab: int = VOCAB,
+):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(seed)
     cfg = Qwen3MoeConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden_size=32,
         intermediate_size=48,
         moe_intermediate_size=16,

@@ -170,38 +170,12 @@ _ARCHON_TOL = {
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
-def _build_tiny_qwen3_moe(path: str, seed: int = 0) -> str:
-    """A random tiny Qwen3-MoE (as tests/test_archon_moe.py builds it, vocab 400): hidden
-    32, 2 layers, 4 experts, top 2."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen3MoeConfig(
-        vocab_size=400,
-        hidden_size=32,
-        intermediate_size=48,
-        moe_intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_experts=4,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    model = Qwen3MoeForCausalLM(cfg)
-    with torch.no_grad():  # away from the near-identity default init (router too)
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(path)
-    return path
-
-
 def _tiny_archon_model(family: str, path: str) -> str:
-    if family == "qwen3_moe":
-        return _build_tiny_qwen3_moe(path)
+    if family == "qwen3_moe":  # 4 experts, top 2 (vocab 400: the batches' token ids)
+        from test_archon_moe import hf_moe
+
+        hf_moe(seed=0, vocab=400).save_pretrained(path)
+        return path
     from test_archon_engine import build_tiny_qwen3
 
     return build_tiny_qwen3(path)
