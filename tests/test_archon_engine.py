@@ -66,6 +66,20 @@ def build_tiny_qwen3(path: str, seed: int = 0) -> str:
     return path
 
 
+def load_safetensors_once(folder: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the ``*.safetensors`` files in ``folder``; fails when one is
+    written in two files."""
+    from safetensors.torch import load_file
+
+    seen: dict[str, torch.Tensor] = {}
+    for f in sorted(os.listdir(folder)):
+        if f.endswith(".safetensors"):
+            part = load_file(os.path.join(folder, f))
+            assert not set(part) & set(seen), "a tensor written twice"
+            seen.update(part)
+    return seen
+
+
 def _full(eng) -> dict[str, torch.Tensor]:
     """Every exported tensor by HF name, gathered (collective)."""
     out = {}
@@ -251,13 +265,7 @@ def test_hf_save_and_sharded_export_hold_every_tensor_once(t2_qwen2, base_qwen2)
     assert set(saved) == set(want)
     for k, v in want.items():
         torch.testing.assert_close(saved[k], v, atol=ATOL, rtol=0)
-    shard_dir = os.path.join(t2_qwen2["export"], "shards")
-    seen: dict[str, torch.Tensor] = {}
-    for f in sorted(os.listdir(shard_dir)):
-        if f.endswith(".safetensors"):
-            part = load_file(os.path.join(shard_dir, f))
-            assert not set(part) & set(seen), "a tensor written twice"
-            seen.update(part)
+    seen = load_safetensors_once(os.path.join(t2_qwen2["export"], "shards"))
     assert set(seen) == set(want)
     assert sum(r["shard_bytes"] for r in t2_qwen2["ranks"]) == sum(
         v.numel() * v.element_size() for v in want.values()

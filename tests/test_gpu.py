@@ -230,6 +230,7 @@ def _check_archon_one_rank(tmp_path, family, device, backend, dtype):
     loads back in transformers (no missing/unexpected keys) with the engine's parameters
     (rounded to the export dtype: exactly) and the engine's logprobs."""
     from safetensors.torch import load_file
+    from test_archon_engine import load_safetensors_once
     from test_fsdp_engine import make_batch, reference_logprobs
     from transformers import AutoModelForCausalLM
 
@@ -252,12 +253,7 @@ def _check_archon_one_rank(tmp_path, family, device, backend, dtype):
     # the HF save: every exported tensor once, in the export dtype (the engine's dtype on
     # CUDA, float32 on CPU), equal to the trained parameter rounded to it
     export_dtype = dtype if device == "cuda" else torch.float32
-    saved: dict[str, torch.Tensor] = {}
-    for f in sorted(os.listdir(export_dir)):
-        if f.endswith(".safetensors"):
-            part = load_file(os.path.join(export_dir, f))
-            assert not set(part) & set(saved), "a tensor written twice"
-            saved.update(part)
+    saved = load_safetensors_once(export_dir)
     assert set(saved) == set(res["export"])
     for k, v in res["export"].items():
         assert saved[k].dtype == export_dtype, (k, saved[k].dtype)
