@@ -199,6 +199,63 @@ def test_create_workers_command_exits_at_startup_raises_with_log(tmp_path):
 
 
 @pytest.mark.slow
+def test_create_workers_no_wait_returns_before_healthy_and_get_workers_waits(tmp_path):
+    """``wait=False``: the call returns while the worker still sleeps before serving; a
+    second role starts meanwhile; ``get_workers`` (and ``wait_workers`` from two threads)
+    wait until it serves."""
+    import threading
+
+    import requests
+
+    slow = SchedulingSpec(
+        cmd='python -c "import time, http.server as h; time.sleep(3); '
+        "h.test(HandlerClass=h.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')\"",
+        port_count=1,
+    )
+    with LocalScheduler(fileroot=str(tmp_path), startup_timeout=60) as sched:
+        t0 = time.monotonic()
+        ids = sched.create_workers(
+            Job(replicas=1, role="slow", tasks=[slow], health_path="/"), wait=False
+        )
+        returned_after = time.monotonic() - t0
+        assert ids == ["slow/0"] and returned_after < 2.5, returned_after
+        sched.create_workers(Job(replicas=1, role="rpc"))  # started while "slow" boots
+        errors: list[BaseException] = []
+
+        def wait():
+            try:
+                sched.wait_workers("slow")
+            except BaseException as e:  # noqa: BLE001 - collected for the assert
+                errors.append(e)
+
+        threads = [threading.Thread(target=wait) for _ in range(2)]
+        for t in threads:
+            t.start()
+        (w,) = sched.get_workers("slow")
+        assert time.monotonic() - t0 >= 3.0  # not returned before the worker serves
+        assert requests.get(f"http://{w.address}/", timeout=5).status_code == 200
+        for t in threads:
+            t.join(30)
+        assert not errors
+        sched.wait_workers("slow")  # already waited for: returns at once
+    _assert_no_children()
+
+
+def test_create_workers_no_wait_failed_start_raised_to_every_waiter(tmp_path):
+    spec = SchedulingSpec(
+        cmd="python -c \"import sys, time; time.sleep(1); print('bad config value'); sys.exit(3)\"",
+        port_count=1,
+    )
+    with LocalScheduler(fileroot=str(tmp_path), startup_timeout=60) as sched:
+        assert sched.create_workers(Job(replicas=1, role="broken", tasks=[spec]), wait=False)
+        with pytest.raises(WorkerDiedError, match="bad config value"):
+            sched.get_workers("broken")
+        assert sched.worker_pids("broken") == []  # the role was stopped
+        with pytest.raises(KeyError):
+            sched.get_workers("broken")
+    _assert_no_children()
+
+
 def test_workers_exit_when_controller_killed(tmp_path):
     script = textwrap.dedent(
         f"""

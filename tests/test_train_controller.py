@@ -183,7 +183,12 @@ def ctrl(tmp_path_factory):
     sched = LocalScheduler(fileroot=str(root), startup_timeout=120, call_timeout=120)
     try:
         c = TrainController(ENGINE, {"lr": 1.0}, sched, group_size=1)
-        c.initialize("actor", world_size=2, ft_spec=None, extra_flag=True)
+        # wait=False (as the trainer starts its roles): returns once the processes are
+        # started, before they serve (each imports torch first); the engine thread waits
+        c.initialize("actor", world_size=2, ft_spec=None, extra_flag=True, wait=False)
+        assert c.workers == [] and len(sched.worker_pids("actor")) == 2
+        c.wait_ready()
+        assert [w.id for w in c.workers] == ["actor/0", "actor/1"]
         _FIXTURE_PIDS.update(sched.worker_pids())
         yield c
         c.destroy()

@@ -155,7 +155,15 @@ class Scheduler(abc.ABC):
 
     @abc.abstractmethod
     def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
-        """Start ``job.replicas`` workers, wait until healthy; return their ids."""
+        """Start ``job.replicas`` workers, wait until healthy; return their ids.
+
+        A scheduler may accept ``wait=False``: return once they are started, and wait in
+        :meth:`wait_workers` (``LocalScheduler``); others wait here regardless."""
+
+    def wait_workers(self, role: str) -> None:
+        """Wait for workers started with ``create_workers(job, wait=False)`` to be healthy;
+        raise what failed. Returns at once where ``create_workers`` already waited."""
+        return None
 
     @abc.abstractmethod
     def get_workers(self, role: str, timeout: float | None = None) -> list[Worker]:

@@ -305,11 +305,12 @@ class TrainController:
 
         ``alloc_mode``: an ``AllocationMode`` (``.train.world_size``/``.dp_size``), its
         string form, or an int; ``world_size`` overrides it (pure data parallel).
-        ``wait=False`` returns once the workers are up and builds the engines on a
-        background thread (RPC calls only: the workers were started from this thread, so
-        their parent-death signal stays armed); :meth:`wait_ready` joins it. The trainer
-        starts the inference servers meanwhile. ``after``: a controller whose engines are
-        built first (roles colocated on one worker must not build theirs concurrently).
+        ``wait=False`` returns once the worker processes are started (from this thread, so
+        their parent-death signal is armed); a background thread waits until they are
+        healthy (``scheduler.wait_workers``) and builds the engines; :meth:`wait_ready`
+        joins it. The trainer starts the inference servers meanwhile. ``after``: a
+        controller whose engines are built first (roles colocated on one worker must not
+        build theirs concurrently).
         """
         self.role = role
         self.alloc_mode = alloc_mode
@@ -324,8 +325,11 @@ class TrainController:
             replicas=self.world_size, tasks=specs or [SchedulingSpec(cpu=1, mem=4)], role=role
         )
         try:
-            self.scheduler.create_workers(job)
-            self.workers = self.scheduler.get_workers(role)
+            if wait:
+                self.scheduler.create_workers(job)
+                self.workers = self.scheduler.get_workers(role)
+            else:  # healthy-wait on the engine thread (LocalScheduler; others wait here)
+                self.scheduler.create_workers(job, wait=False)
         except BaseException:
             self.destroy()
             raise
@@ -339,6 +343,8 @@ class TrainController:
     def _build_engines(
         self, ft_spec: FinetuneSpec | None, kwargs: dict[str, Any], before: Future | None
     ) -> None:
+        if not self.workers:
+            self.workers = self.scheduler.get_workers(self.role)  # waits until healthy
         if before is not None:
             wait_futures([before])  # its failure is raised by its own wait_ready
         self._call_all(

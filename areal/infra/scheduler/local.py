@@ -3,7 +3,8 @@
 Each worker is its own process group (``start_new_session``), logs stdout+stderr to
 ``{fileroot}/logs/{experiment}/{trial}/{role}-{i}.log``, gets ``port_count`` free ports
 (``worker_ports[0]`` serves HTTP) and must answer ``GET {job.health_path}`` with 200 within
-``startup_timeout`` seconds. Worker addresses are published with ``name_resolve`` under
+``startup_timeout`` seconds (``create_workers(job, wait=False)`` returns once the processes
+are started; ``wait_workers(role)``, or ``get_workers``, waits for that). Worker addresses are published with ``name_resolve`` under
 ``{experiment}/{trial}/workers/{role}/{i}`` (root: ``cluster.name_resolve.nfs_record_root``
 of ``exp_config``, else ``{fileroot}/name_resolve``).
 
@@ -101,6 +102,17 @@ def _lost_port_race(log_path: str) -> bool:
 
 
 @dataclass
+class _PendingStart:
+    """A role started with ``create_workers(job, wait=False)``, not yet waited for."""
+
+    job: Job
+    procs: list
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done: bool = False
+    error: BaseException | None = None
+
+
+@dataclass
 class _WorkerProc:
     worker: Worker
     role: str
@@ -173,6 +185,7 @@ class LocalScheduler(SchedulerBase):
                 or os.path.join(self.fileroot, "name_resolve")
             )
         self._used_ports: set[int] = set()
+        self._starting: dict[str, _PendingStart] = {}  # create_workers(wait=False), not waited
         self._stop_monitor = threading.Event()
         self._monitor = threading.Thread(
             target=self._monitor_loop,
@@ -252,8 +265,13 @@ class LocalScheduler(SchedulerBase):
             ]  # fmt: skip
         return format_command(spec.cmd, self.host, ports)
 
-    def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
-        """Start the workers of ``job`` and wait until all are healthy; returns their ids."""
+    def create_workers(self, job: Job, *args, wait: bool = True, **kwargs) -> list[str]:
+        """Start the workers of ``job`` and wait until all are healthy; returns their ids.
+
+        ``wait=False``: return once the processes are started (the caller starts other
+        roles meanwhile); ``wait_workers(role)`` (or ``get_workers``) waits until they are
+        healthy and raises what failed. Start them from the main thread either way: the
+        parent-death signal is armed only there (``_popen``)."""
         role = job.role
         with self._lock:
             if self._closed:
@@ -318,13 +336,48 @@ class LocalScheduler(SchedulerBase):
                 logger.info(
                     f"Started {worker.id} pid {proc.pid} on port {ports[0]}; log {log_path}"
                 )
-            self._wait_healthy_rebinding(job, procs)
-            for p in procs:
-                self.name_resolve.add(self._key(role, p.index), p.worker.address, replace=True)
+            if wait:
+                self._finish_start(job, procs)
+            else:
+                with self._lock:
+                    self._starting[role] = _PendingStart(job, procs)
         except BaseException:
             self.delete_workers(role)
             raise
         return [p.worker.id for p in procs]
+
+    def _finish_start(self, job: Job, procs: list[_WorkerProc]) -> None:
+        """Wait until the started ``procs`` of ``job`` are healthy; publish their addresses."""
+        self._wait_healthy_rebinding(job, procs)
+        for p in procs:
+            self.name_resolve.add(self._key(job.role, p.index), p.worker.address, replace=True)
+
+    def wait_workers(self, role: str) -> None:
+        """Wait until the workers of a role started with ``create_workers(job, wait=False)``
+        are healthy (at once for any other role). A failed start stops the role's workers
+        and raises what failed, to every caller; safe from several threads."""
+        with self._lock:
+            pending = self._starting.get(self._aliases.get(role, role))
+        if pending is None:
+            return
+        with pending.lock:
+            if not pending.done:
+                pending.done = True
+                try:
+                    self._finish_start(pending.job, pending.procs)
+                except BaseException as e:
+                    pending.error = e
+                    self.delete_workers(pending.job.role)
+                finally:
+                    with self._lock:
+                        if self._starting.get(pending.job.role) is pending:
+                            del self._starting[pending.job.role]
+        if pending.error is not None:
+            raise pending.error
+
+    def get_workers(self, role: str, timeout: float | None = None) -> list[Worker]:
+        self.wait_workers(role)
+        return super().get_workers(role, timeout)
 
     # A worker that lost its port to another process between ``find_free_ports`` and its
     # bind is started again on a fresh port, this many times at most.
@@ -503,6 +556,8 @@ class LocalScheduler(SchedulerBase):
         with self._lock:
             roles = self._release_roles(role)
             procs = [p for r in roles for p in self._roles.pop(r)]
+            for r in roles:
+                self._starting.pop(r, None)
         if not procs:
             return
         for p in procs:
