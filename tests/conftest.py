@@ -39,12 +39,38 @@ def _force_hypothesis_seed(config) -> None:
         seed = os.environ.get("HYPOTHESIS_SEED") or ("0" if in_ci() else None)
     if seed is None:
         seed = random.randrange(2**32)
+        # the test processes of `pytest -n` (started after this) use the same seed
+        os.environ["HYPOTHESIS_SEED"] = str(seed)
     seed = int(seed) if str(seed).isdigit() else seed
     core.global_force_seed = seed
     config.stash[_HYPOTHESIS_SEED] = seed
 
 
 _HYPOTHESIS_SEED = pytest.StashKey[object]()
+
+# The longest files of `make check` that are not marked `serial` (Makefile), started
+# first: `pytest -n 2 --dist loadfile` hands out whole files in collection order, so one
+# of these left for the end would run alone while the other process idles.
+LONGEST_FILES = (
+    "test_presets_train.py",
+    "test_deterministic_rollout.py",
+    "test_archon_engine.py",
+    "test_resume.py",
+    "test_ray_scheduler.py",
+    "test_agent_workflow.py",
+    "test_slurm_scheduler.py",
+    "test_archon_ep.py",
+    "test_preference_trainers.py",
+    "test_ppo_actor.py",
+    "test_slurm_two_nodes.py",
+    "test_rl_trainer_teacher_lora.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files of :data:`LONGEST_FILES` first, in that order; the rest as collected."""
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable
 
 
 def pytest_report_header(config):

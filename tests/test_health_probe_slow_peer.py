@@ -13,6 +13,9 @@ import pytest
 
 from areal.api.cli_args import InferenceEngineConfig
 
+# serial: never beside another test file (`make check` runs these alone; Makefile)
+pytestmark = pytest.mark.serial
+
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     silent = threading.Event()

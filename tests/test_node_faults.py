@@ -55,7 +55,8 @@ BATCH = 4
 N_SAMPLES = 2
 HEALTH_TIMEOUT = 5
 
-pytestmark = pytest.mark.slow
+# serial: never beside another test file (`make check` runs these alone; Makefile)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 def test_slurm_server_task_killed_job_lives_kill_worker_restart_worker_serves(

@@ -36,7 +36,8 @@ BATCH = 4
 N_SAMPLES = 2
 HEALTH_TIMEOUT = 5
 
-pytestmark = pytest.mark.slow
+# serial: never beside another test file (`make check` runs these alone; Makefile)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 @pytest.fixture(scope="module")

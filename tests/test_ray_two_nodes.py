@@ -36,7 +36,8 @@ from two_node_demo import (
     run_demo,
 )
 
-pytestmark = pytest.mark.slow
+# serial: never beside another test file (`make check` runs these alone; Makefile)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 # node-fault run: 0.15-1 s a step (CPU kind, load); the run lasts until the restart is in
 # the step stats, then THEN_STEPS steps, then the test stops it (SIGTERM)

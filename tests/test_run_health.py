@@ -22,6 +22,9 @@ from areal.infra.rollout.failure_monitor import EpisodeFailureMonitor, RolloutFa
 from areal.utils.evaluator import run_evaluation
 from areal.workflow.rlvr import RLVRWorkflow
 
+# serial: never beside another test file (`make check` runs these alone; Makefile)
+pytestmark = pytest.mark.serial
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_YAML = os.path.join(REPO, "examples", "math", "gsm8k_grpo_cpu.yaml")
 TRAINER_SCRIPT = os.path.join(REPO, "tests", "_run_health_trainer.py")

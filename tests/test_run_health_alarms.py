@@ -23,7 +23,8 @@ import os
 import pytest
 from _health_runs import demo_config, read_jsonl, run_demo
 
-pytestmark = pytest.mark.slow
+# serial: never beside another test file (`make check` runs these alone; Makefile)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 def starts(events: list[dict]) -> dict[str, int]:

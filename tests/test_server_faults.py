@@ -30,6 +30,9 @@ from areal.api.io_struct import ModelRequest, WeightUpdateMeta
 from areal.api.scheduler_api import Job, SchedulingSpec
 from areal.infra.scheduler.local import LocalScheduler
 
+# serial: never beside another test file (`make check` runs these alone; Makefile)
+pytestmark = pytest.mark.serial
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "examples", "math", "gsm8k_rl.py")
 DEMO_YAML = os.path.join(REPO, "examples", "math", "gsm8k_grpo_cpu.yaml")

@@ -37,6 +37,9 @@ from areal.api.scheduler_api import Job, SchedulingSpec
 from areal.infra.scheduler.local import LocalScheduler
 from areal.infra.wait_log import WaitLog, waiting
 
+# serial: never beside another test file (`make check` runs these alone; Makefile)
+pytestmark = pytest.mark.serial
+
 N_NEW = 48
 
 
