@@ -184,10 +184,14 @@ def test_create_workers_command_worker_serves_and_stops(tmp_path):
     _assert_no_children()
 
 
+def _dying_command(message: str, code: int, delay_s: float = 0.0) -> SchedulingSpec:
+    """A command worker that prints ``message`` and exits with ``code`` after ``delay_s``."""
+    script = f"import sys, time; time.sleep({delay_s}); print({message!r}); sys.exit({code})"
+    return SchedulingSpec(cmd=f'python -c "{script}"', port_count=1)
+
+
 def test_create_workers_command_exits_at_startup_raises_with_log(tmp_path):
-    spec = SchedulingSpec(
-        cmd="python -c \"import sys; print('bad config value'); sys.exit(3)\"", port_count=1
-    )
+    spec = _dying_command("bad config value", 3)
     with LocalScheduler(fileroot=str(tmp_path), startup_timeout=60) as sched:
         with pytest.raises(WorkerDiedError) as ei:
             sched.create_workers(Job(replicas=1, role="broken", tasks=[spec]))
@@ -242,10 +246,7 @@ def test_create_workers_no_wait_returns_before_healthy_and_get_workers_waits(tmp
 
 
 def test_create_workers_no_wait_failed_start_raised_to_every_waiter(tmp_path):
-    spec = SchedulingSpec(
-        cmd="python -c \"import sys, time; time.sleep(1); print('bad config value'); sys.exit(3)\"",
-        port_count=1,
-    )
+    spec = _dying_command("bad config value", 3, delay_s=1.0)
     with LocalScheduler(fileroot=str(tmp_path), startup_timeout=60) as sched:
         assert sched.create_workers(Job(replicas=1, role="broken", tasks=[spec]), wait=False)
         with pytest.raises(WorkerDiedError, match="bad config value"):
@@ -395,10 +396,7 @@ def test_command_worker_whose_port_was_taken_starts_again_on_a_new_port(tmp_path
 
 
 def test_worker_dying_for_another_reason_is_not_started_again(tmp_path):
-    spec = SchedulingSpec(
-        cmd="python -c \"import sys; print('OSError: something else'); sys.exit(1)\"",
-        port_count=1,
-    )
+    spec = _dying_command("OSError: something else", 1)
     with LocalScheduler(fileroot=str(tmp_path), startup_timeout=60) as sched:
         with pytest.raises(WorkerDiedError, match="something else"):
             sched.create_workers(Job(replicas=1, role="broken", tasks=[spec]))
