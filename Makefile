@@ -60,6 +60,14 @@ PYTEST        := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest
 # pytest's exit status 5 (no test selected: e.g. PYTEST_FLAGS names a file with no
 # `serial` test) is not a failure of one of the two sessions
 NONE_OK       := || [ $$? -eq 5 ]
+# $(call run_tests,MARKS,DURATIONS,BUDGET_S,SERIAL_BUDGET_S): the selected files two at a
+# time, then the `serial` ones alone (an empty budget: none)
+define run_tests
+	AREAL_TEST_BUDGET_S=$(3) $(PYTEST) $(PYTEST_JOBS) -m "$(1) and not serial" -q \
+	    --durations=$(2) $(PYTEST_FLAGS) $(NONE_OK)
+	AREAL_TEST_BUDGET_S=$(4) $(PYTEST) -m "$(1) and serial" -q --durations=$(2) \
+	    $(PYTEST_FLAGS) $(NONE_OK)
+endef
 empty         :=
 space         := $(empty) $(empty)
 STAMP         := $(VENV)/.installed-$(subst $(space),-,$(strip $(EXTRAS)))
@@ -99,9 +107,7 @@ demo: setup
 test: setup
 	$(PY) -m ruff check .
 	$(MAKE) --no-print-directory docs-build
-	$(PYTEST) $(PYTEST_JOBS) -m "$(QUICK_MARKS) and not serial" -q --durations=15 $(PYTEST_FLAGS) \
-	    $(NONE_OK)
-	$(PYTEST) -m "$(QUICK_MARKS) and serial" -q --durations=5 $(PYTEST_FLAGS) $(NONE_OK)
+	$(call run_tests,$(QUICK_MARKS),15,,)
 
 # The full check. `make claims` (the README's learning figures re-measured) runs when the
 # target exists.
@@ -109,10 +115,7 @@ check: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(MAKE) --no-print-directory docs-build
-	AREAL_TEST_BUDGET_S=$(TEST_BUDGET_S) $(PYTEST) $(PYTEST_JOBS) -m "$(CHECK_MARKS) and not serial" \
-	    -q --durations=25 $(PYTEST_FLAGS) $(NONE_OK)
-	AREAL_TEST_BUDGET_S=$(SERIAL_BUDGET_S) $(PYTEST) -m "$(CHECK_MARKS) and serial" -q \
-	    --durations=10 $(PYTEST_FLAGS) $(NONE_OK)
+	$(call run_tests,$(CHECK_MARKS),25,$(TEST_BUDGET_S),$(SERIAL_BUDGET_S))
 	@if grep -qE '^claims:' $(firstword $(MAKEFILE_LIST)); then \
 	    $(MAKE) --no-print-directory claims; \
 	  else echo "make check: no 'claims' target in this checkout yet: skipped"; fi

@@ -143,8 +143,9 @@ class PPOTrainer:
             # The training workers' processes first, then the inference servers and the
             # rollout client, without waiting in between: the workers come up and build
             # their engines (model load, FSDP wrap) on a thread while the servers start
-            # (each process spends seconds importing torch). The trainer forms groups of gconfig.n_samples rows: the data-parallel
-            # split keeps each group on one rank (group normalisation needs the whole group).
+            # (each process spends seconds importing torch). The trainer forms groups of
+            # gconfig.n_samples rows: the data-parallel split keeps each group on one rank
+            # (group normalisation needs the whole group).
             self.actor = self._start_role(
                 "actor", ACTOR_ENGINE, config.actor, group_size=_dispatch_group_size(config)
             )

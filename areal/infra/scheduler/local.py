@@ -4,9 +4,10 @@ Each worker is its own process group (``start_new_session``), logs stdout+stderr
 ``{fileroot}/logs/{experiment}/{trial}/{role}-{i}.log``, gets ``port_count`` free ports
 (``worker_ports[0]`` serves HTTP) and must answer ``GET {job.health_path}`` with 200 within
 ``startup_timeout`` seconds (``create_workers(job, wait=False)`` returns once the processes
-are started; ``wait_workers(role)``, or ``get_workers``, waits for that). Worker addresses are published with ``name_resolve`` under
-``{experiment}/{trial}/workers/{role}/{i}`` (root: ``cluster.name_resolve.nfs_record_root``
-of ``exp_config``, else ``{fileroot}/name_resolve``).
+are started; ``wait_workers(role)``, or ``get_workers``, waits for that). Worker addresses
+are published with ``name_resolve`` under ``{experiment}/{trial}/workers/{role}/{i}``
+(root: ``cluster.name_resolve.nfs_record_root`` of ``exp_config``, else
+``{fileroot}/name_resolve``).
 
 RPC workers (``SchedulingSpec.cmd is None``) of a job also get ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK`` (= rank on CPU, 0 when a GPU is assigned through
