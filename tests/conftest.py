@@ -78,6 +78,22 @@ def pytest_report_header(config):
     return f"hypothesis seed: {seed} (reproduce: pytest --hypothesis-seed={seed})"
 
 
+@pytest.fixture(autouse=True)
+def _fresh_stats_trackers():
+    """Each test starts with empty stats trackers.
+
+    The trackers are process-wide; under ``pytest -n`` one process runs many files in an
+    order that depends on timing, so stats one test left unexported must not reach the
+    next test's ``export_stats``. Modules not yet imported have nothing to drop.
+    """
+    import sys
+
+    tracker = sys.modules.get("areal.utils.stats_tracker")
+    if tracker is not None:
+        tracker.reset_all()
+    yield
+
+
 def build_tiny_qwen2(
     path: str,
     vocab_size: int = 400,

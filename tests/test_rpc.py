@@ -222,9 +222,12 @@ def test_rpc_server_exits_when_parent_pid_gone():
         env=_worker_env("s"),
     )
     try:
-        # its own exit code, not 1 (which any uncaught exception gives)
-        assert server.wait(timeout=30) == rpc_server.EXIT_PARENT_GONE
-        assert f"Parent process {parent.pid} is gone" in server.stderr.read()
+        # its own exit code, not 1 (which any uncaught exception gives), before serving
+        code = server.wait(timeout=30)
+        err = server.stderr.read()
+        assert code == rpc_server.EXIT_PARENT_GONE, err
+        assert f"Parent process {parent.pid} is gone" in err
+        assert "serving on" not in err
     finally:
         for p in (server, parent):
             if p.poll() is None:

@@ -56,6 +56,7 @@ __all__ = [
     "DEFAULT_TRACKER",
     "get",
     "export_all",
+    "reset_all",
     "scope",
     "scope_func_wrapper",
     "denominator",
@@ -399,6 +400,14 @@ def export_all(
             logger.warning("Duplicate stats keys across trackers: %s", sorted(dup))
         out.update(stats)
     return out
+
+
+def reset_all() -> None:
+    """Drop what every tracker holds, unexported (a fresh start within one process)."""
+    with _TRACKERS_LOCK:
+        trackers = list(_TRACKERS.values())
+    for tracker in trackers:
+        tracker.reset()
 
 
 scope = DEFAULT_TRACKER.scope

@@ -310,13 +310,17 @@ def _hard_exit(code: int) -> None:
     os._exit(code)
 
 
+def _exit_if_parent_gone(parent_pid: int) -> None:
+    if os.getppid() != parent_pid:
+        logger.warning(f"Parent process {parent_pid} is gone; exiting")
+        _hard_exit(EXIT_PARENT_GONE)
+
+
 def _watch_parent(parent_pid: int, interval: float = 1.0) -> None:
     """Exit when the controller that started us is gone (we got re-parented)."""
     while True:
         time.sleep(interval)
-        if os.getppid() != parent_pid:
-            logger.warning(f"Parent process {parent_pid} is gone; exiting")
-            _hard_exit(EXIT_PARENT_GONE)
+        _exit_if_parent_gone(parent_pid)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -353,6 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     stack_dump.install_process_handler("worker")  # the controller's hang dumps reach us
     parent = args.parent_pid if args.parent_pid is not None else os.getppid()
     if parent > 1:
+        _exit_if_parent_gone(parent)  # already gone: exit before taking the port
         threading.Thread(
             target=_watch_parent, args=(parent,), daemon=True, name="parent-watch"
         ).start()
