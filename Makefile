@@ -114,6 +114,7 @@ test: setup
 check: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mdformat --check $(MD_PAGES)
 	$(MAKE) --no-print-directory docs-build
 	$(call run_tests,$(CHECK_MARKS),25,$(TEST_BUDGET_S),$(SERIAL_BUDGET_S))
 	@if grep -qE '^claims:' $(firstword $(MAKEFILE_LIST)); then \
