@@ -46,11 +46,8 @@ class CIPlugin:
         budget = os.environ.get("AREAL_TEST_BUDGET_S", "").strip()
         self.budget_s = float(budget) if budget else None
         self.over_budget = False
-        self.started = time.monotonic()
+        self.started = time.monotonic()  # registered at pytest_configure: the session's start
         self.wall_s = 0.0
-
-    def pytest_sessionstart(self, session):
-        self.started = time.monotonic()
 
     # ------------------------------------------------------------------ skip policy
     def pytest_collection_modifyitems(self, items):
