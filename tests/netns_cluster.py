@@ -8,10 +8,10 @@
   veth pair (``arv<tag><node>`` in the root namespace, ``eth0`` inside) with the address
   ``10.213.<x>.1`` / ``.2`` / ``.3`` and its own loopback up.
 
-``<tag>`` is random per session and ``<x>`` is picked among the /24s no interface of
-this host uses, so two sessions on one host do not collide. The nodes share the file
-system (as cluster nodes share NFS) but not the network: ``127.0.0.1`` inside node A is
-A's own loopback, unreachable from B.
+``<tag>`` (creator pid + two random bytes) is unique per cluster and ``<x>`` is picked
+among the /24s no interface of this host uses, so two clusters on one host do not
+collide. The nodes share the file system (as cluster nodes share NFS) but not the
+network: ``127.0.0.1`` inside node A is A's own loopback, unreachable from B.
 
 ``NetnsCluster.popen(node, argv)`` runs a command inside a node (``ip netns exec``);
 ``kill_node`` kills every process of a node (``ip netns pids``); ``set_link`` cuts or
@@ -49,7 +49,29 @@ def netns_skip_reason() -> str | None:
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
+    """Run ``ip *args``; with ``check``, a failure raises with ``ip``'s own message."""
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"`ip {' '.join(args)}` exited {done.returncode}: {done.stderr.strip()}")
+    return done
+
+
+_TAGS_TAKEN: set[str] = set()  # tags this process has handed out (one per cluster)
+
+
+def _new_tag() -> str:
+    """``<pid>x<4 hex>``, unused by this process and by any interface on this host.
+
+    A process may build several clusters (the session fixture and a test's own); two
+    random bytes plus the check keep their interface names apart. Interface names must
+    stay <= 15 characters: ``arv`` + 5 + 1 + 4 + node letter = 14.
+    """
+    existing = _ip("-o", "link", "show", check=False).stdout
+    while True:
+        tag = f"{os.getpid() % 100000}x{secrets.token_hex(2)}"
+        if tag not in _TAGS_TAKEN and f"arb{tag}" not in existing and f"arv{tag}" not in existing:
+            _TAGS_TAKEN.add(tag)
+            return tag
 
 
 @dataclass
@@ -158,8 +180,7 @@ def _delete_netns(name: str) -> None:
 def create_cluster(n_nodes: int = 3) -> NetnsCluster:
     """Build the namespaces, veth pairs and bridge (call ``destroy_cluster`` afterwards)."""
     _remove_stale()
-    # tag: creator pid + random hex; interface names must stay <= 15 characters.
-    tag = f"{os.getpid() % 100000}x{secrets.token_hex(1)}"
+    tag = _new_tag()
     free = sorted(set(range(10, 250)) - _used_third_octets())
     third = free[secrets.randbelow(len(free))]
     net = f"10.213.{third}"
