@@ -23,6 +23,8 @@ the test failed or was interrupted. Leftovers of a session that died without tea
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import ipaddress
 import os
 import re
@@ -30,6 +32,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -177,23 +180,42 @@ def _delete_netns(name: str) -> None:
     _ip("netns", "del", name, check=False)
 
 
+@contextlib.contextmanager
+def _host_lock() -> Iterator[None]:
+    """Serialize cluster creation across the processes of this host (pytest-xdist workers).
+
+    Between picking a free /24 and putting it on a bridge, another worker could pick the
+    same one; under this lock the pick and the bridge's address are one step.
+    """
+    with open(os.path.join(tempfile.gettempdir(), "areal-netns-cluster.lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def create_cluster(n_nodes: int = 3) -> NetnsCluster:
     """Build the namespaces, veth pairs and bridge (call ``destroy_cluster`` afterwards)."""
-    _remove_stale()
-    tag = _new_tag()
-    free = sorted(set(range(10, 250)) - _used_third_octets())
-    third = free[secrets.randbelow(len(free))]
-    net = f"10.213.{third}"
-    cluster = NetnsCluster(
-        tag=tag,
-        subnet=f"{net}.0/24",
-        bridge=f"arb{tag}",
-        host_addr=f"{net}.254",
-        nodes={},
-    )
+    with _host_lock():
+        _remove_stale()
+        tag = _new_tag()
+        free = sorted(set(range(10, 250)) - _used_third_octets())
+        net = f"10.213.{free[secrets.randbelow(len(free))]}"
+        cluster = NetnsCluster(
+            tag=tag,
+            subnet=f"{net}.0/24",
+            bridge=f"arb{tag}",
+            host_addr=f"{net}.254",
+            nodes={},
+        )
+        try:
+            _ip("link", "add", cluster.bridge, "type", "bridge")
+            _ip("addr", "add", f"{cluster.host_addr}/24", "dev", cluster.bridge)
+        except BaseException:
+            destroy_cluster(cluster)
+            raise
     try:
-        _ip("link", "add", cluster.bridge, "type", "bridge")
-        _ip("addr", "add", f"{cluster.host_addr}/24", "dev", cluster.bridge)
         _ip("link", "set", cluster.bridge, "up")
         for i, name in enumerate(NODE_NAMES[:n_nodes]):
             node = Node(name, f"{PREFIX}{tag}-{name}", f"{net}.{i + 1}", f"arv{tag}{name}")
