@@ -123,6 +123,10 @@ test: setup
 # The claims' output goes to CLAIMS_LOG and is printed when they end.
 # CLAIMS_BESIDE_SERIAL=0: the claims after the tests.
 CLAIMS_BESIDE_SERIAL ?= 1
+# A claim's run is killed after this many seconds (benchmarks/claims/run.py --run-timeout,
+# 900 s on its own): the runs that start beside the serial files get little CPU until
+# those end (a multi-turn run: 54 CPU-s in its first 911 s, killed at the default).
+CLAIMS_BESIDE_RUN_TIMEOUT_S ?= 3000
 CLAIMS_LOG    := outputs/make-claims.log
 check: setup
 	$(PY) -m ruff check .
@@ -132,7 +136,8 @@ check: setup
 ifeq ($(CLAIMS_BESIDE_SERIAL),1)
 	$(call parallel_tests,$(CHECK_MARKS),25,$(TEST_BUDGET_S))
 	@mkdir -p outputs; \
-	  $(PY) tools/cpu_background.py -- $(MAKE) --no-print-directory claims > $(CLAIMS_LOG) 2>&1 & \
+	  $(PY) tools/cpu_background.py -- $(MAKE) --no-print-directory claims \
+	      CLAIMS_ARGS="--run-timeout $(CLAIMS_BESIDE_RUN_TIMEOUT_S) $(CLAIMS_ARGS)" > $(CLAIMS_LOG) 2>&1 & \
 	  claims=$$!; trap 'kill $$claims 2>/dev/null' INT TERM; \
 	  echo "make claims runs beside the serial tests (pid $$claims, log $(CLAIMS_LOG))"; \
 	  $(call serial_tests,$(CHECK_MARKS),25,$(SERIAL_BUDGET_S)); rc=$$?; \
