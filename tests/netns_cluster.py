@@ -59,11 +59,8 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
-_TAGS_TAKEN: set[str] = set()  # tags this process has handed out (one per cluster)
-
-
 def _new_tag() -> str:
-    """``<pid>x<4 hex>``, unused by this process and by any interface on this host.
+    """``<pid>x<4 hex>``, used by no interface on this host (call under ``_host_lock``).
 
     A process may build several clusters (the session fixture and a test's own); two
     random bytes plus the check keep their interface names apart. Interface names must
@@ -72,8 +69,7 @@ def _new_tag() -> str:
     existing = _ip("-o", "link", "show", check=False).stdout
     while True:
         tag = f"{os.getpid() % 100000}x{secrets.token_hex(2)}"
-        if tag not in _TAGS_TAKEN and f"arb{tag}" not in existing and f"arv{tag}" not in existing:
-            _TAGS_TAKEN.add(tag)
+        if f"arb{tag}" not in existing and f"arv{tag}" not in existing:
             return tag
 
 
@@ -197,25 +193,22 @@ def _host_lock() -> Iterator[None]:
 
 def create_cluster(n_nodes: int = 3) -> NetnsCluster:
     """Build the namespaces, veth pairs and bridge (call ``destroy_cluster`` afterwards)."""
-    with _host_lock():
-        _remove_stale()
-        tag = _new_tag()
-        free = sorted(set(range(10, 250)) - _used_third_octets())
-        net = f"10.213.{free[secrets.randbelow(len(free))]}"
-        cluster = NetnsCluster(
-            tag=tag,
-            subnet=f"{net}.0/24",
-            bridge=f"arb{tag}",
-            host_addr=f"{net}.254",
-            nodes={},
-        )
-        try:
+    cluster = None
+    try:
+        with _host_lock():
+            _remove_stale()
+            tag = _new_tag()
+            free = sorted(set(range(10, 250)) - _used_third_octets())
+            net = f"10.213.{free[secrets.randbelow(len(free))]}"
+            cluster = NetnsCluster(
+                tag=tag,
+                subnet=f"{net}.0/24",
+                bridge=f"arb{tag}",
+                host_addr=f"{net}.254",
+                nodes={},
+            )
             _ip("link", "add", cluster.bridge, "type", "bridge")
             _ip("addr", "add", f"{cluster.host_addr}/24", "dev", cluster.bridge)
-        except BaseException:
-            destroy_cluster(cluster)
-            raise
-    try:
         _ip("link", "set", cluster.bridge, "up")
         for i, name in enumerate(NODE_NAMES[:n_nodes]):
             node = Node(name, f"{PREFIX}{tag}-{name}", f"{net}.{i + 1}", f"arv{tag}{name}")
@@ -238,7 +231,8 @@ def create_cluster(n_nodes: int = 3) -> NetnsCluster:
             _ip("-n", node.netns, "link", "set", "eth0", "up")
             _ip("-n", node.netns, "link", "set", "lo", "up")
     except BaseException:
-        destroy_cluster(cluster)
+        if cluster is not None:
+            destroy_cluster(cluster)
         raise
     return cluster
 
