@@ -4,7 +4,8 @@ For each random Qwen2 shape and micro-batch token budget, two subprocesses measu
 torch thread each): the trainer (build the model in fp32, one forward + backward through
 the engine's chunked log-prob head on a packed micro-batch, one AdamW step, foreach as
 the engine uses on CPU) and the inference server (the built-in server's ``GenerationCore``
-serving ``concurrency`` requests of ``prompt_len`` + ``max_new_tokens`` tokens). Each
+serving ``concurrency`` requests of ``prompt_len`` + ``max_new_tokens`` tokens, admitted
+together). Each
 reports its peak RSS (``VmHWM``, reset after the baseline) above the RSS after the imports and a warm-up;
 the estimate is computed here from the same shapes. Printed as one JSON object.
 
@@ -136,11 +137,17 @@ def measure_point(point: dict) -> dict:
         core = GenerationCore(model, max_batch_size=c)
         done = threading.Semaphore(0)
         g = torch.Generator().manual_seed(1)
+        # Held while the requests arrive, then admitted together: the estimate's worst case
+        # (one admission of every prompt, then the full batch decoding). Submitted to a
+        # running scheduler, the first admissions would take whatever had arrived, and the
+        # peak would move with thread timing (130-180 MiB at 10M).
+        core.pause().result()
         t0 = time.perf_counter()
         for i in range(c):
             prompt = torch.randint(0, cfg.vocab_size, (point["prompt_len"],), generator=g)
             sp = SamplingParams(max_new_tokens=point["max_new_tokens"], ignore_eos=True, seed=i)
             core.submit(f"r{i}", prompt.tolist(), sp, lambda _r: done.release())
+        core.resume().result()
         for _ in range(c):
             done.acquire()
         secs = time.perf_counter() - t0

@@ -115,19 +115,16 @@ def test_trainer_estimate_10m_point_within_20pct_of_measured_rss():
 @pytest.mark.slow
 def test_server_estimate_10m_point_within_20pct_of_measured_rss():
     cfg = bench_planner.qwen2_config("10m")
-    # The server's peak RSS moves with the allocator's arenas (its generation thread has its
-    # own): the smaller of two fresh processes is the measurement, as for a timing.
-    runs = [
-        bench_planner.run_point(
-            dict(kind="server", config=cfg, **bench_planner.SERVER), timeout=300
-        )
-        for _ in range(2)
-    ]
-    m = min(runs, key=lambda r: r["measured_bytes"])
+    # The point admits every request at once (the estimate's worst case), so its peak does
+    # not move with thread timing: 146.4-146.9 MiB in 6 runs, against 130-180 MiB when the
+    # requests reached a running scheduler one by one.
+    m = bench_planner.run_point(
+        dict(kind="server", config=cfg, **bench_planner.SERVER), timeout=300
+    )
     est = sum(
         mp.server_memory(mp.ModelShape.from_hf_config(cfg), 4, 4, **bench_planner.SERVER).values()
     )
-    assert abs(est / m["measured_bytes"] - 1) <= 0.2, (est, runs)
+    assert abs(est / m["measured_bytes"] - 1) <= 0.2, (est, m)
 
 
 def test_plan_with_ref_model_adds_forward_only_items(capsys):
