@@ -34,7 +34,8 @@ NOT_HERE      := not (gpu or vllm_cpu or areal_checkout)
 MATRIX        := not archon_matrix and not cluster_faults
 QUICK_MARKS   := not slow and $(NOT_HERE) and $(MATRIX)
 # `.ci/run` runs `make test` first, then `make check CHECK_AFTER_TEST=1`: the full check then
-# runs only the tests `make test` left out (the same union, every test, each run once).
+# runs only the tests `make test` left out (the same union, every test, each run once), and
+# neither `ruff check` nor the docs build again.
 CHECK_AFTER_TEST ?=
 CHECK_MARKS   := $(if $(CHECK_AFTER_TEST),slow and $(NOT_HERE),$(NOT_HERE)) and $(MATRIX)
 # The full check fails (naming the slowest files) when its tests take longer than this
@@ -129,10 +130,10 @@ CLAIMS_BESIDE_SERIAL ?= 1
 CLAIMS_BESIDE_RUN_TIMEOUT_S ?= 3000
 CLAIMS_LOG    := outputs/make-claims.log
 check: setup
-	$(PY) -m ruff check .
+	$(if $(CHECK_AFTER_TEST),@echo "ruff check and the docs build: done by make test",$(PY) -m ruff check .)
 	$(PY) -m ruff format --check .
 	$(PY) -m mdformat --check $(MD_PAGES)
-	$(MAKE) --no-print-directory docs-build
+	$(if $(CHECK_AFTER_TEST),,$(MAKE) --no-print-directory docs-build)
 ifeq ($(CLAIMS_BESIDE_SERIAL),1)
 	$(call parallel_tests,$(CHECK_MARKS),25,$(TEST_BUDGET_S))
 	@mkdir -p outputs; \
