@@ -246,10 +246,10 @@ CLAIMS: tuple[Claim, ...] = (
         metric="held-out greedy accuracy (256 scenes)",
         parse=ACCURACY,
         threshold=0.10,
-        controls=(
-            Control("shuffled rewards", "args", ("--shuffle-rewards",)),
-            Control("random rewards", "args", ("--random-rewards",)),
-        ),
+        # shuffled rewards only: the random-rewards control (--random-rewards) stayed at 0%
+        # beside it in every recorded run and cost a third of this claim's CPU; the longer
+        # run of docs/customization/vlm.md measures both
+        controls=(Control("shuffled rewards", "args", ("--shuffle-rewards",)),),
     ),
     Claim(
         name="tool-task",
