@@ -140,7 +140,7 @@ def measure_point(point: dict) -> dict:
         # Held while the requests arrive, then admitted together: the estimate's worst case
         # (one admission of every prompt, then the full batch decoding). Submitted to a
         # running scheduler, the first admissions would take whatever had arrived, and the
-        # peak would move with thread timing (130-180 MiB at 10M).
+        # peak would move with thread timing (125-173 MiB at 10M).
         core.pause().result()
         t0 = time.perf_counter()
         for i in range(c):
