@@ -134,10 +134,12 @@ CLAIMS_BESIDE_SERIAL ?= 1
 CLAIMS_BESIDE_RUN_TIMEOUT_S ?= 3000
 CLAIMS_LOG    := outputs/make-claims.log
 check: setup
-	$(if $(CHECK_AFTER_TEST),@echo "ruff check and the docs build: done by make test",$(PY) -m ruff check .)
+ifeq ($(CHECK_AFTER_TEST),)
+	$(PY) -m ruff check .
+	$(MAKE) --no-print-directory docs-build
+endif
 	$(PY) -m ruff format --check .
 	$(PY) -m mdformat --check $(MD_PAGES)
-	$(if $(CHECK_AFTER_TEST),,$(MAKE) --no-print-directory docs-build)
 ifeq ($(CLAIMS_BESIDE_SERIAL),1)
 	$(call parallel_tests,$(CHECK_MARKS),25,$(TEST_BUDGET_S))
 	@mkdir -p outputs; \

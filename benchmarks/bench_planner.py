@@ -5,9 +5,9 @@ torch thread each): the trainer (build the model in fp32, one forward + backward
 the engine's chunked log-prob head on a packed micro-batch, one AdamW step, foreach as
 the engine uses on CPU) and the inference server (the built-in server's ``GenerationCore``
 serving ``concurrency`` requests of ``prompt_len`` + ``max_new_tokens`` tokens, admitted
-together). Each
-reports its peak RSS (``VmHWM``, reset after the baseline) above the RSS after the imports and a warm-up;
-the estimate is computed here from the same shapes. Printed as one JSON object.
+together). Each reports its peak RSS (``VmHWM``, reset after the baseline) above the RSS
+after the imports and a warm-up; the estimate is computed here from the same shapes.
+Printed as one JSON object.
 
 Usage: ``nice -n 10 .venv/bin/python benchmarks/bench_planner.py [--sizes 30m,125m,500m]``
 (500M needs ~8 GB of RAM). ``--point JSON`` runs one measurement (used by the tests).
