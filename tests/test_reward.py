@@ -243,3 +243,70 @@ async def test_async_reward_wrapper_raises_once_every_call_keeps_failing(wrapper
     assert [await unlimited(i) for i in range(5)] == [0.0] * 5
     with pytest.raises(ValueError, match="max_consecutive_errors"):
         AsyncRewardWrapper(ok_reward, max_consecutive_errors=0)
+
+
+_HELPER = '''
+import sys
+
+
+def worker_modules(x=None):
+    """Which of the script and torch this worker has imported, as a number 0-3."""
+    script = getattr(sys.modules.get("__mp_main__"), "IS_TRAIN_SCRIPT", False)
+    return float(script) + 2.0 * float("torch" in sys.modules)
+'''
+
+_SCRIPT = """
+import asyncio
+import json
+import sys
+
+import torch  # what a training script imports; a worker that imports the script has it
+
+from areal.api.reward_api import AsyncRewardWrapper
+
+IS_TRAIN_SCRIPT = True
+
+
+def script_reward(x=None):
+    script = getattr(sys.modules.get("__mp_main__"), "IS_TRAIN_SCRIPT", False)
+    return float(script) + 2.0 * float("torch" in sys.modules)
+
+
+class Box:  # an argument whose class lives in the script
+    pass
+
+
+async def main():
+    out = {}
+    out["importable"] = await AsyncRewardWrapper("helper.worker_modules", max_workers=1)(1)
+    out["script_fn"] = await AsyncRewardWrapper(script_reward, max_workers=1)(1)
+    out["script_arg"] = await AsyncRewardWrapper("helper.worker_modules", max_workers=1)(Box())
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    AsyncRewardWrapper.shutdown()
+"""
+
+
+def test_reward_workers_import_the_script_only_when_the_call_needs_it(tmp_path):
+    """A reward function of an importable module runs in workers that never import the
+    training script (nor its torch); a function or an argument defined in the script
+    still works, in workers that import it."""
+    import subprocess
+    import sys
+
+    (tmp_path / "helper.py").write_text(_HELPER)
+    (tmp_path / "train_script.py").write_text(_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "train_script.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # 0: neither the script nor torch; 3: both (the script imports torch)
+    assert out == {"importable": 0.0, "script_fn": 3.0, "script_arg": 3.0}, out

@@ -7,7 +7,10 @@ awaitable::
     reward = await wrapper(prompt, completion, prompt_ids, completion_ids, answer=answer)
 
 The call runs in a ``ProcessPoolExecutor`` (``spawn`` context; never ``fork``, which is
-unsafe with threads and torch) shared by all wrappers with the same ``max_workers``. Each
+unsafe with threads and torch) shared by all wrappers with the same ``max_workers``. Its
+workers import the training script (``__main__``) only when the call needs it (a reward
+function or argument defined there): a reward function of an importable module runs in
+workers that import just that module (:mod:`areal.utils.spawn_context`). Each
 worker exits on its own when the process that created it dies (even by ``kill -9``), so
 a crashed controller leaves no reward workers behind. It never blocks the event loop and never raises for a bad
 reward: a timeout, an exception in the reward function, or a crashed worker gives 0.0,
@@ -46,6 +49,7 @@ from functools import partial
 from typing import Any
 
 from areal.utils import logging
+from areal.utils.spawn_context import no_main_spawn_context, refers_to_main
 
 logger = logging.getLogger("RewardAPI")
 
@@ -63,9 +67,9 @@ def reward_fn(prompt, completions, prompt_ids, completion_ids, **kwargs) -> floa
     raise NotImplementedError
 
 
-def _mp_context():
+def _mp_context(with_main: bool):
     # spawn (not forkserver): the workers are children of this process, so they can watch it.
-    return multiprocessing.get_context("spawn")
+    return multiprocessing.get_context("spawn") if with_main else no_main_spawn_context()
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -121,7 +125,8 @@ class AsyncRewardWrapper:
             :class:`RewardFunctionError`; ``None``: always 0.0.
     """
 
-    _pools: dict[int, ProcessPoolExecutor] = {}
+    # (max_workers, workers import __main__) -> pool
+    _pools: dict[tuple[int, bool], ProcessPoolExecutor] = {}
     # loop -> {max_workers: Semaphore}; weak, so closed loops (asyncio.run) drop out
     _slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     _lock = threading.Lock()
@@ -164,6 +169,7 @@ class AsyncRewardWrapper:
         if max_retries < 0:
             raise ValueError(f"max_retries={max_retries}; must be >= 0")
         self.reward_fn = reward_fn
+        self._fn_refers_to_main = refers_to_main(reward_fn)
         self.timeout_seconds = float(timeout_seconds)
         self.max_workers = int(max_workers)
         self.max_retries = int(max_retries)
@@ -191,17 +197,18 @@ class AsyncRewardWrapper:
 
             atexit.register(cls.shutdown)
 
-    def _get_pool(self) -> ProcessPoolExecutor:
+    def _get_pool(self, with_main: bool) -> ProcessPoolExecutor:
         with self._lock:
-            pool = self._pools.get(self.max_workers)
+            key = (self.max_workers, with_main)
+            pool = self._pools.get(key)
             if pool is None:
                 pool = ProcessPoolExecutor(
                     max_workers=self.max_workers,
-                    mp_context=_mp_context(),
+                    mp_context=_mp_context(with_main),
                     initializer=_exit_with_parent,
                     initargs=(os.getpid(),),
                 )
-                self._pools[self.max_workers] = pool
+                self._pools[key] = pool
             return pool
 
     @staticmethod
@@ -218,11 +225,12 @@ class AsyncRewardWrapper:
             logger.debug("Error shutting down reward pool: %s", e)
 
     def _replace_pool(self, pool: ProcessPoolExecutor, reason: str) -> None:
-        """Swap out ``pool`` (if it is still the current one) and terminate its workers."""
+        """Swap out ``pool`` (if it is still a current one) and terminate its workers."""
         with self._lock:
-            if self._pools.get(self.max_workers) is not pool:
+            key = next((k for k, p in self._pools.items() if p is pool), None)
+            if key is None:
                 return  # someone else already replaced it
-            del self._pools[self.max_workers]
+            del self._pools[key]
         logger.warning("Recreating reward process pool (%d workers): %s", self.max_workers, reason)
         self._kill_pool(pool)
 
@@ -277,8 +285,9 @@ class AsyncRewardWrapper:
     async def _call(self, loop, *args: Any, **kwargs: Any) -> float:
         name = getattr(self.reward_fn, "__qualname__", repr(self.reward_fn))
         last_error: BaseException | None = None
+        with_main = self._fn_refers_to_main or refers_to_main((args, kwargs))
         for attempt in range(self.max_retries + 1):
-            pool = self._get_pool()
+            pool = self._get_pool(with_main)
             try:
                 await self._warm_up(pool, loop)
                 fut = loop.run_in_executor(pool, partial(self.reward_fn, *args, **kwargs))
