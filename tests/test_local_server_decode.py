@@ -12,7 +12,8 @@ from _hf_reference import hf_greedy, hf_logprobs, hf_model
 
 from areal.engine.local_server.core import GenerationCore, SamplingParams
 from areal.engine.local_server.decode import FastDecoder
-from areal.engine.local_server.sampling import draw
+from areal.engine.local_server.requests import Request
+from areal.engine.local_server.sampling import draw, sample_tokens, seeded_uniforms
 
 
 def _run(core, jobs, timeout=180):
@@ -219,6 +220,51 @@ def test_inverse_cdf_draw_follows_probs_and_never_picks_zero_probability_tokens(
     torch.testing.assert_close(counts, probs.double(), atol=0.01, rtol=0)
     # unnormalised rows (masked softmax outputs) are fine as well
     assert set(draw(torch.tensor([[0.0, 0.0, 3.0]] * 50)).tolist()) == {2}
+
+
+def test_seeded_uniforms_are_a_pure_function_of_seed_and_count_and_uniform():
+    seeds, counts = [3, 3, 7, 2**64 - 1], [0, 1, 0, 9]
+    u = seeded_uniforms(seeds, counts)
+    # the same (seed, count) gives the same number in any batch and order
+    assert seeded_uniforms(seeds[::-1], counts[::-1]).flip(0).equal(u)
+    assert seeded_uniforms([7], [0]).item() == u[2].item()
+    assert len(set(u.tolist())) == 4
+    many = seeded_uniforms(list(range(50_000)), [5] * 50_000)
+    assert 0.0 <= many.min() and many.max() < 1.0
+    hist = torch.histc(many.float(), bins=10, min=0.0, max=1.0) / many.numel()
+    torch.testing.assert_close(hist, torch.full((10,), 0.1), atol=0.006, rtol=0)
+    stream = seeded_uniforms([11] * 50_000, list(range(50_000)))  # one stream over time
+    hist = torch.histc(stream.float(), bins=10, min=0.0, max=1.0) / stream.numel()
+    torch.testing.assert_close(hist, torch.full((10,), 0.1), atol=0.006, rtol=0)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.96])
+def test_seeded_rows_sample_batched_reproducibly_and_follow_the_distribution(top_p):
+    """Seeded rows (plain, or through the top-p path) are drawn together: each row's token
+    depends on its seed and token count only, not on the other rows, and over many seeds
+    the tokens follow the softmax (top-p 0.96 here removes nothing: the smallest token
+    starts at 0.95 of the mass)."""
+    probs = torch.tensor([0.5, 0.05, 0.2, 0.1, 0.15])
+    logits = probs.log()
+
+    def req(seed):
+        params = SamplingParams(max_new_tokens=4, temperature=1.0, top_p=top_p, seed=seed)
+        return Request(f"r{seed}", [1, 2], params, lambda r: None, frozenset())
+
+    reqs = [req(s) for s in range(20_000)]
+    tokens, logps = sample_tokens(logits.expand(len(reqs), 5), reqs, [3] * len(reqs))
+    freq = torch.bincount(tokens, minlength=5).double() / len(reqs)
+    torch.testing.assert_close(freq, probs.double(), atol=0.012, rtol=0)
+    torch.testing.assert_close(logps, logits[tokens], atol=1e-6, rtol=0)
+    # a row alone, or among other (unseeded, greedy) rows, draws the same token
+    mixed = [reqs[5], req(None), reqs[9]]
+    mixed[1].params.greedy = True
+    alone, _ = sample_tokens(logits.expand(1, 5), [reqs[9]], [3])
+    together, _ = sample_tokens(logits.expand(3, 5), mixed, [3, 0, 3])
+    assert together[2] == alone[0] == tokens[9] and together[0] == tokens[5]
+    # the next token of the same row comes from the next number of its stream
+    later, _ = sample_tokens(logits.expand(len(reqs), 5), reqs, [4] * len(reqs))
+    assert not later.equal(tokens)
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.3])

@@ -169,7 +169,7 @@ class GenerationCore:
             stop.update(self.eos_token_ids)
         if mm_inputs is not None:
             check_mm_request(self.model, input_ids, mm_inputs, self.is_vlm)
-        req = Request(rid, list(input_ids), params, callback, frozenset(stop), device=self.device)
+        req = Request(rid, list(input_ids), params, callback, frozenset(stop))
         req.mm = mm_inputs
         with self._lock:
             if self._stopped:

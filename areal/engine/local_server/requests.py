@@ -2,7 +2,7 @@
 
 - ``SamplingParams``: a request's sampling parameters (``from_dict`` takes the HTTP
   payload's ``sampling_params``; ``validate`` raises ``RequestError``);
-- ``Request``: one request inside the core (prompt, outputs so far, its seeded generator);
+- ``Request``: one request inside the core (prompt, outputs so far, its sampling seed);
 - ``RequestError``: a request the core refuses (HTTP 400).
 """
 
@@ -106,11 +106,11 @@ class Request:
     first_token_time: float | None = None
     abort_requested: bool = False
     done: bool = False
-    generator: torch.Generator | None = None
     finish: str = ""
-    device: torch.device | str = "cpu"  # where the per-request sampling generator lives
     # Vision-language models: {"pixel_values", "image_grid_thw"} of the prompt's images.
     mm: dict[str, Any] | None = None
+    # The seed of a sampled request's random stream (``sampling.seeded_uniforms``), or None.
+    stream_seed: int | None = dataclasses.field(default=None, init=False)
     plain: bool = dataclasses.field(default=False, init=False)
     # return_routed_experts: [tokens, n_moe_layers, top_k] blocks (prompt, then per step)
     routed: list[torch.Tensor] = dataclasses.field(default_factory=list, init=False)
@@ -119,13 +119,12 @@ class Request:
     followers: list[Request] = dataclasses.field(default_factory=list, init=False)
 
     def __post_init__(self):
-        if self.params.seed is not None and not self.params.greedy:
-            self.generator = torch.Generator(device=self.device)
-            self.generator.manual_seed(self.params.seed % (2**63))
         p = self.params
-        # Plain sampling (no seed, no top-k/top-p truncation): the whole batch is sampled
-        # with a few tensor ops when every row is plain (see ``sample_tokens``).
-        self.plain = not p.greedy and self.generator is None and p.top_k <= 0 and p.top_p >= 1.0
+        if p.seed is not None and not p.greedy:
+            self.stream_seed = p.seed % (2**64)
+        # Plain sampling (no top-k/top-p truncation, seeded or not): the whole batch is
+        # sampled with a few tensor ops when every row is plain (see ``sample_tokens``).
+        self.plain = not p.greedy and p.top_k <= 0 and p.top_p >= 1.0
 
     def greedy_key(self) -> tuple | None:
         """What fixes a greedy request's output (prompt, length limits, stop set), or
