@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from areal.api.reward_api import AsyncRewardWrapper, RewardFunctionError
+from areal.api.reward_api import AsyncRewardWrapper, RewardFunctionError, inline_fast_path
 from areal.reward import extract_answer, parse_number
 from areal.reward.gsm8k import gsm8k_reward_fn
 
@@ -119,6 +119,17 @@ def crashing_reward(x):
 
 def not_a_number_reward(x):
     return "abc"
+
+
+def _half_fast(x):
+    if x == "raise":
+        raise RuntimeError("fast path broke")
+    return 1.0 if isinstance(x, int) and x > 0 else None
+
+
+@inline_fast_path(_half_fast)
+def fast_pathed_reward(x):
+    return 2.0
 
 
 @pytest.fixture
@@ -310,3 +321,22 @@ def test_reward_workers_import_the_script_only_when_the_call_needs_it(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     # 0: neither the script nor torch; 3: both (the script imports torch)
     assert out == {"importable": 0.0, "script_fn": 3.0, "script_arg": 3.0}, out
+
+
+async def test_async_reward_wrapper_inline_fast_path_first_pool_when_it_defers(wrapper_cleanup):
+    """The fast path's answer is used without any worker pool; None, or an exception in
+    the fast path, hands the call to the full function in a worker. gsm8k_reward_fn has
+    one: a plain-number completion is scored without a pool."""
+    AsyncRewardWrapper.shutdown()
+    w = AsyncRewardWrapper(fast_pathed_reward, timeout_seconds=30, max_workers=1)
+    assert await w(5) == 1.0
+    assert AsyncRewardWrapper._pools == {}  # no worker started
+    assert await w(-5) == 2.0  # deferred: the full function ran in a worker
+    assert await w("raise") == 2.0
+    assert len(AsyncRewardWrapper._pools) == 1
+    assert w.stats() == {"n_calls": 3, "n_timeouts": 0, "n_errors": 0}
+    AsyncRewardWrapper.shutdown()
+    g = AsyncRewardWrapper(gsm8k_reward_fn, timeout_seconds=30, max_workers=1)
+    assert await g("q", "so 3+4 = 7. #### 7", [], [], answer="7") == 1.0
+    assert await g("q", "#### 8", [], [], answer="7") == 0.0
+    assert AsyncRewardWrapper._pools == {}

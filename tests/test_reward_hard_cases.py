@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from areal.reward.gsm8k import gsm8k_reward_fn
+from areal.reward.gsm8k import gsm8k_reward_fn, gsm8k_reward_plain
 
 # fmt: off
 HARD_CASES = [
@@ -53,6 +53,24 @@ HARD_CASES = [
 @pytest.mark.parametrize(("completion", "gold", "expected", "why"), HARD_CASES)
 def test_reward_hard_case_table_verdict_matches_label(completion, gold, expected, why):
     assert gsm8k_reward_fn("q", completion, [], [], gold) == expected, why
+
+
+def test_reward_inline_fast_path_agrees_with_the_full_function_or_defers():
+    """gsm8k_reward_plain (run inline by AsyncRewardWrapper) gives the full function's
+    verdict wherever it answers, answers every plain-number case, and defers (None) on
+    the ones that need math-verify."""
+    answered = 0
+    for completion, gold, expected, why in HARD_CASES:
+        fast = gsm8k_reward_plain("q", completion, [], [], gold)
+        if fast is not None:
+            answered += 1
+            assert fast == expected, why
+    assert gsm8k_reward_plain("q", "#### 1,200", [], [], "1200") == 1.0
+    assert gsm8k_reward_plain("q", "so it is 7", [], [], "#### 8") == 0.0
+    assert gsm8k_reward_plain("q", "no number here", [], [], "5") == 0.0
+    assert gsm8k_reward_plain("q", "The ratio is \\frac{2}{3}", [], [], "2/3") is None
+    assert gsm8k_reward_plain("q", ["#### 5"], [], [], "5") is None  # lists: the full path
+    assert 10 <= answered < len(HARD_CASES)
 
 
 def test_reward_plain_number_fast_path_stays_fast():

@@ -27,6 +27,12 @@ module in a worker (bounded by ``startup_timeout_seconds``). Without this, a bur
 calls (e.g. 512 evaluation episodes) on a busy machine would time out in the queue and
 score correct answers 0.
 
+A reward function may carry a fast path for its common cases (:func:`inline_fast_path`,
+e.g. ``gsm8k_reward_fn``'s plain-number comparison): the wrapper runs it first, in the
+caller's thread, and hands the call to the pool only when it returns ``None``. A pool call
+costs about 0.8 ms of the caller's CPU in hand-offs (thread wake-ups, pickling, pipes)
+against ~0.02 ms for comparing two numbers.
+
 A call that times out leaves its worker busy, so the pool is replaced at once (its
 processes are terminated); calls that were in flight on the old pool get a
 ``BrokenProcessPool`` and are retried on the new one, so a hanging reward never blocks
@@ -65,6 +71,26 @@ def reward_fn(prompt, completions, prompt_ids, completion_ids, **kwargs) -> floa
     :return: a scalar reward.
     """
     raise NotImplementedError
+
+
+INLINE_ATTR = "areal_inline_fast_path"
+
+
+def inline_fast_path(fast: Callable[..., float | None]) -> Callable[[Callable], Callable]:
+    """Decorator: give a reward function a fast path for its common cases.
+
+    ``fast`` takes the reward function's arguments and returns the reward, or ``None``
+    where only the full function can tell. :class:`AsyncRewardWrapper` runs it in the
+    caller's thread before using its worker pool, so it must be cheap and bounded (no
+    I/O, no parser that can hang); an exception in it counts as ``None``. The decorated
+    function itself is unchanged (and still pickles by name).
+    """
+
+    def mark(fn: Callable) -> Callable:
+        setattr(fn, INLINE_ATTR, fast)
+        return fn
+
+    return mark
 
 
 def _mp_context(with_main: bool):
@@ -278,6 +304,11 @@ class AsyncRewardWrapper:
 
     async def __call__(self, *args: Any, **kwargs: Any) -> float:
         self._count("_n_calls")
+        fast = getattr(self.reward_fn, INLINE_ATTR, None)
+        if fast is not None:
+            value = self._run_fast_path(fast, args, kwargs)
+            if value is not None:
+                return value
         loop = asyncio.get_running_loop()
         async with self._slot(loop):
             return await self._call(loop, *args, **kwargs)
@@ -334,6 +365,19 @@ class AsyncRewardWrapper:
             return value
         self._count("_n_errors")
         return self._failed(name, f"failed after {self.max_retries + 1} attempts ({last_error!r})")
+
+    def _run_fast_path(self, fast: Callable, args: tuple, kwargs: dict) -> float | None:
+        """The reward from the function's inline fast path, or None (use the pool)."""
+        try:
+            result = fast(*args, **kwargs)
+            value = None if result is None else float(result)
+        except Exception as e:
+            logger.debug("Reward fast path %r failed (%r); using the pool", fast, e)
+            return None
+        if value is not None:
+            with self._stat_lock:
+                self._n_errors_in_a_row = 0
+        return value
 
     def _failed(self, name: str, what: str) -> float:
         """0.0 for a failed call (logged), or :class:`RewardFunctionError` once

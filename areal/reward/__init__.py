@@ -36,6 +36,7 @@ __all__ = [
     "VALID_REWARD_FN",
     "MathVerifyWorker",
     "answers_match",
+    "answers_match_plain",
     "clevr_count_70k_reward_fn",
     "extract_answer",
     "geometry3k_reward_fn",
@@ -283,12 +284,9 @@ def _ground_truth_answer(answer: str) -> tuple[str, float | None]:
     return gold, parse_number(gold)
 
 
-def answers_match(completion: str, answer: str) -> bool:
-    """Whether the final answer of ``completion`` equals the ground truth ``answer``.
-
-    Plain numbers on both sides are compared numerically (fast path, tolerance 1e-6);
-    anything else goes through math-verify.
-    """
+def answers_match_plain(completion: str, answer: str) -> bool | None:
+    """``answers_match`` where it needs no math-verify: plain numbers on both sides
+    (tolerance 1e-6), or no answer at all; ``None`` where only math-verify can tell."""
     if not isinstance(completion, str) or answer is None:
         return False
     pred = extract_answer(completion)
@@ -302,5 +300,18 @@ def answers_match(completion: str, answer: str) -> bool:
         pred_num = _leading_number(pred)
     if gold_num is not None and pred_num is not None:
         return _numbers_close(gold_num, pred_num)
+    return None
+
+
+def answers_match(completion: str, answer: str) -> bool:
+    """Whether the final answer of ``completion`` equals the ground truth ``answer``.
+
+    Plain numbers on both sides are compared numerically (fast path, tolerance 1e-6);
+    anything else goes through math-verify.
+    """
+    plain = answers_match_plain(completion, answer)
+    if plain is not None:
+        return plain
     # Symbolic fallback: fractions, LaTeX, expressions.
+    pred, gold = extract_answer(completion), _ground_truth_answer(str(answer))[0]
     return get_math_verify_worker().verify(_as_latex(pred), _as_latex(gold)) == 1.0

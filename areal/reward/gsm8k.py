@@ -9,12 +9,23 @@ solution (final ``#### N`` line) or a bare answer. Plain numbers ("1,000", "$5",
 
 from __future__ import annotations
 
-from areal.reward import answers_match
+from areal.api.reward_api import inline_fast_path
+from areal.reward import answers_match, answers_match_plain
 from areal.utils import logging
 
 logger = logging.getLogger("GSM8KReward")
 
 
+def gsm8k_reward_plain(prompt, completions, prompt_ids, completion_ids, answer, **kwargs):
+    """``gsm8k_reward_fn`` where it needs no math-verify (plain numbers, or no answer),
+    else ``None``: the inline fast path ``AsyncRewardWrapper`` runs in its own thread."""
+    if not isinstance(completions, str):
+        return None
+    match = answers_match_plain(completions, str(answer))
+    return None if match is None else float(match)
+
+
+@inline_fast_path(gsm8k_reward_plain)
 def gsm8k_reward_fn(prompt, completions, prompt_ids, completion_ids, answer, **kwargs) -> float:
     """AReaL reward signature; returns 1.0 (correct) or 0.0.
 
