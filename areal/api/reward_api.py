@@ -10,7 +10,7 @@ The call runs in a ``ProcessPoolExecutor`` (``spawn`` context; never ``fork``, w
 unsafe with threads and torch) shared by all wrappers with the same ``max_workers``. Its
 workers import the training script (``__main__``) only when the call needs it (a reward
 function or argument defined there): a reward function of an importable module runs in
-workers that import just that module (:mod:`areal.utils.spawn_context`). Each
+workers that import just that module (see "Workers without the script" below). Each
 worker exits on its own when the process that created it dies (even by ``kill -9``), so
 a crashed controller leaves no reward workers behind. It never blocks the event loop and never raises for a bad
 reward: a timeout, an exception in the reward function, or a crashed worker gives 0.0,
@@ -46,6 +46,7 @@ import importlib
 import multiprocessing
 import os
 import pickle
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -55,7 +56,6 @@ from functools import partial
 from typing import Any
 
 from areal.utils import logging
-from areal.utils.spawn_context import no_main_spawn_context, refers_to_main
 
 logger = logging.getLogger("RewardAPI")
 
@@ -93,9 +93,80 @@ def inline_fast_path(fast: Callable[..., float | None]) -> Callable[[Callable], 
     return mark
 
 
+# ---------------------------------------------------------------- workers without the script
+# CPython's ``spawn`` imports the parent's ``__main__`` (the training script, as
+# ``__mp_main__``) in every child, so that objects defined there can be unpickled. For a
+# reward function of an importable module that means importing the script's torch and
+# trainer for nothing: 4.4-6 CPU-s and a few hundred MB per worker. The context below
+# starts workers without it:
+#
+# 1. ``_NoMainPopen`` marks its thread, then runs the standard spawn launch.
+# 2. The launch asks ``multiprocessing.spawn.get_preparation_data`` what the child must
+#    set up; a wrapper around it (installed once) drops the ``init_main_from_*`` entries
+#    for a marked thread only, so every other spawn, from any thread, is unchanged.
+# 3. The child imports only the modules of what it unpickles.
+_MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
+_marked = threading.local()
+_install_lock = threading.Lock()
+_installed = False
+
+
+def refers_to_main(obj: object) -> bool:
+    """Whether pickling ``obj`` names ``__main__`` (a function or class of the script), so
+    a worker must import the script to unpickle it. Unpicklable: True."""
+    try:
+        return b"__main__" in pickle.dumps(obj)
+    except Exception:
+        return True
+
+
+def _install_preparation_filter() -> None:
+    global _installed
+    from multiprocessing import spawn
+
+    with _install_lock:
+        if _installed:
+            return
+        original = spawn.get_preparation_data
+
+        def get_preparation_data(name):
+            data = original(name)
+            if getattr(_marked, "skip_main", False):
+                for key in _MAIN_KEYS:
+                    data.pop(key, None)
+            return data
+
+        spawn.get_preparation_data = get_preparation_data
+        _installed = True
+
+
+if sys.platform != "win32":
+    from multiprocessing import context as _mp_ctx
+    from multiprocessing import popen_spawn_posix
+
+    class _NoMainPopen(popen_spawn_posix.Popen):
+        def _launch(self, process_obj):
+            _marked.skip_main = True
+            try:
+                super()._launch(process_obj)
+            finally:
+                _marked.skip_main = False
+
+    class _NoMainProcess(_mp_ctx.SpawnProcess):
+        @staticmethod
+        def _Popen(process_obj):
+            return _NoMainPopen(process_obj)
+
+    class _NoMainSpawnContext(_mp_ctx.SpawnContext):
+        Process = _NoMainProcess
+
+
 def _mp_context(with_main: bool):
     # spawn (not forkserver): the workers are children of this process, so they can watch it.
-    return multiprocessing.get_context("spawn") if with_main else no_main_spawn_context()
+    if with_main or sys.platform == "win32":
+        return multiprocessing.get_context("spawn")
+    _install_preparation_filter()
+    return _NoMainSpawnContext()
 
 
 def _exit_with_parent(parent_pid: int) -> None:
