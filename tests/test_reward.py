@@ -292,6 +292,9 @@ async def main():
     out["importable"] = await AsyncRewardWrapper("helper.worker_modules", max_workers=1)(1)
     out["script_fn"] = await AsyncRewardWrapper(script_reward, max_workers=1)(1)
     out["script_arg"] = await AsyncRewardWrapper("helper.worker_modules", max_workers=1)(Box())
+    out["main_text"] = await AsyncRewardWrapper("helper.worker_modules", max_workers=1)(
+        'if __name__ == "__main__":'
+    )
     print(json.dumps(out))
 
 
@@ -319,8 +322,9 @@ def test_reward_workers_import_the_script_only_when_the_call_needs_it(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    # 0: neither the script nor torch; 3: both (the script imports torch)
-    assert out == {"importable": 0.0, "script_fn": 3.0, "script_arg": 3.0}, out
+    # 0: neither the script nor torch; 3: both (the script imports torch). Text that
+    # mentions __main__ (generated code) does not need the script.
+    assert out == {"importable": 0.0, "script_fn": 3.0, "script_arg": 3.0, "main_text": 0.0}
 
 
 async def test_async_reward_wrapper_inline_fast_path_first_pool_when_it_defers(wrapper_cleanup):

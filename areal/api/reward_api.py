@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import io
 import multiprocessing
 import os
 import pickle
@@ -111,13 +112,27 @@ _install_lock = threading.Lock()
 _installed = False
 
 
+class _MainFinder(pickle.Pickler):
+    """A pickler that notes whether anything it pickles comes from ``__main__``."""
+
+    found = False
+
+    def reducer_override(self, obj):  # called for every non-atomic object, classes too
+        if getattr(obj, "__module__", None) == "__main__":
+            self.found = True
+        return NotImplemented
+
+
 def refers_to_main(obj: object) -> bool:
-    """Whether pickling ``obj`` names ``__main__`` (a function or class of the script), so
-    a worker must import the script to unpickle it. Unpicklable: True."""
+    """Whether pickling ``obj`` needs ``__main__`` (a function, class or instance of a class
+    of the script), so a worker must import the script to unpickle it; text that merely
+    contains "__main__" does not. Unpicklable: True."""
+    finder = _MainFinder(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL)
     try:
-        return b"__main__" in pickle.dumps(obj)
+        finder.dump(obj)
     except Exception:
         return True
+    return finder.found
 
 
 def _install_preparation_filter() -> None:
