@@ -282,6 +282,7 @@ class AsyncRewardWrapper:
             raise ValueError(f"max_retries={max_retries}; must be >= 0")
         self.reward_fn = reward_fn
         self._fn_refers_to_main = refers_to_main(reward_fn)
+        self._fast_path = getattr(reward_fn, INLINE_ATTR, None)
         self.timeout_seconds = float(timeout_seconds)
         self.max_workers = int(max_workers)
         self.max_retries = int(max_retries)
@@ -390,9 +391,8 @@ class AsyncRewardWrapper:
 
     async def __call__(self, *args: Any, **kwargs: Any) -> float:
         self._count("_n_calls")
-        fast = getattr(self.reward_fn, INLINE_ATTR, None)
-        if fast is not None:
-            value = self._run_fast_path(fast, args, kwargs)
+        if self._fast_path is not None:
+            value = self._run_fast_path(self._fast_path, args, kwargs)
             if value is not None:
                 return value
         loop = asyncio.get_running_loop()

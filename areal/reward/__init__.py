@@ -284,23 +284,28 @@ def _ground_truth_answer(answer: str) -> tuple[str, float | None]:
     return gold, parse_number(gold)
 
 
-def answers_match_plain(completion: str, answer: str) -> bool | None:
-    """``answers_match`` where it needs no math-verify: plain numbers on both sides
-    (tolerance 1e-6), or no answer at all; ``None`` where only math-verify can tell."""
+def _plain_verdict(completion: str, answer: str) -> tuple[bool | None, str | None, str]:
+    """(verdict where no math-verify is needed, else None; predicted answer; gold)."""
     if not isinstance(completion, str) or answer is None:
-        return False
+        return False, None, ""
     pred = extract_answer(completion)
     if pred is None:
-        return False
+        return False, None, ""
     gold, gold_num = _ground_truth_answer(str(answer))
     if not gold:
-        return False
+        return False, pred, gold
     pred_num = parse_number(pred)
     if pred_num is None:
         pred_num = _leading_number(pred)
     if gold_num is not None and pred_num is not None:
-        return _numbers_close(gold_num, pred_num)
-    return None
+        return _numbers_close(gold_num, pred_num), pred, gold
+    return None, pred, gold
+
+
+def answers_match_plain(completion: str, answer: str) -> bool | None:
+    """``answers_match`` where it needs no math-verify: plain numbers on both sides
+    (tolerance 1e-6), or no answer at all; ``None`` where only math-verify can tell."""
+    return _plain_verdict(completion, answer)[0]
 
 
 def answers_match(completion: str, answer: str) -> bool:
@@ -309,9 +314,8 @@ def answers_match(completion: str, answer: str) -> bool:
     Plain numbers on both sides are compared numerically (fast path, tolerance 1e-6);
     anything else goes through math-verify.
     """
-    plain = answers_match_plain(completion, answer)
-    if plain is not None:
-        return plain
+    verdict, pred, gold = _plain_verdict(completion, answer)
+    if verdict is not None:
+        return verdict
     # Symbolic fallback: fractions, LaTeX, expressions.
-    pred, gold = extract_answer(completion), _ground_truth_answer(str(answer))[0]
     return get_math_verify_worker().verify(_as_latex(pred), _as_latex(gold)) == 1.0
