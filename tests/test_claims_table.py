@@ -162,6 +162,48 @@ def test_runs_are_scheduled_one_by_one_and_assembled_back_into_their_claims(monk
     assert not rows["dpo"]["pass"] and rows["dpo"]["controls"] == []  # broken: fails alone
 
 
+def test_a_run_that_dies_is_retried_once_with_its_log_kept_and_a_repeat_crash_fails(
+    monkeypatch, tmp_path, capsys
+):
+    run = _load("claims_run_retry", ROOT / "benchmarks" / "claims" / "run.py")
+    attempts: dict[str, int] = {}
+
+    def fake_run_one(claim, label, control, broken, out, skip_before=False):
+        n = attempts[label] = attempts.get(label, 0) + 1
+        log = out / "logs" / f"{claim.name}-{label[:4]}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("starting\nTraceback (most recent call last):\nRuntimeError: boom\n")
+        # the claim's own run dies once; its control dies every time
+        dies = (control is None and n == 1) or control is not None
+        return {
+            "run": label,
+            "before": None,
+            "measured": None if dies else 0.9,
+            "exit_code": 1 if dies else 0,
+            "wall_s": 2.0,
+            "cpu_s": 3.0,
+            "command": "x",
+            "log": str(log.relative_to(run.ROOT) if log.is_relative_to(run.ROOT) else log),
+        }
+
+    monkeypatch.setattr(run, "ROOT", Path("/"))
+    monkeypatch.setattr(run, "run_one", fake_run_one)
+    monkeypatch.setattr(run, "finish", lambda report, path, write: report)
+    report = run.main(["--only", "demo", "--jobs", "1", "--out", str(tmp_path)])
+    assert attempts == {"true rewards": 2, "shuffled rewards": 2}  # once more, not forever
+    row = report["claims"][0]
+    main, control = row["runs"]
+    assert main["measured"] == 0.9 and main["retried_after"]["exit_code"] == 1
+    assert main["wall_s"] == 4.0 and main["cpu_s"] == 6.0  # both attempts count
+    assert control["measured"] is None and not row["pass"]  # a repeated crash fails
+    # the first attempt's log is kept beside the second's, and its end is printed
+    assert Path("/", main["retried_after"]["log"]).name == "demo-true.failed.log"
+    run.print_table(report["claims"])
+    out = capsys.readouterr().out
+    assert "RuntimeError: boom" in out and "no figure printed (exit 1)" in out
+    assert "second attempt of: true rewards, shuffled rewards" in out
+
+
 def test_shuffled_control_permutes_agent_rewards_by_episode():
     """Agent batches (one row per model call): every row of an episode gets the reward of
     one other episode, so the episodes' rewards are permuted and never split across rows."""

@@ -17,7 +17,9 @@ What happens, in order:
    run, whose "before" the table shows), and so does the own run of a claim whose
    ``before_from`` claim runs too (the table shows that claim's "before"). Each run's output
    goes to ``OUT/logs/<claim>-<run>.log``; its wall and CPU time (the whole process tree,
-   from ``os.wait4``) are recorded.
+   from ``os.wait4``) are recorded. A run that dies before printing its figure has the
+   end of its log printed and starts once more (the first log kept as ``*.failed.log``,
+   the row marked); a crash that repeats fails the claim.
 2. The printed before/after figures are parsed; a claim passes when its run reaches the
    threshold and every control stays below it.
 3. The table (claim, steps, before, measured, threshold, controls, pass, times) is printed
@@ -197,6 +199,23 @@ def _progress(claim: Claim, r: dict) -> str:
     )
 
 
+def _keep_failed_log(res: dict) -> dict:
+    """``res`` with its log moved aside (``*.failed.log``), so a second attempt keeps it."""
+    src = ROOT / res["log"]
+    dst = src.with_suffix(".failed.log")
+    src.replace(dst)
+    return {**res, "log": os.path.relpath(dst, ROOT)}
+
+
+def _log_tail(res: dict, lines: int = 40) -> str:
+    """The last ``lines`` lines of a failed run's log, indented, for the CI output."""
+    text = (ROOT / res["log"]).read_text(errors="replace").splitlines()
+    # tqdm's carriage-return updates: only the last state of each line
+    tail = [ln.rsplit("\r", 1)[-1] for ln in text[-lines:]]
+    head = f"  --- {res['run']}: no figure printed (exit {res['exit_code']}); end of {res['log']}:"
+    return "\n".join([head, *("    | " + ln for ln in tail), "  ---"])
+
+
 def print_table(rows: list[dict]) -> None:
     head = f"{'claim':<13} {'steps':>5} {'before':>7} {'measured':>8} {'threshold':>9}  "
     head += f"{'controls (must stay below)':<40} {'pass':<4} {'wall':>6} {'cpu':>6}"
@@ -204,11 +223,14 @@ def print_table(rows: list[dict]) -> None:
     print("-" * len(head))
     for r in rows:
         ctl = ", ".join(f"{c['name']} {_pct(c['measured'])}" for c in r["controls"]) or "-"
+        retried = [x["run"] for x in r["runs"] if x.get("retried_after")]
         print(
             f"{r['claim']:<13} {r['steps']:>5} {_pct(r['before']):>7} {_pct(r['measured']):>8} "
             f"{'>= ' + _pct(r['threshold']):>9}  {ctl:<40} {'yes' if r['pass'] else 'NO':<4} "
             f"{r['wall_s']:>5.0f}s {r['cpu_s']:>5.0f}s"
         )
+        if retried:
+            print(f"{'':<13} second attempt of: {', '.join(retried)} (the first died)")
 
 
 def main(argv: list[str]) -> int:
@@ -271,15 +293,20 @@ def main(argv: list[str]) -> int:
     def run_task(task: tuple[str, str, Control | None]) -> dict:
         name, label, control = task
         own_run = control is None
-        res = run_one(
-            BY_NAME[name],
-            label,
-            control,
-            name in broken and own_run,
-            out,
-            skip_before=own_run and name in borrows,
-        )
+        args = (BY_NAME[name], label, control, name in broken and own_run, out)
+        res = run_one(*args, skip_before=own_run and name in borrows)
         print(_progress(BY_NAME[name], res), flush=True)
+        if res["measured"] is None:
+            # the run died before printing its figure: its log's end is shown, and the
+            # run starts once more (a crash that repeats fails the claim)
+            failed = _keep_failed_log(res)
+            print(_log_tail(failed), flush=True)
+            res = run_one(*args, skip_before=own_run and name in borrows)
+            res["retried_after"] = {"exit_code": failed["exit_code"], "log": failed["log"]}
+            # both attempts' time counts
+            res["wall_s"] = round(res["wall_s"] + failed["wall_s"], 1)
+            res["cpu_s"] = round((res["cpu_s"] or 0.0) + (failed["cpu_s"] or 0.0), 1)
+            print(_progress(BY_NAME[name], res) + "  (second attempt)", flush=True)
         return res
 
     with ThreadPoolExecutor(max_workers=ns.jobs) as pool:
