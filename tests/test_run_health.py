@@ -60,6 +60,31 @@ def test_monitor_share_over_window_trips_and_occasional_failures_do_not():
         m.raise_if_tripped()
 
 
+def test_monitor_rejections_in_a_row_trip_and_one_accepted_episode_resets_them():
+    m = EpisodeFailureMonitor(
+        "training", max_consecutive=4, window=100, max_ratio=0.5, max_consecutive_rejections=5
+    )
+    for _ in range(3):
+        for _ in range(4):
+            m.record_ok(rejected="filtered")
+        m.record_ok(rejected="stale")  # regenerated: not counted
+        m.record_ok()  # accepted: the count starts again
+    m.raise_if_tripped()
+    for reason in ("filtered", "filtered", "none", "filtered"):
+        m.record_ok(rejected=reason)
+        m.raise_if_tripped()
+    m.record_ok(rejected="filtered")
+    with pytest.raises(RolloutFailureError) as ei:
+        m.raise_if_tripped()
+    msg = str(ei.value)
+    assert "the last 5 finished episodes were all rejected" in msg, msg
+    assert "rollout.max_consecutive_rejections=5" in msg
+    assert "4 filtered out by the accept filter" in msg and "1 returned None" in msg
+    assert m.failed_total == 0  # rejections are not failures
+    with pytest.raises(ValueError, match="max_consecutive_rejections=0"):
+        EpisodeFailureMonitor("training", 4, 100, 0.5, max_consecutive_rejections=0)
+
+
 def test_evaluation_whose_episodes_all_fail_raises_the_failure():
     async def episode(row):
         raise ConnectionRefusedError(f"reward service down for row {row}")
@@ -85,6 +110,15 @@ class _VersionZero:
 
     def get_version(self) -> int:
         return 0
+
+
+class _Versioned:
+    """An inference engine's version, bumped by the test as a trainer's step would."""
+
+    version = 0
+
+    def get_version(self) -> int:
+        return self.version
 
 
 class _Raises:
@@ -119,7 +153,10 @@ def test_executor_rejections_are_not_failures():
     from areal.infra.rollout.workflow_executor import WorkflowExecutor
 
     cfg = InferenceEngineConfig(
-        consumer_batch_size=2, max_concurrent_rollouts=2, max_consecutive_episode_failures=5
+        consumer_batch_size=2,
+        max_concurrent_rollouts=2,
+        max_consecutive_episode_failures=5,
+        max_consecutive_rejections=None,
     )
     loader = [[{"i": 2 * k}, {"i": 2 * k + 1}] for k in range(10_000)]
     with WorkflowExecutor(cfg, _VersionZero()) as ex:
@@ -127,6 +164,52 @@ def test_executor_rejections_are_not_failures():
             ex.prepare_batch(loader, workflow=_ReturnsNone(), timeout=1.5)
         assert ex.rejection_reasons["none"] > 5
         assert ex.failures.failed_total == 0 and not ex.failures.tripped
+
+
+class _Reward:
+    """One row whose reward is 1 for every third data item, else 0."""
+
+    async def arun_episode(self, engine, data):
+        reward = float(data["i"] % 3 == 0)
+        return {"input_ids": torch.ones(1, 3, dtype=torch.long), "rewards": torch.tensor([reward])}
+
+
+def test_executor_filter_dropping_every_group_stops_the_wait_instead_of_waiting_forever():
+    """Dynamic sampling on a task the model never solves: every group is filtered, the
+    batch never fills; the wait raises after max_consecutive_rejections, naming the
+    filter. A filter that lets some groups through never trips it."""
+    from areal.infra.rollout.workflow_executor import WorkflowExecutor
+
+    cfg = InferenceEngineConfig(
+        consumer_batch_size=2, max_concurrent_rollouts=2, max_consecutive_rejections=50
+    )
+    loader = [[{"i": 2 * k}, {"i": 2 * k + 1}] for k in range(10_000)]
+    with WorkflowExecutor(cfg, _VersionZero()) as ex:
+        t0 = time.monotonic()
+        with pytest.raises(RolloutFailureError) as ei:
+            ex.prepare_batch(
+                loader, workflow=_Reward(), should_accept_fn=lambda t: False, timeout=60
+            )
+        assert time.monotonic() - t0 < 30
+        assert "the last 50 finished episodes were all rejected" in str(ei.value)
+        assert "50 filtered out by the accept filter" in str(ei.value)
+        time.sleep(0.3)
+        n = ex.rejection_reasons["filtered"]
+        assert 50 <= n <= 50 + 2, n  # no more rollouts start
+        time.sleep(0.3)
+        assert ex.rejection_reasons["filtered"] == n
+    engine = _Versioned()
+    with WorkflowExecutor(cfg, engine) as ex:
+        for _ in range(20):  # two of every three filtered: batches keep coming
+            engine.version += 1  # a trainer step: the staleness bound allows the next batch
+            batch = ex.prepare_batch(
+                loader,
+                workflow=_Reward(),
+                should_accept_fn=lambda t: bool(t["rewards"].sum() > 0),
+                timeout=30,
+            )
+            assert batch["rewards"].tolist() == [1.0, 1.0]
+        assert ex.rejection_reasons["filtered"] >= 30 and not ex.failures.tripped
 
 
 # ----------------------------------------------------------------------------- real server

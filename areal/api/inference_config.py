@@ -645,6 +645,15 @@ class InferenceEngineConfig:
         "Rejections (a workflow returning None, dynamic-sampling filtering, stale results) "
         "are not failures. The same for evaluation episodes. null: never stop for this; >= 1.",
     )
+    max_consecutive_rejections: int | None = cfield(
+        1024,
+        "The run stops with RolloutFailureError when this many finished training episodes "
+        "(groups, with n_samples > 1) in a row were rejected and gave nothing, with none "
+        "accepted between: filtered out by the accept filter (dynamic sampling drops a group "
+        "whose rewards are all equal) or returned None by the workflow. Without it such a "
+        "run waits forever for a batch that never fills. Stale results are not counted "
+        "(their rows are generated again). null: never stop for this; >= 1.",
+    )
     max_episode_failure_ratio: float | None = cfield(
         0.5,
         "The run stops (RolloutFailureError) when more than this share of the last "
@@ -750,6 +759,13 @@ class InferenceEngineConfig:
             owner,
             "max_consecutive_episode_failures",
             self.max_consecutive_episode_failures,
+            ge=1,
+            optional=True,
+        )
+        check_range(
+            owner,
+            "max_consecutive_rejections",
+            self.max_consecutive_rejections,
             ge=1,
             optional=True,
         )

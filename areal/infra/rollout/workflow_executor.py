@@ -27,8 +27,10 @@ episode) by an ``EpisodeFailureMonitor`` (``failure_monitor``; one for training,
 evaluation episodes); once all of the last ``max_consecutive_episode_failures`` episodes
 failed, or more than ``max_episode_failure_ratio`` of the last
 ``episode_failure_window``, the loop starts no more rollouts and every wait raises
-``RolloutFailureError`` quoting the most common failure. Failures since the last batch are
-the ``rollout/n_failed`` stat.
+``RolloutFailureError`` quoting the most common failure; so do they once the last
+``max_consecutive_rejections`` finished episodes were all rejected as ``filtered`` or
+``none`` (a dynamic-sampling filter dropping every group would otherwise keep the batch
+from ever filling). Failures since the last batch are the ``rollout/n_failed`` stat.
 
 Groups: with ``group_size = n`` the workflow is wrapped in
 :class:`~areal.infra.rollout.grouped_workflow.GroupedRolloutWorkflow` (run ``n`` times per data item,
@@ -189,6 +191,7 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin, DeterministicMixi
             max_consecutive=config.max_consecutive_episode_failures,
             window=config.episode_failure_window,
             max_ratio=config.max_episode_failure_ratio,
+            max_consecutive_rejections=config.max_consecutive_rejections,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -506,7 +509,14 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin, DeterministicMixi
                     monitor.kind,
                 )
         elif reason not in ("cancelled", "no_server"):
-            monitor.record_ok()
+            was_tripped = monitor.tripped
+            monitor.record_ok(rejected=reason)
+            if monitor.tripped and not was_tripped:
+                self.logger.error(
+                    "%s episodes give nothing (all rejected): no more rollouts start; the "
+                    "waits raise RolloutFailureError",
+                    monitor.kind,
+                )
         sm = self.staleness_manager
         with self._cv:
             self._inflight.pop(task.task_id, None)
