@@ -222,7 +222,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         name="lora",
-        stated="GRPO with a LoRA adapter, greedy 23.2% -> 92.8% (30 steps)",
+        stated="GRPO with a LoRA adapter, greedy 23.2% -> 94.1% (30 steps)",
         reproduce="python examples/math/gsm8k_rl.py --config examples/math/gsm8k_grpo_lora.yaml",
         script="examples/math/gsm8k_rl.py",
         config="examples/math/gsm8k_grpo_lora.yaml",
