@@ -294,14 +294,15 @@ def main(argv: list[str]) -> int:
         name, label, control = task
         own_run = control is None
         args = (BY_NAME[name], label, control, name in broken and own_run, out)
-        res = run_one(*args, skip_before=own_run and name in borrows)
+        kwargs = {"skip_before": own_run and name in borrows}
+        res = run_one(*args, **kwargs)
         print(_progress(BY_NAME[name], res), flush=True)
         if res["measured"] is None:
             # the run died before printing its figure: its log's end is shown, and the
             # run starts once more (a crash that repeats fails the claim)
             failed = _keep_failed_log(res)
             print(_log_tail(failed), flush=True)
-            res = run_one(*args, skip_before=own_run and name in borrows)
+            res = run_one(*args, **kwargs)
             res["retried_after"] = {"exit_code": failed["exit_code"], "log": failed["log"]}
             # both attempts' time counts
             res["wall_s"] = round(res["wall_s"] + failed["wall_s"], 1)

@@ -148,6 +148,11 @@ class EpisodeFailureMonitor:
         return self._error is not None
 
     @property
+    def error(self) -> str | None:
+        """Why the monitor tripped (the ``RolloutFailureError`` message), or None."""
+        return self._error
+
+    @property
     def failed_total(self) -> int:
         with self._lock:
             return self._failed_total

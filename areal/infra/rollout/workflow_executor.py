@@ -499,24 +499,16 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin, DeterministicMixi
         if reason is None and not task.is_eval and task.wave is None and stale:
             reason = "stale"
         monitor = self.eval_failures if task.is_eval else self.failures
+        was_tripped = monitor.tripped
         if failure is not None:
-            was_tripped = monitor.tripped
             monitor.record_failure(failure)
-            if monitor.tripped and not was_tripped:
-                self.logger.error(
-                    "%s episodes keep failing: no more rollouts start; the waits raise "
-                    "RolloutFailureError",
-                    monitor.kind,
-                )
         elif reason not in ("cancelled", "no_server"):
-            was_tripped = monitor.tripped
             monitor.record_ok(rejected=reason)
-            if monitor.tripped and not was_tripped:
-                self.logger.error(
-                    "%s episodes give nothing (all rejected): no more rollouts start; the "
-                    "waits raise RolloutFailureError",
-                    monitor.kind,
-                )
+        if monitor.tripped and not was_tripped:
+            self.logger.error(
+                "No more rollouts start; the waits raise RolloutFailureError: %s",
+                monitor.error,
+            )
         sm = self.staleness_manager
         with self._cv:
             self._inflight.pop(task.task_id, None)
