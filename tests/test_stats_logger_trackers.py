@@ -68,3 +68,21 @@ def test_trackers_bad_mode_raises_naming_field(tmp_path):
                 trackio=TrackioConfig(mode="online"),
             )
         )
+
+
+def test_tensorboard_read_back_equals_stats_jsonl(tmp_path):
+    """Each step's scalars are written as one TensorBoard event; TensorBoard's own reader
+    gets every finite value of ``stats.jsonl`` back at its step (float32)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, expected = _write_run(tmp_path)
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    got: dict[int, dict[str, float]] = {}
+    for tag in acc.Tags()["scalars"]:
+        for ev in acc.Scalars(tag):
+            got.setdefault(ev.step, {})[tag] = ev.value
+    assert got.keys() == expected.keys()
+    for step, row in expected.items():
+        assert got[step] == pytest.approx(row, rel=1e-6)
+    assert "lr" not in got[2]  # NaN is not written
