@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from areal.infra import stack_dump
+from areal.infra.daemon_threads import spawn_daemon
 
 WAIT_LOG_EVERY_S = 10.0
 WAIT_LOG_FIRST_S = 5.0
@@ -103,13 +104,13 @@ def waiting(
         while not done.wait(max(0.05, log.next_event() - time.monotonic())):
             log.tick(describe)
 
-    t = threading.Thread(target=_run, name="wait-log", daemon=True)
-    t.start()
+    ticker = spawn_daemon(_run, name="wait-log")
     try:
         yield log
     finally:
         done.set()
-        t.join(timeout=1.0)
+        with contextlib.suppress(concurrent.futures.TimeoutError):
+            ticker.result(timeout=1.0)
 
 
 def fan_out(
@@ -127,30 +128,27 @@ def fan_out(
     While waiting, an address for which ``in_rotation(address)`` turns false (declared hung
     or dead meanwhile) is not waited for any more, with a warning, and a ``WaitLog`` line
     names the addresses still out, ``what`` they are to answer and ``answered()`` of all.
-    The threads are not joined at the end: a hung server's call must not hold this up.
+    The calls run on daemon threads (``spawn_daemon``) that are not waited for at the end:
+    a hung server's call must not hold this up.
     """
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(addresses))
-    try:
-        futs = {pool.submit(call, a): a for a in addresses}
-        pending = set(futs)
-        wait_log = WaitLog(logger)
-        while pending:
-            done, pending = concurrent.futures.wait(pending, timeout=0.5)
-            for f in done:
-                on_answer(futs[f], f)
-            if in_rotation is not None:
-                for f in [f for f in pending if not in_rotation(futs[f])]:
-                    pending.discard(f)
-                    logger.warning(
-                        "not waiting for %s to answer %s any more: it left the rotation",
-                        futs[f],
-                        what,
-                    )
-            wait_log.tick(
-                lambda pending=pending: (
-                    f"{sorted(futs[f] for f in pending)} to answer {what} "
-                    f"({answered()} of {len(addresses)} answered)"
+    futs = {spawn_daemon(call, a, name=f"fan-out {a}"): a for a in addresses}
+    pending = set(futs)
+    wait_log = WaitLog(logger)
+    while pending:
+        done, pending = concurrent.futures.wait(pending, timeout=0.5)
+        for f in done:
+            on_answer(futs[f], f)
+        if in_rotation is not None:
+            for f in [f for f in pending if not in_rotation(futs[f])]:
+                pending.discard(f)
+                logger.warning(
+                    "not waiting for %s to answer %s any more: it left the rotation",
+                    futs[f],
+                    what,
                 )
+        wait_log.tick(
+            lambda pending=pending: (
+                f"{sorted(futs[f] for f in pending)} to answer {what} "
+                f"({answered()} of {len(addresses)} answered)"
             )
-    finally:
-        pool.shutdown(wait=False)
+        )

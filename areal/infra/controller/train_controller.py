@@ -63,8 +63,8 @@ from areal.api.engine_config import TrainEngineConfig
 from areal.api.io_struct import FinetuneSpec, ParamSpec, SaveLoadMeta, WeightUpdateMeta
 from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, WorkerDiedError
 from areal.infra.controller.batch_ref import BatchRef
+from areal.infra.daemon_threads import spawn_daemon
 from areal.infra.rpc.batch_store import STORE_ENGINE, StoredBatch
-from areal.infra.rpc.client import spawn_daemon
 from areal.infra.wait_log import WaitLog
 from areal.utils import logging
 from areal.utils.seqpack import kk_partition, partition_spread

@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from areal.api.io_struct import ParamSpec, WeightUpdateMeta
+from areal.infra.daemon_threads import spawn_daemon
 from areal.utils import logging
 
 logger = logging.getLogger("RemoteInfEngine")
@@ -123,15 +124,17 @@ class WeightUpdateRPCMixin:
         failed: list[str] = []
         if not addrs:
             return failed
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(addrs)) as pool:
-            futs = {pool.submit(self._post_idempotent, a, make_call(a)): a for a in addrs}
-            for f in concurrent.futures.as_completed(futs):
-                a = futs[f]
-                try:
-                    f.result()
-                except Exception as e:  # noqa: BLE001 - that server leaves the rotation
-                    failed.append(a)
-                    self._mark_unhealthy(a, f"{what} failed: {type(e).__name__}: {e}")
+        futs = {
+            spawn_daemon(self._post_idempotent, a, make_call(a), name=f"{what} {a}"): a
+            for a in addrs
+        }
+        for f in concurrent.futures.as_completed(futs):
+            a = futs[f]
+            try:
+                f.result()
+            except Exception as e:  # noqa: BLE001 - that server leaves the rotation
+                failed.append(a)
+                self._mark_unhealthy(a, f"{what} failed: {type(e).__name__}: {e}")
         return failed
 
     def commit_weights(self, version: int) -> list[str]:

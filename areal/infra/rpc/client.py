@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 import requests
@@ -15,26 +12,6 @@ from areal.infra.rpc.batch_store import STORE_ENGINE
 from areal.infra.rpc.serialization import CONTENT_TYPE, deserialize, serialize
 from areal.infra.rpc.traffic import RPC_TRAFFIC
 from areal.utils.auth import auth_headers, get_run_secret
-
-
-def spawn_daemon(fn: Callable[..., Any], *args, name: str = "rpc-call", **kwargs) -> Future:
-    """Run ``fn`` on a new daemon thread and return a Future of its result.
-
-    Daemon threads (unlike ``ThreadPoolExecutor``'s) never block interpreter exit, so a
-    call stuck on a hung worker cannot keep the controller from tearing workers down.
-    """
-    fut: Future = Future()
-
-    def _target():
-        if not fut.set_running_or_notify_cancel():
-            return
-        try:
-            fut.set_result(fn(*args, **kwargs))
-        except BaseException as e:  # noqa: BLE001 - delivered through the future
-            fut.set_exception(e)
-
-    threading.Thread(target=_target, name=name, daemon=True).start()
-    return fut
 
 
 class RPCClient:

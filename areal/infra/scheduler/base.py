@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Any
 import requests
 
 from areal.api.scheduler_api import Job, Scheduler, WorkerDiedError
-from areal.infra.rpc.client import RPCClient, spawn_daemon
+from areal.infra.daemon_threads import spawn_daemon
+from areal.infra.rpc.client import RPCClient
 
 if TYPE_CHECKING:
     from areal.api.experiment_config import BaseExperimentConfig
