@@ -648,12 +648,11 @@ class PPOTrainer:
         import hashlib
         import json
 
-        prompt = batch["attention_mask"].bool() & ~batch["loss_mask"].bool()
-        ids = batch["input_ids"]
-        hashes = []
-        for i in range(ids.shape[0]):
-            h = hashlib.sha1(ids[i][prompt[i]].numpy().tobytes()).hexdigest()[:16]
-            hashes.append(h)
+        prompt = (batch["attention_mask"].bool() & ~batch["loss_mask"].bool()).numpy()
+        ids = batch["input_ids"].numpy()  # numpy rows: ~20x faster to slice than tensors
+        hashes = [
+            hashlib.sha1(ids[i][prompt[i]].tobytes()).hexdigest()[:16] for i in range(len(ids))
+        ]
         path = os.path.join(self.log_dir, "consumed.jsonl")
         with open(path, "a") as f:
             f.write(json.dumps({"global_step": global_step, "prompts": hashes}) + "\n")
