@@ -97,7 +97,7 @@ class _RejectingInferenceEngine:
         self.pg = None
 
     def init_weights_update_group(self, meta):
-        from areal.infra.rpc.client import spawn_daemon
+        from areal.infra.daemon_threads import spawn_daemon
         from areal.utils.dist import init_custom_process_group
 
         meta.world_size = 2
