@@ -109,8 +109,12 @@ def waiting(
         yield log
     finally:
         done.set()
-        with contextlib.suppress(concurrent.futures.TimeoutError):
+        try:
             ticker.result(timeout=1.0)
+        except concurrent.futures.TimeoutError:
+            pass
+        except Exception as e:  # noqa: BLE001 - the log's failure never fails the block
+            logger.warning("the wait log of this block failed: %s: %s", type(e).__name__, e)
 
 
 def fan_out(
