@@ -86,17 +86,17 @@ class WeightUpdateRPCMixin:
         timeout = self._weight_update_http_timeout(meta)
 
         def _run():
-            with concurrent.futures.ThreadPoolExecutor(max_workers=len(addrs)) as pool:
-                futs = [
-                    pool.submit(
-                        self._post,
-                        a,
-                        self.backend.init_group_call(meta, 1 + i, world_size),
-                        timeout,
-                    )
-                    for i, a in enumerate(addrs)
-                ]
-                return [f.result() for f in futs]
+            futs = [
+                spawn_daemon(
+                    self._post,
+                    a,
+                    self.backend.init_group_call(meta, 1 + i, world_size),
+                    timeout,
+                    name=f"init weight group {a}",
+                )
+                for i, a in enumerate(addrs)
+            ]
+            return [f.result() for f in futs]
 
         return self._submit(_run)
 
