@@ -5,8 +5,9 @@ The demo's configuration (``areal.demo.build_config``: the shipped tiny model, s
 word problems) at a smaller batch, trained through a real ``PPOTrainer``, with:
 
 - ``HealthScriptWorkflow``: ``RLVRWorkflow`` whose reward follows a schedule by policy
-  version: ``task`` (the demo's correctness reward), ``constant`` (1.0 for every answer:
-  no group has a signal) or ``length`` (the completion's share of ``max_new_tokens``: a
+  version: ``task`` (the demo's correctness reward), ``zero`` / ``constant`` (0.0 / 1.0
+  for every answer: no group has a signal; on the un-normalised reward ``zero`` gives no
+  update and ``constant`` reinforces every sampled token) or ``length`` (the completion's share of ``max_new_tokens``: a
   reward a policy can game by talking longer);
 - ``CorruptWeightsHook``: a weight-sync hook that, from a version on, replaces what the
   servers loaded by a perturbed copy of the exported weights before the version is
@@ -54,8 +55,8 @@ class HealthScriptWorkflow(RLVRWorkflow):
         super().__init__(**kwargs)
         self.schedule = list(schedule or [(0, "task")])
         for _, mode in self.schedule:
-            if mode not in ("task", "constant", "length"):
-                raise ValueError(f"schedule mode {mode!r}; allowed: task, constant, length")
+            if mode not in ("task", "zero", "constant", "length"):
+                raise ValueError(f"schedule mode {mode!r}; allowed: task, zero, constant, length")
 
     def _mode(self, version: int) -> str:
         mode = "task"
@@ -69,8 +70,9 @@ class HealthScriptWorkflow(RLVRWorkflow):
         out = await super().arun_episode(engine, data)
         if out is None or mode == "task":
             return out
-        if mode == "constant":
-            out["rewards"] = torch.ones_like(out["rewards"].float())
+        if mode in ("zero", "constant"):
+            fill = torch.zeros_like if mode == "zero" else torch.ones_like
+            out["rewards"] = fill(out["rewards"].float())
         else:
             n = out["loss_mask"].sum(-1).float()
             out["rewards"] = (n / float(self.gconfig.max_new_tokens)).clamp(max=1.0)

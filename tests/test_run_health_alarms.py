@@ -10,9 +10,10 @@ checked by several tests:
   signal), then a reward paying for length (the length probe of reward hacking, responses
   running into max_new_tokens), then weight syncs that deliver noisy weights to the
   server (trainer-vs-server logprob mismatch);
-- a too-high learning rate (SGD warming up to lr 3, on the un-normalised reward: every
-  sampled token reinforced) that collapses the entropy within a few steps, with action ``rollback``: the
-  checkpoint from before the alarm is restored, the learning rate lowered, the run goes on.
+- a too-high learning rate (SGD warming up to lr 3, on the un-normalised reward: no
+  update for the first steps, then every sampled token reinforced) that collapses the
+  entropy within a few steps, with action ``rollback``: the checkpoint from before the
+  alarm is restored, the learning rate lowered, the run goes on.
 """
 
 from __future__ import annotations
@@ -122,8 +123,12 @@ def test_alarms_reach_stats_tensorboard_and_curves(scripted_run):
 
 
 # ----------------------------------------------------------------------------- rollback
-TOTAL = 12
+TOTAL = 14
 LR, FACTOR, WARMUP = 3.0, 0.01, 8  # linear warm-up to lr 3 over 8 steps
+# zero reward (no update) before this version, constant reward from it: the collapse
+# then starts at step 8 or 9 (the constant reward from step 0 collapsed it at step 5 to 8
+# in CI runs, too early at 5 for a checkpoint older than the margin)
+CONSTANT_FROM = 3
 
 
 @pytest.fixture(scope="module")
@@ -138,15 +143,15 @@ def rollback_run(tmp_path_factory):
         "actor.dynamic_sampling=false",
         "recover.freq_steps=1",
         "rollout.max_head_offpolicyness=1",
-        # the entropy falls within a step or two once the warm-up's lr is high enough: at
-        # the default margin (2) a CI run under load rolled back to step 2 of a collapse
+        # the entropy falls within a step or two once the lr is high enough: at the
+        # default margin (2) a CI run under load rolled back to step 2 of a collapse
         # alarmed at step 7 and stopped at the redone step 3
         "run_health.rollback_margin_steps=3",
         "run_health.actions.entropy_collapse=rollback",
         f"run_health.rollback_lr_factor={FACTOR}",
         "evaluator.freq_steps=50",
     )
-    return run_demo(cfg, schedule=[(0, "constant")])
+    return run_demo(cfg, schedule=[(0, "zero"), (CONSTANT_FROM, "constant")])
 
 
 def _rollback(run) -> dict:
