@@ -239,3 +239,25 @@ def test_server_loads_per_expert_checkpoint_tensors_into_fused_experts(moe_dir, 
     save_file(partial, str(tmp_path / "partial" / "model.safetensors"))
     with pytest.raises(ValueError, match="parameters missing"):
         load_weights_from_disk(model, str(tmp_path / "partial"))
+
+
+def test_staged_load_fills_fused_experts_only_at_commit(moe_dir):
+    """An in-flight update (``StagedWeights``) of an MoE model: the per-expert checkpoint
+    tensors land in a staging copy of the fused parameters; the live ones move only at
+    commit, then equal the checkpoint."""
+    from areal.engine.local_server.weights import StagedWeights, load_weights_from_disk
+
+    model = hf_model(moe_dir)
+    want = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+    served = {n: p.detach().clone() for n, p in model.named_parameters()}
+    staged = StagedWeights()
+    staged.begin(model, 1)
+    load_weights_from_disk(model, moe_dir, into=staged.targets())
+    for n, p in model.named_parameters():
+        assert torch.equal(p, served[n]), n
+    staged.commit(model)
+    for n, p in model.named_parameters():
+        assert torch.equal(p, want[n]), n

@@ -343,9 +343,10 @@ def _fault(kind, real_load, model, path, **kw):
     finally:
         st.load_file = real_load_file
     assert weights.load_weights_from_disk is not real_load
-    if kind == "reverted":
+    if kind == "reverted":  # where the load wrote: the model, or the staged copy
+        dst = kw["into"][_FAULTY] if kw.get("into") is not None else None
         with torch.no_grad():
-            dict(model.named_parameters())[_FAULTY].copy_(old)
+            (dst if dst is not None else dict(model.named_parameters())[_FAULTY]).copy_(old)
     return n
 
 

@@ -116,10 +116,10 @@ def test_weight_sync_order_hooks_versions_and_served_weights(stack, tiny_model_d
 
     stats = sync.sync(1, resume=False)
 
-    calls = [c for c in log if c not in ("rollout.get_version",)]
+    # the built-in server takes full weights in flight: generation is never paused
+    calls = [c for c in log if c not in ("rollout.get_version", "rollout.updates_in_flight")]
     assert calls == [
         "rollout.pause",
-        "rollout.pause_generation",
         "hook.before_push",
         "hook.transform",
         "actor.save",
@@ -128,8 +128,8 @@ def test_weight_sync_order_hooks_versions_and_served_weights(stack, tiny_model_d
         "rollout.commit_weights",
         "actor.set_version",
         "hook.after_push",
-        "rollout.continue_generation",
     ]
+    assert stats["weight_sync/in_flight"] == 1.0
     ctx = hook.contexts[0]
     assert (ctx.version, ctx.previous_version, ctx.reason) == (1, 0, "step")
     assert ctx.meta.path == meta.with_version(1).path
@@ -149,6 +149,38 @@ def test_weight_sync_order_hooks_versions_and_served_weights(stack, tiny_model_d
     got = torch.tensor(resp.output_logprobs)
     torch.testing.assert_close(got, pushed, atol=1e-4, rtol=0)
     assert (got - initial).abs().max() > 1e-3
+
+
+def test_weight_sync_pauses_generation_when_not_in_flight(stack):
+    """``rollout.inflight_weight_updates=False`` (and vLLM / SGLang, LoRA adapters): the
+    servers' generation is paused around the push and resumed after the commit."""
+    actor, engine, meta = stack
+    engine.config.inflight_weight_updates = False
+    log: list[str] = []
+    hook = _RecordingHook(log)
+    sync = WeightSynchronizer(_Spy(actor, "actor", log), _Spy(engine, "rollout", log), meta)
+    sync.add_hook(hook)
+    try:
+        stats = sync.sync(engine.get_version() + 1, resume=True)
+    finally:
+        engine.config.inflight_weight_updates = True
+    calls = [c for c in log if c not in ("rollout.get_version", "rollout.updates_in_flight")]
+    assert calls == [
+        "rollout.pause",
+        "rollout.pause_generation",
+        "hook.before_push",
+        "hook.transform",
+        "actor.save",
+        "rollout.update_weights_from_disk",
+        "hook.verify",
+        "rollout.commit_weights",
+        "actor.set_version",
+        "hook.after_push",
+        "rollout.continue_generation",
+        "rollout.resume",
+    ]
+    assert stats["weight_sync/in_flight"] == 0.0
+    assert _server(engine, "/is_paused")["is_paused"] is False
 
 
 def test_weight_sync_failing_export_resumes_servers_keeps_versions_clear_error(stack):

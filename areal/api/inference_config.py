@@ -600,6 +600,16 @@ class InferenceEngineConfig:
     pause_grace_period: float = cfield(
         0.0, "Seconds to wait after pausing servers before weights are updated; >= 0."
     )
+    inflight_weight_updates: bool = cfield(
+        True,
+        "Built-in server: a weight update of full weights (disk or xccl) does not pause "
+        "generation: the server receives the new weights beside the live ones and swaps "
+        "them in between two decode steps at commit; requests running then continue on "
+        "the new weights (their later tokens carry the new version; the cache of their "
+        "earlier tokens is kept, and the decoupled loss corrects with the recorded "
+        "behaviour logprobs). False, a LoRA adapter update, vLLM and SGLang: pause "
+        "(in-flight requests are interrupted and resumed on the new weights).",
+    )
     verify_weights: bool = cfield(
         True,
         "After every weight update, compare a fingerprint of each server's weights with the "

@@ -104,6 +104,11 @@ class BackendAdapter:
         (``messages``: the chat messages, for servers that render the template)."""
         raise ValueError(f"backend {self.name!r} does not take images; use local, sglang or vllm")
 
+    def updates_in_flight(self, meta: WeightUpdateMeta) -> bool:
+        """Whether this server loads the update ``meta`` beside the live weights and swaps
+        them in at commit, so generation need not pause (default: no)."""
+        return False
+
     def pause_call(self) -> HttpCall:
         raise NotImplementedError(f"backend {self.name!r} cannot pause generation")
 

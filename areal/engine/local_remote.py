@@ -50,6 +50,11 @@ class LocalBackend(BackendAdapter):
         payload["image_data"] = [as_base64(im) for im in image_data]
         return HttpCall(call.path, payload, call.method)
 
+    def updates_in_flight(self, meta):
+        # full weights are staged beside the live ones (local_server.weight_routes); a
+        # LoRA adapter is merged into the live weights
+        return meta.type in ("disk", "xccl") and not meta.use_lora
+
     def pause_call(self):
         return HttpCall("/pause")
 

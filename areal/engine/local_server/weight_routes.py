@@ -2,19 +2,26 @@
 provides ``core``, ``groups``, ``_json`` and ``_call_core``).
 
 New weights are loaded under a *pending* version and become current only at commit
-(``areal.infra.weights.weight_sync``, one owner of the version):
+(``areal.infra.weights.weight_sync``, one owner of the version). A versioned update of
+full weights (a safetensors directory, or the buckets of a broadcast) is *in flight*:
+generation goes on while it loads, and no token is ever produced from pending weights:
 
 1. ``/update_weights_from_disk`` / ``/update_weights_from_distributed`` with
-   ``"version": v``: the first load of a round copies the live weights aside
-   (``weights.PendingWeights``), then loads the new ones; ``/get_version`` still answers
-   the previous version and the answer carries ``"pending_version": v``.
+   ``"version": v``: the weights are received into a staging copy
+   (``weights.StagedWeights``; off the scheduler thread, so decoding continues) and
+   fingerprinted there; ``/get_version`` still answers the previous version and the
+   answer carries ``"pending_version": v``.
 2. ``/commit_weights {"version": v}`` (or ``/set_version``, which the readmission of a
-   restarted server uses): ``v`` becomes the version, the copy is dropped.
-3. ``/rollback_weights``: the copy is restored (the weights served before step 1), the
-   version stays the previous one, the pending version is dropped.
+   restarted server uses): on the scheduler thread, between two decode steps, the staged
+   weights are copied into the model and ``v`` becomes the version; requests running
+   then go on with the new weights (their tokens from here on carry ``v``; the cache of
+   their earlier tokens is kept).
+3. ``/rollback_weights``: the staged weights are dropped; nothing live changed.
 
-Loads without ``"version"`` are immediate, as before (nothing to commit). Generation is
-paused by the client around all of this, so no token is produced from pending weights.
+A versioned LoRA adapter (a directory with ``adapter_config.json``) is merged into the
+live weights instead, after copying them aside (``weights.PendingWeights``): the client
+pauses generation around it (``LocalBackend.updates_in_flight``), and a rollback copies
+them back. Loads without ``"version"`` are immediate (nothing to commit).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import time
 from typing import Any
 
 from areal.engine.local_server.openai_api import error_response
-from areal.engine.local_server.weights import PendingWeights
+from areal.engine.local_server.weights import PendingWeights, StagedWeights
 from areal.utils import logging
 
 logger = logging.getLogger("LocalServerWeights")
@@ -43,6 +50,13 @@ class WeightRoutes:
             p = self._pending_weights = PendingWeights()
         return p
 
+    @property
+    def staged(self) -> StagedWeights:
+        p = self.__dict__.get("_staged_weights")
+        if p is None:
+            p = self._staged_weights = StagedWeights()
+        return p
+
     def _begin_pending(self, version: Any) -> None:
         """Core thread, before a load: keep the live weights (and the LoRA base weights)
         for a rollback when the load is part of a versioned update."""
@@ -51,9 +65,23 @@ class WeightRoutes:
 
     def _state(self) -> dict[str, Any]:
         out: dict[str, Any] = {"version": self.core.version}
-        if self.pending.active:
+        if self.staged.active:
+            out["pending_version"] = self.staged.version
+        elif self.pending.active:
             out["pending_version"] = self.pending.version
         return out
+
+    def _commit_pending(self, version: int) -> bool:
+        """Scheduler thread: the pending weights (staged or live) become current as
+        ``version``; True when some were pending."""
+        with self.staged.lock:
+            staged = self.staged.commit(self.core.model) > 0
+        if staged:  # new base weights: a later adapter merges into these
+            self.__dict__.pop("_lora_base_weights", None)
+        had = staged or self.pending.active
+        self.pending.commit()
+        self.core.version = version
+        return had
 
     async def set_version(self, request):
         """``{"version": v}``: ``v`` becomes the version; pending weights become current."""
@@ -64,11 +92,7 @@ class WeightRoutes:
         if not isinstance(v, int) or isinstance(v, bool):
             return _error(400, "'version' (int) is required")
 
-        def _do():
-            self.pending.commit()
-            self.core.version = v
-
-        await self._call_core(self.core.run_command(_do))
+        await self._call_core(self.core.run_command(lambda: self._commit_pending(v)))
         return web.json_response({"success": True, "version": v})
 
     async def commit_weights(self, request):
@@ -80,20 +104,18 @@ class WeightRoutes:
         if not isinstance(v, int) or isinstance(v, bool):
             return _error(400, "'version' (int) is required")
 
-        def _do():
-            had = self.pending.active
-            self.pending.commit()
-            self.core.version = v
-            return had
-
-        had = await self._call_core(self.core.run_command(_do))
+        had = await self._call_core(self.core.run_command(lambda: self._commit_pending(v)))
         return web.json_response({"success": True, "version": v, "had_pending": had})
 
     async def rollback_weights(self, request):
-        """Restore the weights held before the pending update; the version stays."""
+        """Restore the weights held before the pending update (staged ones are dropped);
+        the version stays."""
         from aiohttp import web
 
         def _do():
+            with self.staged.lock:
+                if self.staged.discard():
+                    return len(self.staged.targets())
             restored = self.pending.rollback(self.core.model)
             if restored is not None:
                 n, lora_base = restored
@@ -132,19 +154,25 @@ class WeightRoutes:
         )
 
     def _live_fingerprints(self) -> tuple[Any, dict[str, str]]:
-        """(``LiveFingerprints`` of the model's tensors, their dtypes), looked up once per
-        model: every loader of this server updates the tensors in place (copy_)."""
+        """(``LiveFingerprints`` of the tensors the server will serve: the staged ones
+        while an in-flight update is pending, else the model's; their dtypes), looked up
+        once per set of tensors: every loader of this server updates them in place."""
         from areal.engine.local_server.weights import checkpoint_tensors, tied_names
         from areal.utils.weight_fingerprint import LiveFingerprints
 
         model = self.core.model
-        cached = self.__dict__.get("_live_fp_cache")
-        if cached is None or cached[0] is not model:
-            named = checkpoint_tensors(model)  # by checkpoint name, as the trainer exports
+        staged = self.staged.active
+        source = self.staged.targets() if staged else model
+        key = "_staged_fp_cache" if staged else "_live_fp_cache"
+        cached = self.__dict__.get(key)
+        if cached is None or cached[0] is not source:
+            # by checkpoint name, as the trainer exports
+            named = dict(source) if staged else checkpoint_tensors(model)
             for alias in tied_names(model):  # the same storage as another name
                 named.pop(alias, None)
             dtypes = {n: str(t.dtype).removeprefix("torch.") for n, t in named.items()}
-            cached = self._live_fp_cache = (model, LiveFingerprints(named), dtypes)
+            cached = (source, LiveFingerprints(named), dtypes)
+            self.__dict__[key] = cached
         return cached[1], cached[2]
 
     def _fingerprint(self, seed: int, full: Any) -> dict[str, Any]:
@@ -191,7 +219,6 @@ class WeightRoutes:
         return out
 
     async def update_weights_from_disk(self, request):
-        from aiohttp import web
 
         from areal.engine.local_server.weights import load_weights_from_disk
 
@@ -203,10 +230,30 @@ class WeightRoutes:
         if version is not None and not isinstance(version, int):
             return _error(400, "'version' must be an integer")
         t0 = time.monotonic()
+        adapter = os.path.isfile(os.path.join(path, "adapter_config.json"))
+        if version is not None and not adapter:  # in flight: staged, decoding goes on
+
+            def _stage():
+                with self.staged.lock:
+                    self.staged.begin(self.core.model, version)
+                    try:
+                        n = load_weights_from_disk(
+                            self.core.model, path, into=self.staged.targets()
+                        )
+                    except BaseException:
+                        self.staged.discard()  # half-loaded: never committed
+                        raise
+                    return n, self._update_fingerprint(path)
+
+            try:
+                n, fingerprint = await asyncio.get_running_loop().run_in_executor(None, _stage)
+            except (FileNotFoundError, ValueError) as e:
+                return _error(400, str(e))
+            return self._loaded(n, fingerprint, t0)
 
         def _do():
             self._begin_pending(version)
-            if os.path.isfile(os.path.join(path, "adapter_config.json")):
+            if adapter:
                 # LoRA adapter only: merged into the base weights (W0 kept aside)
                 from areal.engine.lora import apply_adapter
 
@@ -223,6 +270,11 @@ class WeightRoutes:
             n, fingerprint = await self._call_core(self.core.run_command(_do))
         except (FileNotFoundError, ValueError) as e:
             return _error(400, str(e))
+        return self._loaded(n, fingerprint, t0)
+
+    def _loaded(self, n: int, fingerprint: dict[str, Any] | None, t0: float):
+        from aiohttp import web
+
         out = {
             "success": True,
             "num_tensors": n,
@@ -317,8 +369,20 @@ class WeightRoutes:
             self._begin_pending(version)
             return receive_bucket(self.core.model, pg, specs)
 
+        def _stage():  # a versioned update is in flight: staged, decoding goes on
+            with self.staged.lock:
+                self.staged.begin(self.core.model, version)
+                try:
+                    return receive_bucket(self.core.model, pg, specs, into=self.staged.targets())
+                except BaseException:
+                    self.staged.discard()  # half-received: never committed
+                    raise
+
         try:
-            n = await self._call_core(self.core.run_command(_do))
+            if isinstance(version, int) and not isinstance(version, bool):
+                n = await asyncio.get_running_loop().run_in_executor(None, _stage)
+            else:
+                n = await self._call_core(self.core.run_command(_do))
         except ValueError as e:
             return _error(400, str(e))
         return web.json_response(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
 from typing import Any
 
 import torch
@@ -40,7 +41,12 @@ def checkpoint_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     ``*.experts.gate_up_proj`` / ``*.experts.down_proj``) replaced by one view per expert
     and projection (``*.experts.{e}.gate_proj.weight``: rows ``[:I]`` of ``gate_up_proj[e]``,
     ``up_proj``: rows ``[I:]``, ``down_proj``: ``down_proj[e]``); other names unchanged."""
-    named = named_tensors(model)
+    return checkpoint_views(named_tensors(model))
+
+
+def checkpoint_views(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``checkpoint_tensors`` of tensors given by module name (the model's own, or a
+    staging copy laid out like them)."""
     out: dict[str, torch.Tensor] = {}
     for name, t in named.items():
         prefix, _, leaf = name.rpartition(".")
@@ -120,9 +126,81 @@ class PendingWeights:
         return n, lora_base
 
 
+class StagedWeights:
+    """New weights received while generation goes on (``weight_routes``: an *in-flight*
+    update): loaded into a staging copy laid out like the model's tensors, fingerprinted
+    there, and copied into the live model only at commit, on the scheduler thread between
+    two decode steps; a rollback just drops them. One model copy of host memory, its
+    buffers reused from one update to the next.
+
+    ``targets()`` are the staging tensors by checkpoint name (tied names alias their
+    source's buffer), what ``load_weights_from_disk`` / ``receive_bucket`` write into."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}  # by module name, tied names aliased
+        self._targets: dict[str, torch.Tensor] = {}
+        self.active = False
+        self.version: int | None = None
+        self.lock = threading.Lock()
+
+    @torch.no_grad()
+    def begin(self, model: torch.nn.Module, version: int) -> None:
+        """Start staging ``version`` from a copy of the live weights (so a tensor no
+        update sends stays as it is); a later bucket of the same update only moves
+        ``version``."""
+        if not self.active:
+            by_id: dict[int, torch.Tensor] = {}
+            changed = False
+            for name, t in named_tensors(model).items():
+                buf = by_id.get(id(t))
+                if buf is None:
+                    buf = self._buffers.get(name)
+                    if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+                        buf = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                        changed = True
+                    buf.copy_(t.detach())
+                    by_id[id(t)] = buf
+                elif self._buffers.get(name) is not buf:
+                    changed = True
+                self._buffers[name] = buf
+            if changed or not self._targets:
+                self._targets = checkpoint_views(self._buffers)
+            self.active = True
+        self.version = int(version)
+
+    def targets(self) -> dict[str, torch.Tensor]:
+        return self._targets
+
+    @torch.no_grad()
+    def commit(self, model: torch.nn.Module) -> int:
+        """Copy the staged weights into ``model`` (on the scheduler thread, between two
+        steps); returns the number of tensors copied (0 when nothing was staged)."""
+        if not self.active:
+            return 0
+        done: set[int] = set()
+        for name, t in named_tensors(model).items():
+            buf = self._buffers.get(name)
+            if buf is not None and id(t) not in done:
+                done.add(id(t))
+                t.copy_(buf)
+        self.discard()
+        return len(done)
+
+    def discard(self) -> bool:
+        """Drop the staged weights (kept buffers); True when some were staged."""
+        was = self.active
+        self.active = False
+        self.version = None
+        return was
+
+
 @torch.no_grad()
-def load_weights_from_disk(model: torch.nn.Module, path: str) -> int:
-    """Copy every tensor of ``path/*.safetensors`` into ``model`` in place; returns the count."""
+def load_weights_from_disk(
+    model: torch.nn.Module, path: str, into: dict[str, torch.Tensor] | None = None
+) -> int:
+    """Copy every tensor of ``path/*.safetensors`` into ``model`` in place (``into``: into
+    these tensors by checkpoint name instead, e.g. ``StagedWeights.targets()``); returns
+    the count."""
     from safetensors.torch import load_file
 
     if not os.path.isdir(path):
@@ -130,7 +208,7 @@ def load_weights_from_disk(model: torch.nn.Module, path: str) -> int:
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {path!r}")
-    named = checkpoint_tensors(model)
+    named = checkpoint_tensors(model) if into is None else into
     loaded: set[str] = set()
     unknown: list[str] = []
     for f in files:
@@ -171,13 +249,19 @@ def _group_device(group, model: torch.nn.Module) -> torch.device:
 
 
 @torch.no_grad()
-def receive_bucket(model: torch.nn.Module, group, specs: list[ParamSpec]) -> int:
-    """Receive one broadcast (root 0) per spec, in order, and copy each into ``model``.
+def receive_bucket(
+    model: torch.nn.Module,
+    group,
+    specs: list[ParamSpec],
+    into: dict[str, torch.Tensor] | None = None,
+) -> int:
+    """Receive one broadcast (root 0) per spec, in order, and copy each into ``model``
+    (``into``: into these tensors by checkpoint name instead).
 
     Every announced tensor is received even if its name is unknown (so the group stays in
     step with the trainer); unknown names raise afterwards.
     """
-    named = checkpoint_tensors(model)
+    named = checkpoint_tensors(model) if into is None else into
     unknown: list[str] = []
     # NCCL broadcasts CUDA tensors; gloo CPU tensors.
     device = _group_device(group, model)

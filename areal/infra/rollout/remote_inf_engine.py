@@ -32,7 +32,9 @@ What the engine does on top of the adapters:
   ``init_weights_update_group``, ``update_weights_from_distributed`` return
   ``concurrent.futures.Future``; the servers load under a pending version, which
   ``commit_weights`` makes current and ``rollback_weights`` undoes). None of them pauses
-  or sets a version: ``areal.infra.weights.weight_sync.WeightSynchronizer`` does both.
+  or sets a version: ``areal.infra.weights.weight_sync.WeightSynchronizer`` does both,
+  and skips the pause when ``updates_in_flight(meta)`` (the built-in server stages full
+  weights and swaps them in at commit, between two decode steps).
 - rollout methods (``submit``/``wait``/``rollout_batch``/``prepare_batch``/``pause``/
   ``resume``) delegate to ``self.workflow_executor`` (``areal.infra.rollout.workflow_executor``).
 
@@ -71,7 +73,7 @@ from areal.api.inference_protocol import (
     HttpError,
     ServerLeftRotationError,
 )
-from areal.api.io_struct import ModelRequest, ModelResponse
+from areal.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
 from areal.infra.rollout import workflow_context
 from areal.infra.rollout.remote_http import RemoteHttpMixin
 from areal.infra.rollout.remote_weights import WeightUpdateRPCMixin
@@ -377,6 +379,12 @@ class RemoteInfEngine(
         )
 
     # ------------------------------------------------------------------ pause / version
+    def updates_in_flight(self, meta: WeightUpdateMeta) -> bool:
+        """Whether the weight update ``meta`` can go on while the servers generate
+        (``config.inflight_weight_updates`` and a server that stages it: the built-in
+        one, full weights); else ``WeightSynchronizer`` pauses generation around it."""
+        return bool(self.config.inflight_weight_updates) and self.backend.updates_in_flight(meta)
+
     def pause_generation(self) -> None:
         """Interrupt in-flight generation everywhere; new chunks wait for ``continue_generation``."""
         self._paused.set()

@@ -7,20 +7,25 @@ and never pause or set a version. One ``sync(version)`` runs, in this order::
 
     pause        rollout.pause()               no new episodes start (WorkflowExecutor)
                  rollout.pause_generation()    in-flight requests are interrupted (they
-                                               resume later, on the weights then current)
+                                               resume later, on the weights then current),
+                                               unless rollout.updates_in_flight(meta): the
+                                               built-in server takes full weights beside
+                                               the live ones while it generates
     regroup      xccl: re-form the weight-update group when the servers changed
     hooks        hook.before_push(ctx)
-                 ctx.meta = hook.transform(ctx, ctx.meta)   what to send (e.g. LoRA adapter)
+                 ctx.meta = hook.transform(ctx, ctx.meta)   what to send (e.g. LoRA adapter;
+                                               one that cannot go in flight pauses here)
     export       transport.export(ctx)         the trainer writes / stages the weights
     push         transport.push(ctx)           every server loads them as the *pending*
                                                version; /get_version still answers the old
     verify       hook.verify(ctx)              raise to refuse the new weights; the commit
                                                waits for every check (none runs after it)
     commit       transport.commit(ctx)         every server: pending -> current ``version``
+                                               (in flight: between two decode steps)
                  actor / critic / rollout get ``version``; disk: older versions'
                  directories are deleted
     hooks        hook.after_push(ctx)
-    resume       rollout.continue_generation() interrupted requests continue
+    resume       rollout.continue_generation() interrupted requests continue (if paused)
                  rollout.resume()              only when ``resume=True``; the trainer keeps
                                                it paused until its recover checkpoint is
                                                written and calls ``resume()`` itself
@@ -281,8 +286,10 @@ class WeightSynchronizer:
         try:
             self.rollout.pause()
             paused_executor = True
-            self._call(self.rollout, "pause_generation")
-            gen_paused = True
+            in_flight = self._in_flight(ctx.meta)
+            if not in_flight:
+                self._call(self.rollout, "pause_generation")
+                gen_paused = True
             ctx.stats["weight_sync/pause_seconds"] = time.monotonic() - t0
             step = "regroup"
             if self._reform_group_if_needed(reason):
@@ -294,6 +301,12 @@ class WeightSynchronizer:
             step = "transform"
             for h in self.hooks:
                 ctx.meta = h.transform(ctx, ctx.meta)
+            if in_flight and not self._in_flight(ctx.meta):  # e.g. now a LoRA adapter
+                in_flight = False
+                step = "pause"
+                self._call(self.rollout, "pause_generation")
+                gen_paused = True
+            ctx.stats["weight_sync/in_flight"] = float(in_flight)
             transport = transport_for(ctx.meta)
             step = "export"
             t_push = time.monotonic()
@@ -321,8 +334,9 @@ class WeightSynchronizer:
             for h in self.hooks:
                 h.after_push(ctx)
             step = "resume"
-            gen_paused = False
-            self._call(self.rollout, "continue_generation")
+            if gen_paused:
+                gen_paused = False
+                self._call(self.rollout, "continue_generation")
             if resume:
                 self.rollout.resume()
         except BaseException as e:
@@ -502,6 +516,12 @@ class WeightSynchronizer:
                 h.on_error(ctx, error)
             except Exception as e:  # noqa: BLE001
                 logger.error("%s.on_error raised %s", type(h).__name__, e)
+
+    def _in_flight(self, meta: WeightUpdateMeta) -> bool:
+        """The servers take ``meta`` while they generate (``updates_in_flight``): no
+        pause of generation, the new weights go live at commit."""
+        fn = getattr(self.rollout, "updates_in_flight", None)
+        return bool(fn(meta)) if callable(fn) else False
 
     @staticmethod
     def _call(obj: Any, name: str, default: Any = None) -> Any:
