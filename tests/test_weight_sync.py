@@ -107,6 +107,19 @@ def _hf_logprobs(model_dir: str, output: list[int]) -> torch.Tensor:
     return lp.gather(1, torch.tensor(output).unsqueeze(1)).squeeze(1)
 
 
+# what a disk sync calls between the pause and the resume, in order
+_HOOKS_TO_AFTER_PUSH = [
+    "hook.before_push",
+    "hook.transform",
+    "actor.save",
+    "rollout.update_weights_from_disk",
+    "hook.verify",
+    "rollout.commit_weights",
+    "actor.set_version",
+    "hook.after_push",
+]
+
+
 def test_weight_sync_order_hooks_versions_and_served_weights(stack, tiny_model_dir):
     actor, engine, meta = stack
     log: list[str] = []
@@ -118,17 +131,7 @@ def test_weight_sync_order_hooks_versions_and_served_weights(stack, tiny_model_d
 
     # the built-in server takes full weights in flight: generation is never paused
     calls = [c for c in log if c not in ("rollout.get_version", "rollout.updates_in_flight")]
-    assert calls == [
-        "rollout.pause",
-        "hook.before_push",
-        "hook.transform",
-        "actor.save",
-        "rollout.update_weights_from_disk",
-        "hook.verify",
-        "rollout.commit_weights",
-        "actor.set_version",
-        "hook.after_push",
-    ]
+    assert calls == ["rollout.pause", *_HOOKS_TO_AFTER_PUSH]
     assert stats["weight_sync/in_flight"] == 1.0
     ctx = hook.contexts[0]
     assert (ctx.version, ctx.previous_version, ctx.reason) == (1, 0, "step")
@@ -168,14 +171,7 @@ def test_weight_sync_pauses_generation_when_not_in_flight(stack):
     assert calls == [
         "rollout.pause",
         "rollout.pause_generation",
-        "hook.before_push",
-        "hook.transform",
-        "actor.save",
-        "rollout.update_weights_from_disk",
-        "hook.verify",
-        "rollout.commit_weights",
-        "actor.set_version",
-        "hook.after_push",
+        *_HOOKS_TO_AFTER_PUSH,
         "rollout.continue_generation",
         "rollout.resume",
     ]
