@@ -234,16 +234,12 @@ class WeightRoutes:
         if version is not None and not adapter:  # in flight: staged, decoding goes on
 
             def _stage():
-                with self.staged.lock:
-                    self.staged.begin(self.core.model, version)
-                    try:
-                        n = load_weights_from_disk(
-                            self.core.model, path, into=self.staged.targets()
-                        )
-                    except BaseException:
-                        self.staged.discard()  # half-loaded: never committed
-                        raise
-                    return n, self._update_fingerprint(path)
+                n = self.staged.receive(
+                    self.core.model,
+                    version,
+                    lambda into: load_weights_from_disk(self.core.model, path, into=into),
+                )
+                return n, self._update_fingerprint(path)
 
             try:
                 n, fingerprint = await asyncio.get_running_loop().run_in_executor(None, _stage)
@@ -370,13 +366,11 @@ class WeightRoutes:
             return receive_bucket(self.core.model, pg, specs)
 
         def _stage():  # a versioned update is in flight: staged, decoding goes on
-            with self.staged.lock:
-                self.staged.begin(self.core.model, version)
-                try:
-                    return receive_bucket(self.core.model, pg, specs, into=self.staged.targets())
-                except BaseException:
-                    self.staged.discard()  # half-received: never committed
-                    raise
+            return self.staged.receive(
+                self.core.model,
+                version,
+                lambda into: receive_bucket(self.core.model, pg, specs, into=into),
+            )
 
         try:
             if isinstance(version, int) and not isinstance(version, bool):

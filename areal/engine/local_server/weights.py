@@ -171,6 +171,18 @@ class StagedWeights:
     def targets(self) -> dict[str, torch.Tensor]:
         return self._targets
 
+    def receive(self, model: torch.nn.Module, version: int, fill: Any) -> Any:
+        """``begin(model, version)``, then ``fill(targets())`` (a loader writing the new
+        tensors by checkpoint name), under ``lock``; a fill that raises drops the staged
+        weights (half-received weights are never committed). Returns ``fill``'s result."""
+        with self.lock:
+            self.begin(model, version)
+            try:
+                return fill(self._targets)
+            except BaseException:
+                self.discard()
+                raise
+
     @torch.no_grad()
     def commit(self, model: torch.nn.Module) -> int:
         """Copy the staged weights into ``model`` (on the scheduler thread, between two
