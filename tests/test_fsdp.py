@@ -122,12 +122,28 @@ def test_plan_shared_prefixes_groups_by_leading_tokens_each_member_keeps_own_tok
     assert fsdp.plan_shared_prefixes(torch.arange(20), _cu([10, 10])) is None
 
 
-def test_varlen_sdpa_attention_shared_prefix_plan_equals_per_sequence_values_and_grads():
-    ids, lens = _grouped_ids(seed=3)
+def _pair_ids(seed: int = 0) -> tuple[torch.Tensor, list[int]]:
+    """DPO-like pairs whose prompts spread from 8 to 60 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    seqs = []
+    for p in (8, 9, 30, 60):
+        prompt = torch.randint(0, 50, (p,), generator=g)
+        seqs += [torch.cat([prompt, torch.randint(50, 99, (r,), generator=g)]) for r in (3, 7)]
+    return torch.cat(seqs), [len(s) for s in seqs]
+
+
+@pytest.mark.parametrize("make", [_grouped_ids, _pair_ids])
+def test_varlen_sdpa_attention_shared_prefix_plan_equals_per_sequence_values_and_grads(make):
+    ids, lens = make(seed=3)
     cu = _cu(lens)
     plan = fsdp.plan_shared_prefixes(ids, cu, min_shared=4, min_saving=0.0)
     # members of different own lengths: several padded attention calls (length buckets)
     assert len(plan.member_rows) > 1
+    if make is _pair_ids:  # prompts of 8-9, 30 and 60 tokens: a padded call each
+        assert [tuple(r.shape) for r in plan.prefix_rows] == [(1, 60), (1, 30), (2, 9)]
+        # members split by the prefix they attend to, too: keys of 60 never pad one of 9
+        pairs = zip(plan.member_rows, plan.member_keys, strict=True)
+        assert {int(k.shape[1] - r.shape[1]) for r, k in pairs} == {60, 30, 9}
     qc, kc, vc = _qkv([plan.n_tokens], seed=4)
     out, _ = fsdp.varlen_sdpa_attention(
         _Attn(), qc, kc, vc, None, cu_seq_lens_q=torch.tensor(plan.seg_cu),

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal.engine.fsdp.tree_attention import plan_tree
-from areal.utils.prefix_trie import pack_tries, padded_rows, trie_nodes
+from areal.utils.prefix_trie import pack_tries, padded_rows, trie_nodes, trie_size
 
 ATOL = 1e-5
 
@@ -99,7 +99,7 @@ def test_trie_nodes_random_sequences_recoverable_and_each_shared_token_stored_on
     # every sequence recoverable from the stored tokens
     assert torch.equal(ids.index_select(0, trie.src)[trie.node], ids)
     # one stored token per distinct prefix: shared tokens once, nothing else merged
-    assert trie.n_nodes == _distinct_prefixes(seqs)
+    assert trie.n_nodes == _distinct_prefixes(seqs) == trie_size(ids, cu)
     # storage order is topological: a token's parent is stored before it
     for s, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
         nodes = trie.node[a:b]
@@ -131,6 +131,33 @@ def test_pack_tries_item_over_budget_raises_naming_the_field():
     pad, lens = padded_rows(torch.arange(10), _cu([10]))
     with pytest.raises(ValueError, match="max_tokens_per_mb=8"):
         pack_tries(pad, lens, 8)
+
+
+def test_plan_tree_training_runs_one_level_sharing_on_the_one_level_kernels():
+    from areal.engine.fsdp.attention import SharedPrefixPlan, plan_tree_training
+    from areal.engine.fsdp.tree_attention import TreePlan
+
+    def plan(rows, **kw):
+        return plan_tree_training(torch.cat(rows), _cu([len(r) for r in rows]), **kw)
+
+    g = torch.Generator().manual_seed(5)
+    prompts = [_rows(g, n) for n in (12, 20, 40)]
+    # GRPO groups / DPO pairs with prompts of >= 8 tokens: the trie is one level deep
+    groups = [torch.cat([p, torch.tensor([i]), _rows(g, 5)]) for p in prompts for i in range(4)]
+    one = plan(groups)
+    n_trie = trie_size(torch.cat(groups), _cu([len(r) for r in groups]))
+    assert isinstance(one, SharedPrefixPlan) and n_trie <= one.n_tokens <= n_trie / 0.95
+    # agent exports share histories at many depths: the trie
+    agent = agent_rows(2)
+    assert isinstance(plan(agent), TreePlan)
+    # padding to the budget (pad_to_maximum) is the trie's; a budget the one-level
+    # layout would overrun (it shares no prompt under 8 tokens) keeps the trie as well
+    assert isinstance(plan(groups, pad_to=400), TreePlan)
+    short = [torch.cat([p[:5], _rows(g, 6)]) for p in prompts for _ in range(3)] + groups[:4]
+    n_trie = trie_size(torch.cat(short), _cu([len(r) for r in short]))
+    assert isinstance(plan(short, budget=n_trie), TreePlan)
+    # nothing shared: the flat layout
+    assert plan([torch.arange(10), torch.arange(10, 20)]) is None
 
 
 # ------------------------------------------------------------------- attention

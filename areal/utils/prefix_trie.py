@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["TrieIndex", "pack_tries", "padded_rows", "trie_nodes"]
+__all__ = ["TrieIndex", "pack_tries", "padded_rows", "trie_nodes", "trie_size"]
 
 
 def padded_rows(
@@ -98,6 +98,21 @@ def trie_nodes(input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> TrieIndex:
     return TrieIndex(
         node=node.to(dev), n_nodes=n, src=src.to(dev), chains=chains, node_rows=node_rows
     )
+
+
+def trie_size(input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> int:
+    """``trie_nodes(...).n_nodes`` without building the trie: the number of distinct
+    prefixes, i.e. all tokens minus the leading tokens each sequence shares with the one
+    before it in lexicographic order (the longest prefix it shares with any other)."""
+    pad, lens = padded_rows(input_ids, cu_seqlens)
+    if len(lens) < 2:
+        return sum(lens)
+    order = sorted(range(len(lens)), key=pad[:, : max(lens)].tolist().__getitem__)
+    rows = pad[torch.tensor(order)]
+    lens_o = torch.tensor(lens)[torch.tensor(order)]
+    lcp = (rows[1:] == rows[:-1]).cumprod(1).sum(1)
+    lcp = torch.minimum(lcp, torch.minimum(lens_o[1:], lens_o[:-1]))
+    return int(lens_o.sum() - lcp.sum())
 
 
 def pack_tries(

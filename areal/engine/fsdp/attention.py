@@ -1,7 +1,8 @@
 """Attention over packed micro-batches for ``FSDPEngine``: ``varlen_sdpa_attention`` (causal
 SDPA per sequence, or one padded SDPA when the lengths are even enough), registered with
 transformers as ``VARLEN_SDPA``, and ``plan_shared_prefixes`` (sequences that start with
-the same tokens run their shared prefix once)."""
+the same tokens run their shared prefix once), and ``plan_tree_training`` (the layout
+tree training runs: a prefix trie, or the one-level plan where the trie is no deeper)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from areal.engine.fsdp.tree_attention import gather, padded, tree_attention
+from areal.engine.fsdp.tree_attention import TreePlan, gather, padded, plan_tree, tree_attention
+from areal.utils.prefix_trie import trie_size
 
 VARLEN_SDPA = "areal_varlen_sdpa"
 
@@ -22,6 +24,10 @@ PADDED_ATTN_MAX_WASTE = 2.0
 # Members of a shared-prefix group whose own lengths are within this ratio share one padded
 # SDPA call (see SharedPrefixPlan).
 MEMBER_BUCKET_RATIO = 0.75
+# Tree training keeps the one-level layout (SharedPrefixPlan) where the trie is that deep
+# only: a trie is used when it stores at least this fraction fewer rows (its general
+# chain buckets ran 1-6% slower than the one-level kernels on GRPO groups and DPO pairs).
+TREE_MIN_SAVING = 0.05
 _PAD_INDEX: dict[tuple, tuple[torch.Tensor, int, int]] = {}
 
 
@@ -58,16 +64,17 @@ class SharedPrefixPlan:
     ``src`` ``[Nc]``: the original packed index of each token of the compressed layout;
     ``back`` ``[N]``: the compressed row holding each original token (prefix tokens of
     every member map to the group's one copy); ``seg_cu``/``seg_len``: segment bounds in
-    the compressed layout and the longest segment. Attention runs as padded SDPA calls:
-    ``prefix_rows`` ``[G, P]`` (each group's prefix, causal), then per *bucket* of
-    members of similar own lengths (:data:`MEMBER_BUCKET_RATIO`: a bucket's shortest
-    member has at least that fraction of its longest one's tokens, so padding stays
-    small when lengths spread, e.g. one- and two-turn samples) ``member_rows[k]``
-    ``[M_k, L_k]`` (each member's own tokens) against ``member_keys[k]`` ``[M_k, P_k +
-    L_k]`` (its group's prefix, then its own tokens) under ``member_mask[k]`` ``[M_k, 1,
-    L_k, P_k + L_k]``; index ``Nc`` is a zero padding row. ``out_index`` ``[Nc]``: where
-    each compressed row's output sits in the concatenated outputs (prefixes, then the
-    buckets in order).
+    the compressed layout and the longest segment. Attention runs as padded SDPA calls,
+    each over a *bucket* of similar lengths (:data:`MEMBER_BUCKET_RATIO`: a bucket's
+    shortest has at least that fraction of its longest one's tokens, so padding stays
+    small when lengths spread, e.g. one- and two-turn samples, or DPO prompts of 150-300
+    tokens): ``prefix_rows[j]`` ``[G_j, P_j]`` (the prefixes of a bucket of groups,
+    causal), then ``member_rows[k]`` ``[M_k, L_k]`` (the own tokens of a bucket of members
+    of similar own and prefix lengths) against ``member_keys[k]`` ``[M_k, P_k + L_k]``
+    (its group's prefix, then its own tokens) under ``member_mask[k]`` ``[M_k, 1, L_k,
+    P_k + L_k]``; index ``Nc`` is a zero padding row. ``out_index`` ``[Nc]``: where each
+    compressed row's output sits in the concatenated outputs (the prefix buckets, then
+    the member buckets, in order).
     """
 
     def __init__(self, **fields: Any):
@@ -75,7 +82,7 @@ class SharedPrefixPlan:
         self.back: torch.Tensor = fields["back"]
         self.seg_cu: tuple[int, ...] = fields["seg_cu"]
         self.seg_len: int = fields["seg_len"]
-        self.prefix_rows: torch.Tensor = fields["prefix_rows"]
+        self.prefix_rows: list[torch.Tensor] = fields["prefix_rows"]
         self.member_rows: list[torch.Tensor] = fields["member_rows"]
         self.member_keys: list[torch.Tensor] = fields["member_keys"]
         self.member_mask: list[torch.Tensor] = fields["member_mask"]
@@ -97,6 +104,17 @@ def _length_buckets(lengths: list[int]) -> list[list[int]]:
         else:
             buckets.append([i])
     return buckets
+
+
+def _member_buckets(branches: list[tuple[int, int, int]], p_len: list[int]) -> list[list[int]]:
+    """Members (``(first row, own length, group)``) by own length, each bucket split again
+    by the length of the prefix its members attend to (same ratio), so neither the query
+    rows nor the key rows of a padded call are mostly padding."""
+    out: list[list[int]] = []
+    for bucket in _length_buckets([m for _, m, _ in branches]):
+        sub = _length_buckets([p_len[branches[i][2]] for i in bucket])
+        out += [[bucket[j] for j in part] for part in sub]
+    return out
 
 
 def plan_shared_prefixes(
@@ -179,13 +197,20 @@ def plan_shared_prefixes(
     p_start = torch.tensor([r for r, _ in prefixes])
     p_len = torch.tensor([p for _, p in prefixes])
     pq = torch.where(t_p < p_len[:, None], p_start[:, None] + t_p, nc)  # [G, pmax]
-    # where each compressed row's output sits in [prefix outputs, bucket 1 outputs, ...]
+    # where each compressed row's output sits in [prefix buckets..., member buckets...]
     out_idx = torch.empty(nc, dtype=torch.long)
-    flat_p = pq.reshape(-1)
-    out_idx[flat_p[flat_p < nc]] = torch.nonzero(flat_p < nc)[:, 0]
-    offset = flat_p.numel()
+    offset = 0
+    prefix_k = []
+    shared = [g for g, (_, p) in enumerate(prefixes) if p]
+    for bucket in _length_buckets([prefixes[g][1] for g in shared]):
+        grp = torch.tensor([shared[i] for i in bucket])
+        rows = pq[grp, : int(p_len[grp].max())]
+        flat_p = rows.reshape(-1)
+        out_idx[flat_p[flat_p < nc]] = offset + torch.nonzero(flat_p < nc)[:, 0]
+        offset += flat_p.numel()
+        prefix_k.append(rows)
     rows_k, keys_k, mask_k = [], [], []
-    for bucket in _length_buckets([m for _, m, _ in branches]):
+    for bucket in _member_buckets(branches, [p for _, p in prefixes]):
         b_start = torch.tensor([branches[i][0] for i in bucket])
         b_len = torch.tensor([branches[i][1] for i in bucket])
         b_grp = torch.tensor([branches[i][2] for i in bucket])
@@ -215,7 +240,7 @@ def plan_shared_prefixes(
         back=back.to(dev),
         seg_cu=tuple(seg),
         seg_len=max(e - s for s, e in zip(seg[:-1], seg[1:])),
-        prefix_rows=pq.to(dev),
+        prefix_rows=[t.to(dev) for t in prefix_k],
         member_rows=[t.to(dev) for t in rows_k],
         member_keys=[t.to(dev) for t in keys_k],
         member_mask=[t.to(dev) for t in mask_k],
@@ -235,13 +260,14 @@ def _shared_prefix_attention(
     """Attention over a :class:`SharedPrefixPlan`'s compressed layout: ``[1, H, Nc, D]``
     inputs -> ``[1, Nc, H, D]``."""
     query, key, value = padded(query), padded(key), padded(value)
-    pr = plan.prefix_rows
-    out_p = F.scaled_dot_product_attention(
-        gather(query, pr), gather(key, pr), gather(value, pr), dropout_p=dropout, is_causal=True,
-        scale=scaling, enable_gqa=gqa,
-    )  # fmt: skip
-    h, d = out_p.shape[1], out_p.shape[3]
-    parts = [out_p.transpose(1, 2).reshape(-1, h, d)]
+    h, d = query.shape[1], query.shape[2]
+    parts = []
+    for pr in plan.prefix_rows:
+        out_p = F.scaled_dot_product_attention(
+            gather(query, pr), gather(key, pr), gather(value, pr), dropout_p=dropout,
+            is_causal=True, scale=scaling, enable_gqa=gqa,
+        )  # fmt: skip
+        parts.append(out_p.transpose(1, 2).reshape(-1, h, d))
     for mr, mk, mask in zip(plan.member_rows, plan.member_keys, plan.member_mask, strict=True):
         out_m = F.scaled_dot_product_attention(
             gather(query, mr), gather(key, mk), gather(value, mk), attn_mask=mask,
@@ -345,3 +371,27 @@ def register_varlen_sdpa() -> str:
 
     AttentionInterface.register(VARLEN_SDPA, varlen_sdpa_attention)
     return VARLEN_SDPA
+
+
+def plan_tree_training(
+    input_ids: torch.Tensor, cu_seqlens: torch.Tensor, pad_to: int = 0, budget: int = 0
+) -> TreePlan | SharedPrefixPlan | None:
+    """The layout of a micro-batch under tree training (``enable_tree_training``).
+
+    1. with padding asked for (``pad_to``: ``pad_to_maximum``), ``plan_tree``: the prefix
+       trie, padded;
+    2. else ``plan_shared_prefixes`` and the trie's size (``trie_size``, without building
+       it): when the one-level plan stores at most ``1 / (1 - TREE_MIN_SAVING)`` times the
+       trie's rows (the sharing is one level deep: GRPO groups, DPO/RW pairs) and stays
+       within ``budget`` (``mb_spec.max_tokens_per_mb``, which the packer counted in trie
+       rows; 0: none), the one-level plan is returned;
+    3. else ``plan_tree`` (None: the sequences share nothing). Every layout is exact."""
+    if pad_to:
+        return plan_tree(input_ids, cu_seqlens, pad_to=pad_to)
+    one = plan_shared_prefixes(input_ids, cu_seqlens)
+    if one is not None:
+        n_trie = trie_size(input_ids, cu_seqlens)
+        within = not budget or one.n_tokens <= max(budget, n_trie)
+        if within and one.n_tokens * (1 - TREE_MIN_SAVING) <= n_trie:
+            return one
+    return plan_tree(input_ids, cu_seqlens)

@@ -32,9 +32,10 @@ latter, sequences of a micro-batch that start with the same tokens (GRPO's sampl
 one prompt) run their shared prefix once (``plan_shared_prefixes``: exact, 1.8x less
 CPU per ``train_batch`` on the demo's batches; ``engine.share_prefixes = False`` turns
 it off). With ``enable_tree_training`` the micro-batches are packed as prefix tries of any
-depth (``tree_attention.plan_tree``; ``mb_spec.max_tokens_per_mb`` counts the stored trie
-tokens; ``pad_to_maximum`` pads each trie to it): agent rows that repeat the conversation
-so far, DPO/RW pairs and GRPO groups store each shared token once (exact).
+depth (``attention.plan_tree_training``; ``mb_spec.max_tokens_per_mb`` counts the stored
+trie tokens; ``pad_to_maximum`` pads each trie to it): agent rows that repeat the
+conversation so far, DPO/RW pairs and GRPO groups store each shared token once (exact);
+where the trie is one level deep (pairs, groups) the one-level plan's kernels run it.
 Qwen2-VL-family actors (``engine.dedup_images``, on by default) run each distinct image
 of a micro-batch through the vision tower once (GRPO's samples of one prompt carry equal
 copies) and pack shared prefixes with their images once too (``vision_inputs.py``:
@@ -60,12 +61,17 @@ from torch import nn
 from areal.api.engine_api import InferenceEngine, TrainEngine
 from areal.api.engine_config import TrainEngineConfig
 from areal.api.io_struct import FinetuneSpec, WeightUpdateMeta
-from areal.engine.fsdp.attention import VARLEN_SDPA, plan_shared_prefixes, register_varlen_sdpa
+from areal.engine.fsdp.attention import (
+    VARLEN_SDPA,
+    plan_shared_prefixes,
+    plan_tree_training,
+    register_varlen_sdpa,
+)
 from areal.engine.fsdp.checkpoint import FSDPCheckpointMixin
 from areal.engine.fsdp.fingerprints import FSDPFingerprintMixin
 from areal.engine.fsdp.logprob_head import ChunkedLogprobHead
 from areal.engine.fsdp.parallelize import apply_fsdp2, lr_lambda
-from areal.engine.fsdp.tree_attention import TreePlan, plan_tree
+from areal.engine.fsdp.tree_attention import TreePlan
 from areal.engine.fsdp.vision_inputs import VisionFeatureInjector, language_model_of, pack_images
 from areal.engine.fsdp.weight_export import DTYPES as _DTYPES
 from areal.engine.fsdp.weight_export import FSDPWeightExportMixin
@@ -490,8 +496,9 @@ class FSDPEngine(
         if self._attn_impl != VARLEN_SDPA:
             return None
         if self.config.enable_tree_training:
-            pad = self.config.mb_spec.max_tokens_per_mb if self.config.pad_to_maximum else 0
-            plan = plan_tree(keys, cu, pad_to=int(pad or 0))
+            budget = int(self.config.mb_spec.max_tokens_per_mb or 0)
+            pad = budget if self.config.pad_to_maximum else 0
+            plan = plan_tree_training(keys, cu, pad_to=pad, budget=budget)
         elif not self.share_prefixes:
             return None
         else:
