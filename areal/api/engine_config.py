@@ -652,7 +652,9 @@ class TrainEngineConfig:
         "Tree training (FSDP engine, actors): each micro-batch's sequences packed as one "
         "prefix trie, every shared token computed once, attention restricted to each "
         "token's ancestors (exact); mb_spec.max_tokens_per_mb counts the stored trie tokens. "
-        "Pays off when rows repeat each other's prefixes (agent exports, DPO/RW pairs).",
+        "Pays off when rows repeat each other's prefixes at several depths (agent exports "
+        "with one row per call); a micro-batch shared one level deep (GRPO groups, DPO/RW "
+        "pairs) runs the default shared-prefix layout, which already stores it once.",
     )
     _version: str = cfield(
         "v1",
