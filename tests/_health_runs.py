@@ -23,6 +23,7 @@ import sys
 from typing import Any
 
 import torch
+from _jsonl import read_jsonl
 
 from areal.infra.weights.weight_sync import WeightSyncHook
 from areal.workflow.rlvr import RLVRWorkflow
@@ -170,13 +171,6 @@ def run_demo(
     result["rows"] = read_jsonl(os.path.join(log_dir, "stats.jsonl"))
     result["syncs"] = sync_log.syncs
     return result
-
-
-def read_jsonl(path: str) -> list[dict[str, Any]]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 if __name__ == "__main__":  # quick experiments: python tests/_health_runs.py ROOT STEPS k=v...

@@ -20,13 +20,13 @@ worker and server, exit 143, ``Stopped by SIGTERM ...`` in the log).
 from __future__ import annotations
 
 import collections
-import json
 import os
 import signal
 import subprocess
 import time
 
 import pytest
+from _jsonl import read_jsonl
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPERIMENT = "gsm8k-grpo-cpu"
@@ -72,11 +72,7 @@ def slurm_fault_command(
 
 
 def records(fileroot, trial: str, name: str) -> list[dict]:
-    path = os.path.join(str(fileroot), "logs", EXPERIMENT, trial, name)
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(os.path.join(str(fileroot), "logs", EXPERIMENT, trial, name))
 
 
 def step_rows(fileroot, trial: str) -> list[dict]:

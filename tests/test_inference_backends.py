@@ -10,13 +10,13 @@ line they were started with and every request the client sends.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
 import types
 
 import pytest
+from _jsonl import read_jsonl
 
 from areal.api.alloc_mode import AllocationMode
 from areal.api.cli_args import GenerationHyperparameters, PPOConfig
@@ -132,8 +132,7 @@ def test_server_command_braces_in_values_survive_scheduler_format():
 
 # ------------------------------------------------------------------ trainer -> fake servers
 def _records(path: str) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(path)
 
 
 @pytest.fixture

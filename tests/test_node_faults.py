@@ -25,7 +25,6 @@ The 30 s link cut is in ``tests/test_node_link_cut.py`` (a cluster of its own, w
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -35,6 +34,7 @@ import time
 
 import pytest
 import requests
+from _jsonl import read_jsonl
 from node_fault_checks import (
     MAX_STEPS,
     REPO,
@@ -195,11 +195,7 @@ def test_trainer_node_killed_run_stops_clearly_relaunch_resumes_same_losses(
 
     def stats(r):
         p = os.path.join(r, "logs", "gsm8k-grpo-cpu", "trainer-node", "stats.jsonl")
-        if not os.path.exists(p):
-            return []
-        with open(p) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        return [x for x in rows if "batch/reward" in x]
+        return [x for x in read_jsonl(p) if "batch/reward" in x]
 
     _revive_node(cluster, env, root, "a")
     _revive_node(cluster, env, root, "b")  # the server's node

@@ -8,7 +8,6 @@ bound after the resume.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ import time
 
 import psutil
 import pytest
+from _jsonl import read_jsonl
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "examples", "math", "gsm8k_rl.py")
@@ -46,11 +46,7 @@ def _log_dir(fileroot: str) -> str:
 
 
 def _rows(fileroot: str, name: str) -> list[dict]:
-    path = os.path.join(_log_dir(fileroot), name)
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(os.path.join(_log_dir(fileroot), name))
 
 
 def _run(cmd: list[str], log: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -7,7 +7,6 @@ server), and a real controller subprocess stopped by a real SIGTERM.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ import time
 
 import pytest
 import torch
+from _jsonl import read_jsonl
 
 from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
 from areal.infra.rollout.failure_monitor import EpisodeFailureMonitor, RolloutFailureError
@@ -291,11 +291,7 @@ def _trainer_cmd(mode: str, fileroot: str) -> list[str]:
 
 
 def _stats(fileroot: str) -> list[dict]:
-    path = os.path.join(fileroot, "logs", "gsm8k-grpo-cpu", "demo", "stats.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(os.path.join(fileroot, "logs", "gsm8k-grpo-cpu", "demo", "stats.jsonl"))
 
 
 @pytest.mark.slow

@@ -22,7 +22,8 @@ import json
 import os
 
 import pytest
-from _health_runs import demo_config, read_jsonl, run_demo
+from _health_runs import demo_config, run_demo
+from _jsonl import read_jsonl
 
 # serial: never beside another test file (`make check` runs these alone; Makefile)
 pytestmark = [pytest.mark.slow, pytest.mark.serial]

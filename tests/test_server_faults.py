@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import socket
@@ -23,6 +22,7 @@ import psutil
 import pytest
 import requests
 import torch
+from _jsonl import read_jsonl
 from conftest import build_tiny_qwen2
 
 from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
@@ -222,11 +222,7 @@ def _cmd(fileroot: str, mode: str = "disk") -> list[str]:
 
 
 def _stats(fileroot: str) -> list[dict]:
-    path = os.path.join(fileroot, "logs", "gsm8k-grpo-cpu", "demo", "stats.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(os.path.join(fileroot, "logs", "gsm8k-grpo-cpu", "demo", "stats.jsonl"))
 
 
 def _servers(pid: int) -> list[psutil.Process]:
