@@ -92,6 +92,25 @@ def test_version_recovered_resets_accepted_so_resume_does_not_burst():
     assert sm.get_capacity(10) == 8  # only (eta + 1) batches ahead
 
 
+def test_refused_syncs_count_as_versions_while_the_version_stays():
+    sm = StalenessManager(max_concurrent_rollouts=1000, consumer_batch_size=4, max_staleness=0)
+    sm.on_version_recovered(3)  # three batches consumed, weights at version 3
+    assert sm.get_capacity(3) == 4
+    for _ in range(4):
+        sm.on_rollout_submitted()
+        sm.on_rollout_accepted()
+    assert sm.get_capacity(3) == 0  # the batch is consumed; its sync is refused twice:
+    sm.on_sync_refused(3)
+    assert sm.get_capacity(3) == 4
+    sm.on_sync_refused(3)
+    assert sm.get_capacity(3) == 8
+    assert sm.get_capacity(4) == 4  # another version: the credit is gone
+    sm.on_sync_refused(4)  # a refusal at a new version starts a new count
+    assert sm.get_capacity(4) == 8 and sm.get_capacity(3) == 0
+    sm.on_version_recovered(4)  # a resume or rollback clears it
+    assert sm.get_capacity(4) == 4
+
+
 def test_counters_are_thread_safe_under_concurrent_updates():
     sm = StalenessManager(10**9, 1, 10**9)
     n_threads, n_iter = 8, 2000

@@ -542,3 +542,37 @@ def test_weight_sync_xccl_readmit_after_refusal_never_serves_refused_weights(tmp
     ws.sync(2)
     ws.readmit("127.0.0.1:2")
     assert rollout.readmitted == [("127.0.0.1:2", 2, 4)]
+
+
+def _consume(sm, n: int) -> None:
+    """``n`` rollouts started, finished and accepted (a batch the trainer then consumes)."""
+    for _ in range(n):
+        sm.on_rollout_enqueued()
+        sm.on_rollout_submitted()
+        sm.on_rollout_accepted()
+
+
+def test_refused_sync_counts_in_the_staleness_bound_so_the_next_batch_can_start(tmp_path):
+    """With max_head_offpolicyness = 0 the next batch starts only at the next version. A
+    refused sync consumed a batch but moved no version: unless the bound counts it, no
+    rollout for the next step can ever start (the run waited forever in CI after a server
+    died during an xccl push)."""
+    from areal.infra.rollout.staleness_manager import StalenessManager
+
+    actor, rollout = _FakeActor(), _FakeRollout()
+    sm = StalenessManager(100, consumer_batch_size=4, max_staleness=0, version_provider=rollout)
+    rollout.staleness_manager = sm
+    ws = WeightSynchronizer(
+        actor, rollout, WeightUpdateMeta(type="xccl"), hooks=[_RefuseOnce()],
+        scratch_dir=str(tmp_path / "scratch"), max_consecutive_refusals=None,
+    )  # fmt: skip
+    _consume(sm, 4)  # step 1's batch, generated at version 0
+    assert sm.get_capacity() == 0  # synchronous: the next batch waits for version 1
+    actor.train()
+    assert ws.sync(1)["weight_sync/refused"] == 1.0
+    assert rollout.get_version() == 0 and sm.get_capacity() == 4  # step 2's batch starts
+    _consume(sm, 4)
+    actor.train()
+    assert "weight_sync/refused" not in ws.sync(2)
+    # version 2 = two consumed batches again: the credit ended with version 0
+    assert rollout.get_version() == 2 and sm.get_capacity() == 4

@@ -11,6 +11,14 @@ weights are at version ``v``. Together with the concurrency limit this gives::
 ``max_staleness = 0`` is synchronous RL: a new batch of rollouts starts only once the
 previous one has been consumed and the version bumped.
 
+The bound assumes one version per consumed batch. A refused weight sync breaks that: the
+trainer consumed its batch but the servers stay at the previous version ``v`` (the
+``WeightSynchronizer`` rolls them back and the next step retries). ``on_sync_refused(v)``
+records it: while the version is still ``v`` each refusal counts as one version in the
+bound, so the batch the trainer needs for its next step (and its retry) can start, where
+with ``max_staleness = 0`` nothing could (a deadlock). The credit ends with the first
+version other than ``v``.
+
 Counters (all behind one lock, safe to call from any thread):
 
 * ``enqueued``: submitted by the user, waiting for capacity;
@@ -73,6 +81,8 @@ class StalenessManager:
         self.version_provider = version_provider
         self.lock = threading.Lock()
         self.rollout_stat = RolloutStat()
+        self._refused_at: int | None = None  # the version refused syncs left in place
+        self._refusals = 0  # refused syncs while the version stayed _refused_at
 
     # ------------------------------------------------------------------ capacity
     def _current_version(self) -> int:
@@ -96,12 +106,20 @@ class StalenessManager:
         with self.lock:
             stat = self.rollout_stat
             concurrency_capacity = self.max_concurrent_rollouts - stat.running
+            refused = self._refusals if self._refused_at == int(current_version) else 0
             staleness_capacity = (
-                self.max_staleness + int(current_version) + 1
+                self.max_staleness + int(current_version) + refused + 1
             ) * self.consumer_batch_size - (stat.accepted + stat.running)
             return min(concurrency_capacity, staleness_capacity)
 
     # ------------------------------------------------------------------ events
+    def on_sync_refused(self, version: int) -> None:
+        """A weight sync was refused and the servers stay at ``version`` (module docstring)."""
+        with self.lock:
+            if self._refused_at != int(version):
+                self._refused_at, self._refusals = int(version), 0
+            self._refusals += 1
+
     def on_rollout_enqueued(self) -> None:
         with self.lock:
             self.rollout_stat.enqueued += 1
@@ -146,6 +164,7 @@ class StalenessManager:
             raise ValueError(f"version={version}; must be >= 0")
         with self.lock:
             self.rollout_stat.accepted = int(version) * self.consumer_batch_size
+            self._refused_at, self._refusals = None, 0
 
     def get_stats(self) -> RolloutStat:
         with self.lock:

@@ -37,7 +37,10 @@ server is rolled back (``transport.rollback``: the built-in server restores the 
 kept of its previous weights; vLLM/SGLang reload the previous version's directory), a
 server that cannot be rolled back is taken out of rotation (the ``ServerWatchdog``
 readmits it with the current weights), generation resumes on the previous weights at the
-previous version, every hook's ``on_error`` runs, and then, as configured
+previous version, the rollout's staleness bound counts the step's consumed batch as a
+version (``StalenessManager.on_sync_refused``: with ``max_head_offpolicyness = 0`` the
+next step's batch could otherwise never start), every hook's ``on_error`` runs, and then,
+as configured
 (``max_consecutive_refusals``, the trainer's
 ``rollout.max_consecutive_weight_sync_refusals``): the sync returns with
 ``weight_sync/refused = 1`` and the run continues on the old version (the next step
@@ -393,6 +396,7 @@ class WeightSynchronizer:
         self._actor_ahead_of = ctx.previous_version
         if step != "export" and transport is not None:  # the servers were touched
             self._rollback(ctx, transport)
+        self._count_refusal_in_staleness_bound(ctx.previous_version)
         if step == "push" and ctx.meta.type == "xccl" and self._group_members is not None:
             self._group_members = ()  # a broadcast may have failed half-way: re-form it
         limit = self.max_consecutive_refusals
@@ -522,6 +526,17 @@ class WeightSynchronizer:
         pause of generation, the new weights go live at commit."""
         fn = getattr(self.rollout, "updates_in_flight", None)
         return bool(fn(meta)) if callable(fn) else False
+
+    def _count_refusal_in_staleness_bound(self, version: int) -> None:
+        """The trainer consumed a batch that moved no version: let the rollout's staleness
+        bound count it (``StalenessManager.on_sync_refused``), or with
+        ``max_head_offpolicyness = 0`` the next step's batch could never start."""
+        try:
+            sm = getattr(self.rollout, "staleness_manager", None)
+        except RuntimeError:  # no executor (a rollout client that generates nothing)
+            sm = None
+        if sm is not None and callable(getattr(sm, "on_sync_refused", None)):
+            sm.on_sync_refused(version)
 
     @staticmethod
     def _call(obj: Any, name: str, default: Any = None) -> Any:
