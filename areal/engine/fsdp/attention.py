@@ -12,7 +12,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from areal.engine.fsdp.tree_attention import TreePlan, gather, padded, plan_tree, tree_attention
+from areal.engine.fsdp.tree_attention import (
+    TreePlan,
+    gather,
+    length_buckets,
+    padded,
+    plan_tree,
+    query_key_buckets,
+    tree_attention,
+)
 from areal.utils.prefix_trie import trie_size
 
 VARLEN_SDPA = "areal_varlen_sdpa"
@@ -91,30 +99,6 @@ class SharedPrefixPlan:
     @property
     def n_tokens(self) -> int:
         return int(self.src.numel())
-
-
-def _length_buckets(lengths: list[int]) -> list[list[int]]:
-    """Indices of ``lengths`` in buckets, longest first; within a bucket the shortest is
-    at least ``MEMBER_BUCKET_RATIO`` of the longest."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    buckets: list[list[int]] = []
-    for i in order:
-        if buckets and lengths[i] >= MEMBER_BUCKET_RATIO * lengths[buckets[-1][0]]:
-            buckets[-1].append(i)
-        else:
-            buckets.append([i])
-    return buckets
-
-
-def _member_buckets(branches: list[tuple[int, int, int]], p_len: list[int]) -> list[list[int]]:
-    """Members (``(first row, own length, group)``) by own length, each bucket split again
-    by the length of the prefix its members attend to (same ratio), so neither the query
-    rows nor the key rows of a padded call are mostly padding."""
-    out: list[list[int]] = []
-    for bucket in _length_buckets([m for _, m, _ in branches]):
-        sub = _length_buckets([p_len[branches[i][2]] for i in bucket])
-        out += [[bucket[j] for j in part] for part in sub]
-    return out
 
 
 def plan_shared_prefixes(
@@ -202,7 +186,7 @@ def plan_shared_prefixes(
     offset = 0
     prefix_k = []
     shared = [g for g, (_, p) in enumerate(prefixes) if p]
-    for bucket in _length_buckets([prefixes[g][1] for g in shared]):
+    for bucket in length_buckets([prefixes[g][1] for g in shared], MEMBER_BUCKET_RATIO):
         grp = torch.tensor([shared[i] for i in bucket])
         rows = pq[grp, : int(p_len[grp].max())]
         flat_p = rows.reshape(-1)
@@ -210,7 +194,10 @@ def plan_shared_prefixes(
         offset += flat_p.numel()
         prefix_k.append(rows)
     rows_k, keys_k, mask_k = [], [], []
-    for bucket in _member_buckets(branches, [p for _, p in prefixes]):
+    # members of similar own lengths per call, split by the prefix length they attend to
+    own = [m for _, m, _ in branches]
+    keys = [prefixes[g][1] for _, _, g in branches]
+    for bucket in query_key_buckets(own, keys, MEMBER_BUCKET_RATIO, MEMBER_BUCKET_RATIO):
         b_start = torch.tensor([branches[i][0] for i in bucket])
         b_len = torch.tensor([branches[i][1] for i in bucket])
         b_grp = torch.tensor([branches[i][2] for i in bucket])

@@ -50,25 +50,28 @@ class TreePlan:
         return int(self.src.numel())
 
 
-def _buckets(q_len: list[int], k_len: list[int]) -> list[list[int]]:
-    """Chains by query length (a bucket's shortest has at least CHAIN_BUCKET_RATIO of its
-    longest's tokens), each split where the key lengths spread by more than 2x."""
-    order = sorted(range(len(q_len)), key=lambda i: -q_len[i])
-    by_q: list[list[int]] = []
+def length_buckets(lengths: list[int], ratio: float) -> list[list[int]]:
+    """Indices of ``lengths`` in buckets, longest first; within a bucket the shortest is
+    at least ``ratio`` of the longest (the rows of one padded SDPA call)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    buckets: list[list[int]] = []
     for i in order:
-        if by_q and q_len[i] >= CHAIN_BUCKET_RATIO * q_len[by_q[-1][0]]:
-            by_q[-1].append(i)
+        if buckets and lengths[i] >= ratio * lengths[buckets[-1][0]]:
+            buckets[-1].append(i)
         else:
-            by_q.append([i])
+            buckets.append([i])
+    return buckets
+
+
+def query_key_buckets(
+    q_len: list[int], k_len: list[int], q_ratio: float, k_ratio: float
+) -> list[list[int]]:
+    """Items by query length (``length_buckets``), each bucket split again by key length,
+    so neither the query rows nor the key rows of a padded call are mostly padding."""
     out: list[list[int]] = []
-    for bucket in by_q:
-        bucket.sort(key=lambda i: -k_len[i])
-        out.append([bucket[0]])
-        for i in bucket[1:]:
-            if k_len[i] >= 0.5 * k_len[out[-1][0]]:
-                out[-1].append(i)
-            else:
-                out.append([i])
+    for bucket in length_buckets(q_len, q_ratio):
+        for part in length_buckets([k_len[i] for i in bucket], k_ratio):
+            out.append([bucket[j] for j in part])
     return out
 
 
@@ -94,7 +97,8 @@ def plan_tree(
     out_idx = torch.empty(nc, dtype=torch.long)
     rows_k, keys_k, mask_k = [], [], []
     offset = 0
-    for bucket in _buckets(q_len, k_len):
+    # chains of similar lengths per call; keys split where they spread by more than 2x
+    for bucket in query_key_buckets(q_len, k_len, CHAIN_BUCKET_RATIO, 0.5):
         lq = max(q_len[i] for i in bucket)
         pk = max(chains[i][3] for i in bucket)
         rows = torch.full((len(bucket), lq), nc, dtype=torch.long)
