@@ -6,6 +6,7 @@ The integration runs on the tiny model are in ``tests/test_run_health_alarms.py`
 from __future__ import annotations
 
 import json
+import logging
 import random
 
 import pytest
@@ -85,6 +86,7 @@ def with_(series, start: int, **changes):
         ("reward_saturation", {"reward": 1.0}),
         ("length_blowup", {"length": 60.0}),
         ("truncation_rise", {"truncation": 0.6}),
+        ("truncation_high", {"truncation": 0.6}),
         ("importance_weight_blowup", {"iw": 3.0}),
         ("kl_blowup", {"kl": -0.5}),
         ("clip_fraction", {"clip": 0.5}),
@@ -248,7 +250,8 @@ def test_config_validation_names_field_and_allowed_values():
         RunHealthConfig(actions={"reward_saturation": "stop"})
     with pytest.raises(ValueError, match="entropy_collapse_ratio"):
         RunHealthConfig(entropy_collapse_ratio=1.5)
-    assert set(ACTIONABLE_ALARMS) | {"reward_saturation", "no_signal_groups"} == set(ALARMS)
+    informational = {"reward_saturation", "no_signal_groups", "truncation_high"}
+    assert set(ACTIONABLE_ALARMS) | informational == set(ALARMS)
     assert {d.name for d in hd.DETECTORS} == set(ALARMS)
 
 
@@ -286,3 +289,42 @@ def test_measured_bad_tells_which_checkpoint_weights_were_already_bad():
     assert not m.measured_bad("entropy_collapse", 3, thr)
     assert not m.measured_bad("entropy_collapse", 99, thr)  # not measured
     assert not m.measured_bad("reward_drop", 4, 0.3)  # judges several values together
+
+
+# ----------------------------------------------------------------------------- truncation_high
+def _batch(truncated: int, n: int = 8) -> dict[str, torch.Tensor]:
+    return {
+        "rewards": torch.arange(n, dtype=torch.float32) % 2,
+        "loss_mask": torch.ones(n, 4),
+        "no_eos": torch.arange(n) < truncated,
+    }
+
+
+def test_first_step_mostly_truncated_warns_once_naming_share_and_max_new_tokens(caplog):
+    m = RunHealthMonitor(RunHealthConfig())
+    with caplog.at_level(logging.INFO, logger="areal"):
+        for step, truncated in enumerate([5, 6, 5, 6, 6]):  # 62.5% .. 75% from step 0
+            m.observe(step, batch_signals(_batch(truncated), 4))
+    starts = [e for e in m.events if e["alarm"] == "truncation_high"]
+    assert [(e["event"], e["step"]) for e in starts] == [("start", 0)]
+    assert starts[0]["kind"] == "informational" and starts[0]["action"] == "log"
+    records = [r for r in caplog.records if "truncation_high" in r.getMessage()]
+    assert len(records) == 1 and records[0].levelno == logging.WARNING
+    text = records[0].getMessage()
+    assert "62.5% of the samples hit gconfig.max_new_tokens" in text
+    assert "raise gconfig.max_new_tokens" in text and "short answer" in text
+    assert m.step_stats()["health/truncation_high"] == 1.0
+    assert m.step_stats()["health/actionable_active"] == 0.0
+
+
+def test_truncation_at_half_or_off_raises_no_truncation_high():
+    for cfg, truncated in (
+        (RunHealthConfig(), 4),
+        (RunHealthConfig(truncation_high_share=None), 8),
+    ):
+        m = RunHealthMonitor(cfg)
+        for step in range(3):
+            m.observe(step, batch_signals(_batch(truncated), 4))
+        assert not [e for e in m.events if e["alarm"] == "truncation_high"]
+    with pytest.raises(ValueError, match=r"truncation_high_share=1.5 is not allowed"):
+        RunHealthConfig(truncation_high_share=1.5)

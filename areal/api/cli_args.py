@@ -108,6 +108,7 @@ from areal.api.health_config import (
     ALARMS,
     HEALTH_ACTIONS,
     INFORMATIONAL_ALARMS,
+    WARNING_ALARMS,
     RunHealthConfig,
 )
 from areal.api.inference_config import (
@@ -159,6 +160,7 @@ __all__ = [
     "ALARMS",
     "HEALTH_ACTIONS",
     "INFORMATIONAL_ALARMS",
+    "WARNING_ALARMS",
     "AgentConfig",
     "ArchonEngineConfig",
     "ArchonFP8Config",

@@ -24,7 +24,10 @@ ACTIONABLE_ALARMS = (
     "reward_hacking",
 )
 #: alarms a converging run reaches normally (logged, never acted on)
-INFORMATIONAL_ALARMS = ("reward_saturation", "no_signal_groups")
+INFORMATIONAL_ALARMS = ("reward_saturation", "no_signal_groups", "truncation_high")
+#: informational alarms whose start is logged as a WARNING: a setting to change, from the
+#: first step on, not a state a converging run reaches
+WARNING_ALARMS = ("truncation_high",)
 ALARMS = ACTIONABLE_ALARMS + INFORMATIONAL_ALARMS
 HEALTH_ACTIONS = ("warn", "stop", "rollback")
 
@@ -88,6 +91,14 @@ class RunHealthConfig:
     )
     truncation_rise: float = cfield(
         0.2, "truncation_rise: the rise over the baseline truncation share; in (0, 1]."
+    )
+    truncation_high_share: float | None = cfield(
+        0.5,
+        "truncation_high (informational, logged as a WARNING; from the first step on, no "
+        "baseline needed): more than this share of the samples hit gconfig.max_new_tokens "
+        "(no EOS; mean of the last `window` steps, the first step alone at first): answers "
+        "are cut before their end, so the reward cannot read them. Logged once when it "
+        "starts (again only after it cleared). null: off; in (0, 1].",
     )
     importance_weight_deviation: float = cfield(
         0.5,
@@ -181,6 +192,9 @@ class RunHealthConfig:
             "hacking_length_corr",
         ):
             check_range(owner, name, getattr(self, name), gt=0, le=1)
+        check_range(
+            owner, "truncation_high_share", self.truncation_high_share, gt=0, le=1, optional=True
+        )
         for name in ("importance_weight_deviation", "kl_max", "logprob_mismatch_max"):
             check_range(owner, name, getattr(self, name), gt=0)
         check_range(owner, "heldout_drop", self.heldout_drop, gt=0)

@@ -198,6 +198,24 @@ def truncation_rise(h: SignalHistory, c: RunHealthConfig) -> Finding | None:
     )
 
 
+def truncation_high(h: SignalHistory, c: RunHealthConfig) -> Finding | None:
+    if c.truncation_high_share is None:
+        return None
+    recent = h.last("truncation", c.window)
+    if not recent:
+        return None
+    now = _mean(recent)
+    return Finding(
+        now > c.truncation_high_share,
+        now,
+        c.truncation_high_share,
+        f"{_fmt(100 * now)}% of the samples hit gconfig.max_new_tokens (no EOS) over the "
+        f"last {len(recent)} steps (alarm above {_fmt(100 * c.truncation_high_share)}%, "
+        "run_health.truncation_high_share)",
+        recent,
+    )
+
+
 def _fast(name: str, what: str, dev: Callable[[float], float], thr_of: str):
     """A detector on the mean of the last ``SHORT`` values of ``name``: ``dev(mean) > thr``."""
 
@@ -368,6 +386,14 @@ DETECTORS: tuple[Detector, ...] = (
         "responses hit max_new_tokens: raise gconfig.max_new_tokens, mask truncated "
         "responses (actor.mask_no_eos_with_zero) or penalise overlong ones",
         bad=lambda v, thr: v >= thr,
+    ),
+    Detector(
+        "truncation_high",
+        "truncation",
+        truncation_high,
+        "answers are cut before they end, so the reward cannot read them: raise "
+        "gconfig.max_new_tokens, or use a prompt that asks for a short answer; "
+        "actor.mask_no_eos_with_zero gives cut answers reward 0",
     ),
     Detector(
         "importance_weight_blowup",

@@ -14,7 +14,8 @@ show them, and ``curves.png`` marks the starts (``areal.utils.stats_logger``).
 
 Alarms are *actionable* (``ACTIONABLE_ALARMS``: collapse, blow-ups, mismatch, divergence,
 hacking) or *informational* (``reward_saturation``, ``no_signal_groups``: a converging run
-reaches them normally). The start of an actionable alarm returns its action
+reaches them normally; ``truncation_high``: a setting to change, logged as a WARNING,
+``WARNING_ALARMS``). The start of an actionable alarm returns its action
 (``RunHealthConfig.action_for``): ``warn``, ``stop`` or ``rollback``; the trainer carries it
 out (``areal.trainer.health_rollback``) and reports a rollback back through
 :meth:`RunHealthMonitor.rolled_back`.
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from areal.api.health_config import ACTIONABLE_ALARMS, ALARMS
+from areal.api.health_config import ACTIONABLE_ALARMS, ALARMS, WARNING_ALARMS
 from areal.utils import logging
 from areal.utils.health_detectors import DETECTORS, Finding, SignalHistory, signals_from_stats
 
@@ -272,7 +273,9 @@ class RunHealthMonitor:
                     f.write(json.dumps(e) + "\n")
         for e in events:
             logger_fn = logger.info
-            if e["event"] == "start" and e.get("kind") == "actionable":
+            if e["event"] == "start" and (
+                e.get("kind") == "actionable" or e.get("alarm") in WARNING_ALARMS
+            ):
                 logger_fn = logger.warning
             logger_fn(format_event(e))
 
