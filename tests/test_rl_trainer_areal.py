@@ -97,6 +97,9 @@ def _config(model_dir: str, fileroot: str, *extra: str) -> GRPOConfig:
             "eval_gconfig.n_samples=2",
             "eval_gconfig.max_new_tokens=4",
             "actor.dynamic_sampling=false",
+            # the filters below must see every trained group: no per-step bound (most
+            # groups of the random model are all-equal; tests/test_generation_bound.py)
+            "rollout.max_num_gen_batches=null",
             "actor.ppo_n_minibatches=1",
             "recover.mode=disabled",
             "evaluator.freq_steps=null",

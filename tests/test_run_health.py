@@ -177,11 +177,16 @@ class _Reward:
 def test_executor_filter_dropping_every_group_stops_the_wait_instead_of_waiting_forever():
     """Dynamic sampling on a task the model never solves: every group is filtered, the
     batch never fills; the wait raises after max_consecutive_rejections, naming the
-    filter. A filter that lets some groups through never trips it."""
+    filter (no per-step bound here: max_num_gen_batches=null; with it the step trains on
+    filtered groups, tests/test_generation_bound.py). A filter that lets some groups
+    through never trips it."""
     from areal.infra.rollout.workflow_executor import WorkflowExecutor
 
     cfg = InferenceEngineConfig(
-        consumer_batch_size=2, max_concurrent_rollouts=2, max_consecutive_rejections=50
+        consumer_batch_size=2,
+        max_concurrent_rollouts=2,
+        max_consecutive_rejections=50,
+        max_num_gen_batches=None,
     )
     loader = [[{"i": 2 * k}, {"i": 2 * k + 1}] for k in range(10_000)]
     with WorkflowExecutor(cfg, _VersionZero()) as ex:

@@ -154,8 +154,14 @@ def test_real_server_workflow_raising_on_10_percent_does_not_stall(engine, token
 
 
 def test_real_server_dapo_filter_replaces_all_equal_groups(engine, tokenizer):
+    # half the prompts are "flat": without the per-step bound (max_num_gen_batches), so
+    # that every all-equal group is replaced however many it takes
     ex = executor(
-        engine, consumer_batch_size=3, max_concurrent_rollouts=6, max_head_offpolicyness=0
+        engine,
+        consumer_batch_size=3,
+        max_concurrent_rollouts=6,
+        max_head_offpolicyness=0,
+        max_num_gen_batches=None,
     )
     wf = RLVRWorkflow(parity_reward_fn, GCONFIG.new(n_samples=4), tokenizer)
     loader = make_loader(8, 4)

@@ -664,6 +664,19 @@ class InferenceEngineConfig:
         "run waits forever for a batch that never fills. Stale results are not counted "
         "(their rows are generated again). null: never stop for this; >= 1.",
     )
+    max_num_gen_batches: int | None = cfield(
+        4,
+        "Bound on what one training step generates while a filter drops groups (dynamic "
+        "sampling; verl's algorithm.filter_groups.max_num_gen_batches): once the groups a "
+        "step finished reach this many batches with fewer than a batch accepted, the step "
+        "trains on the accepted groups plus the newest filtered ones (within "
+        "max_head_offpolicyness) to fill the batch (with GRPO's group-normalised "
+        "advantages they add no gradient, as without the filter; the batch keeps its "
+        "size) and logs a WARNING: the share of all-equal groups (all zero / all max), of "
+        "truncated samples, what to change (rollout/gen_bound_hit). Smaller only when too "
+        "few filtered groups were kept (None results). Not with deterministic: true. "
+        "null: no bound (verl's 0); >= 1.",
+    )
     max_episode_failure_ratio: float | None = cfield(
         0.5,
         "The run stops (RolloutFailureError) when more than this share of the last "
@@ -758,27 +771,13 @@ class InferenceEngineConfig:
         check_range(owner, "health_check_timeout", self.health_check_timeout, gt=0)
         check_range(owner, "pause_grace_period", self.pause_grace_period, ge=0)
         check_range(owner, "verify_weights_full_every", self.verify_weights_full_every, ge=1)
-        check_range(
-            owner,
-            "max_consecutive_weight_sync_refusals",
-            self.max_consecutive_weight_sync_refusals,
-            ge=0,
-            optional=True,
-        )
-        check_range(
-            owner,
-            "max_consecutive_episode_failures",
-            self.max_consecutive_episode_failures,
-            ge=1,
-            optional=True,
-        )
-        check_range(
-            owner,
-            "max_consecutive_rejections",
-            self.max_consecutive_rejections,
-            ge=1,
-            optional=True,
-        )
+        for name, lowest in (
+            ("max_consecutive_weight_sync_refusals", 0),
+            ("max_consecutive_episode_failures", 1),
+            ("max_consecutive_rejections", 1),
+            ("max_num_gen_batches", 1),
+        ):
+            check_range(owner, name, getattr(self, name), ge=lowest, optional=True)
         check_range(
             owner,
             "max_episode_failure_ratio",

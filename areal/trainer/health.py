@@ -73,9 +73,11 @@ class TrainerHealth:
 
     # ------------------------------------------------------------------ signals
     def _filtered(self) -> int:
+        """Groups the filter dropped (those trained on after all, to fill a batch at
+        rollout.max_num_gen_batches, are in the batch and not counted twice)."""
         executor = getattr(self.trainer.rollout, "workflow_executor", None)
         reasons = getattr(executor, "rejection_reasons", None) or {}
-        return int(reasons.get("filtered", 0))
+        return int(reasons.get("filtered", 0)) - int(getattr(executor, "filler_total", 0))
 
     def batch_signals(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """The consumed batch's signals (groups the dynamic filter dropped since the last

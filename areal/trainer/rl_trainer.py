@@ -661,11 +661,13 @@ class PPOTrainer:
         """One batch generated after the last update (``async_training=False``).
 
         Rejected groups are replaced by prompts of the next dataloader batches (only as
-        many as still missing; the rest of such a batch is skipped) unless ``dynamic_bs``.
+        many as still missing; the rest of such a batch is skipped) unless ``dynamic_bs``;
+        at ``rollout.max_num_gen_batches`` batches' worth of groups, by filtered groups.
         """
         from areal.utils.batch import concat_padded_tensors
 
         bs = self.config.train_dataset.batch_size
+        executor = getattr(self.rollout, "workflow_executor", None)
         parts, n_groups, draws = [], 0, 0
         while n_groups < bs:
             data = list(next(self._sync_iter()))[: bs - n_groups]
@@ -679,7 +681,6 @@ class PPOTrainer:
             )
             if part:
                 parts.append(part)
-                executor = getattr(self.rollout, "workflow_executor", None)
                 accepted = getattr(executor, "last_submit_versions", None)
                 if accepted is not None:
                     n_groups += len(accepted)
@@ -689,10 +690,16 @@ class PPOTrainer:
                     n_groups += len(part["rewards"]) // group_size
             if self.config.dynamic_bs and parts:
                 break
+            filler = executor.fill_at_gen_bound(bs - n_groups, bs) if executor else None
+            if filler:
+                parts.append(filler)
+                break
             if draws >= 100 and not parts:
                 raise RuntimeError(
                     f"no group accepted in {draws} dataloader batches: check the filter"
                 )
+        if executor is not None:
+            executor.end_step()
         return parts[0] if len(parts) == 1 else concat_padded_tensors(parts)
 
     def _sync_iter(self):

@@ -96,10 +96,18 @@ class ResultCollectionMixin:
         return self._wait(count, timeout, raise_timeout, dynamic=False)
 
     def _wait(
-        self, count: int, timeout: float | None, raise_timeout: bool, dynamic: bool
+        self,
+        count: int,
+        timeout: float | None,
+        raise_timeout: bool,
+        dynamic: bool,
+        bounded: bool = False,
     ) -> dict[str, Any] | list[Any] | None:
         """``wait``; with ``dynamic``, return once accepted + rejected reach ``count``
-        (at least one accepted), taking the accepted ones and consuming the rejections."""
+        (at least one accepted), taking the accepted ones and consuming the rejections.
+        ``bounded`` (a step's batch, ``prepare_batch``): once the step's groups reach
+        ``rollout.max_num_gen_batches`` batches, the accepted ones plus filtered groups
+        (``_take_at_bound_locked``); the step's figures go to the stats."""
         self._require_initialized()
         if count < 0:
             raise ValueError(f"count={count}; must be >= 0")
@@ -125,6 +133,11 @@ class ResultCollectionMixin:
                     self._results.sort(key=lambda r: (r.submit_version, r.task_id))
                     taken, self._results = self._results[:n_take], self._results[n_take:]
                     break
+                if bounded and n_take > 0:
+                    at_bound = self._take_at_bound_locked(n_take, version)
+                    if at_bound is not None:
+                        taken = at_bound
+                        break
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     if not raise_timeout:
@@ -143,7 +156,63 @@ class ResultCollectionMixin:
                 wait_log.tick(lambda v=version: self._describe_wait_locked(count, v))
                 self._wait_slice_locked(remaining)
             rejected = self._take_rejected_locked()
+            step = self.gen_bound.end_step() if bounded else None
+        if step is not None:
+            _record_step(step)
         return self._hand_out(taken, version, rejected)
+
+    def _take_at_bound_locked(self, count: int, version: int) -> list[RolloutResult] | None:
+        """Once the step's finished groups reached ``rollout.max_num_gen_batches`` x
+        ``consumer_batch_size`` with fewer than ``count`` accepted: all the accepted ones
+        plus filtered groups of the reserve (newest first, within the staleness bound) up
+        to ``count``, and the WARNING naming the cause. None below the bound, or when there
+        is nothing at all to hand out (the wait goes on; the warning is logged once)."""
+        gb = self.gen_bound
+        if not gb.reached(self.consumer_batch_size):
+            return None
+        filler = gb.take_filler(count - len(self._results), version, self.max_staleness)
+        accepted = len(self._results)
+        message = gb.bound_message(self.consumer_batch_size, accepted, len(filler))
+        if message is not None:
+            self.logger.warning(message)
+        if not accepted and not filler:
+            return None
+        self._results.sort(key=lambda r: (r.submit_version, r.task_id))
+        taken, self._results = self._results + filler, []
+        # the filtered groups trained on count towards the staleness bound as accepted ones
+        self.staleness_manager.on_rejected_reclaimed(len(filler))
+        self._dynamic_rejected = 0
+        return taken
+
+    def fill_at_gen_bound(self, missing: int, batch_size: int) -> dict[str, Any] | None:
+        """The synchronous trainer's bound (``async_training=false``, its batch drawn by
+        ``rollout_batch`` calls): once this step's finished groups reached
+        ``rollout.max_num_gen_batches`` x ``batch_size``, up to ``missing`` filtered groups
+        to fill its batch (padded batch), with the WARNING; None below the bound or when
+        none was kept. Call ``end_step`` when the step's batch is complete."""
+        self._require_initialized()
+        gb = self.gen_bound
+        with self._cv:
+            if missing <= 0 or not gb.reached(batch_size):
+                return None
+            filler = gb.take_filler(missing, self._get_version(), self.max_staleness)
+            message = gb.bound_message(batch_size, batch_size - missing, len(filler))
+            self.staleness_manager.on_rejected_reclaimed(len(filler))
+        if message is not None:
+            self.logger.warning(message)
+        if not filler:
+            return None
+        trajs = [r.trajectory for r in filler]
+        if all(is_tensor_dict(t) for t in trajs):
+            return concat_padded_tensors(trajs)
+        return None
+
+    def end_step(self) -> None:
+        """The synchronous trainer's step is complete: its figures go to the stats
+        (``rollout/gen_bound_hit``, ...) and the next step's tally starts."""
+        with self._cv:
+            step = self.gen_bound.end_step()
+        _record_step(step)
 
     def rollout_batch(
         self,
@@ -230,7 +299,11 @@ class ResultCollectionMixin:
         while True:
             self._top_up(wf, accept_fn)
             batch = self._wait(
-                self.consumer_batch_size, _WAIT_SLICE_S * 2, raise_timeout=False, dynamic=dynamic_bs
+                self.consumer_batch_size,
+                _WAIT_SLICE_S * 2,
+                raise_timeout=False,
+                dynamic=dynamic_bs,
+                bounded=True,
             )
             if batch is not None:
                 return batch
@@ -314,6 +387,11 @@ class ResultCollectionMixin:
                     submit_version_min=min(r.submit_version for r in train),
                 )
 
+    @property
+    def filler_total(self) -> int:
+        """Filtered groups handed out to fill a batch at the bound, over the executor's life."""
+        return self.gen_bound.filler_total
+
     # ------------------------------------------------------------------ shared by the waits
     def _check_alive_locked(self) -> None:
         """Raise if the background loop died or the executor was destroyed, if episodes
@@ -348,3 +426,10 @@ class ResultCollectionMixin:
         if all(is_tensor_dict(t) for t in trajs):
             return concat_padded_tensors(trajs)
         return trajs
+
+
+def _record_step(step: dict[str, float]) -> None:
+    """One step's generation figures (``GenerationBound.end_step``) as ``rollout/*`` stats."""
+    tracker = stats_tracker.DEFAULT_TRACKER
+    with tracker.disable_scope(), tracker.scope("rollout"):
+        tracker.scalar(**step)

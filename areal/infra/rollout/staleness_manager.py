@@ -154,6 +154,15 @@ class StalenessManager:
             self.rollout_stat.accepted -= 1
             self.rollout_stat.rejected += 1
 
+    def on_rejected_reclaimed(self, n: int = 1) -> None:
+        """``n`` rejected (filtered) rollouts were handed out to fill a batch after all
+        (``rollout.max_num_gen_batches``): they count as accepted, as consumed ones do."""
+        if n <= 0:
+            return
+        with self.lock:
+            self.rollout_stat.rejected -= n
+            self.rollout_stat.accepted += n
+
     def on_version_recovered(self, version: int) -> None:
         """After resuming from a checkpoint at ``version``: accepted restarts at ``version * B``.
 

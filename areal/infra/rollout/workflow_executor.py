@@ -58,6 +58,13 @@ executor is paused, the version, and the inference engine's requests in flight p
 accepted + rejected results reach the batch size, with only the accepted ones: a batch of
 variable size (at least one result), instead of replacing every rejected result.
 
+Replacing filtered groups is bounded per step (``rollout.max_num_gen_batches``,
+``generation_bound``): once the groups finished since the last batch reach that many
+batches, ``prepare_batch`` returns the accepted ones plus the newest filtered groups to
+fill the batch, with a WARNING naming the share of all-equal groups (all zero / all max)
+and of truncated samples and what to change (``rollout/gen_bound_hit``); an earlier
+WARNING already when fewer than a quarter of a step's first batch of groups was accepted.
+
 Where the parts live: submission and staleness (``submit``, topping up from a
 dataloader, stale drops, pending rows) in ``rollout_submission``; result collection
 (``wait``, ``rollout_batch``, ``prepare_batch``, the wait log) in ``rollout_results``;
@@ -83,6 +90,7 @@ import torch
 from areal.api.inference_protocol import NoHealthyServerError
 from areal.infra.rollout import workflow_context
 from areal.infra.rollout.failure_monitor import EpisodeFailureMonitor
+from areal.infra.rollout.generation_bound import GenerationBound
 from areal.infra.rollout.grouped_workflow import (
     interactions_to_tensor_dict,
     is_interaction_dict,
@@ -165,6 +173,8 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin, DeterministicMixi
         # failed episodes (exceptions, HTTP errors) vs finished ones, per kind
         self.failures = self._failure_monitor("training", config)
         self.eval_failures = self._failure_monitor("evaluation", config)
+        # the step's groups, filtered ones kept to fill a batch (rollout.max_num_gen_batches)
+        self.gen_bound = GenerationBound(config.max_num_gen_batches)
         # set (e.g. by a SIGTERM handler) to end a wait at once: WaitInterrupted
         self._interrupt: threading.Event | None = None
         self._paused = threading.Event()
@@ -266,6 +276,7 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin, DeterministicMixi
             self._replay.clear()
             self._dynamic_rejected = 0
             self._eval_running = 0
+            self.gen_bound.clear()
         self._data_iter = None
         self.initialize()
         self.max_concurrent_rollouts, self.consumer_batch_size = mcr, cbs
@@ -510,8 +521,24 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin, DeterministicMixi
                 monitor.error,
             )
         sm = self.staleness_manager
+        early_warning = None
         with self._cv:
             self._inflight.pop(task.task_id, None)
+            if not task.is_eval and task.wave is None and reason in (None, "filtered", "none"):
+                kept = None  # a filtered group may fill a batch at the step's bound
+                if reason == "filtered":
+                    kept = RolloutResult(
+                        task_id=task.task_id,
+                        trajectory=traj,
+                        submit_version=submit_version,
+                        accept_version=version,
+                        is_eval=False,
+                        seq=next(self._accept_seq),
+                        data=task.data,
+                    )
+                early_warning = self.gen_bound.on_finished(
+                    traj, reason, kept, self.consumer_batch_size
+                )
             if task.is_eval:
                 self._eval_running -= 1
             elif reason is None:
@@ -562,6 +589,8 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin, DeterministicMixi
                         self.max_staleness,
                     )
             self._cv.notify_all()
+        if early_warning is not None:
+            self.logger.warning(early_warning)
         if self._tracing:
             self.logger.info(
                 "Finish rollout %d: %s (%s)", task.task_id, reason or "accepted", sm.get_stats()
