@@ -171,6 +171,28 @@ def test_bound_off_keeps_generating_until_max_consecutive_rejections_stops_it():
     assert stats_tracker.export_all().get("rollout/gen_bound_hit") is None
 
 
+def test_wait_without_batch_for_a_minute_warns_with_the_step_figures(caplog, monkeypatch):
+    """Whatever the bound, a step that has no batch after a minute (here 0.3 s) says what
+    its groups gave so far, and what to change."""
+    from areal.infra.rollout import rollout_results
+
+    monkeypatch.setattr(rollout_results, "_NO_PROGRESS_WARN_S", 0.3)
+    ex = _executor(max_num_gen_batches=None, max_consecutive_rejections=None)
+    try:
+        with caplog.at_level(logging.WARNING, logger="areal"):
+            with pytest.raises(TimeoutError):
+                ex.prepare_batch(
+                    _loader(4000, 4), _NoSignal(), should_accept_fn=DYNAMIC_SAMPLING,
+                    group_size=4, timeout=1.0,
+                )  # fmt: skip
+    finally:
+        ex.destroy()
+    waits = [m for m in _warnings(caplog) if m.startswith("prepare_batch: no batch after")]
+    assert waits, _warnings(caplog)
+    assert "finished groups: 0 accepted" in waits[0] and "all zero or below" in waits[0]
+    assert "gconfig.max_new_tokens" in waits[0] and "check the reward function" in waits[0]
+
+
 def test_bound_with_none_results_waits_and_warns_once(caplog):
     """A workflow returning None gives nothing to fill with: the step warns once at the
     bound that it cannot fill, and the rejections in a row stop it."""

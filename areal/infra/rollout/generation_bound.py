@@ -20,7 +20,8 @@ filtered groups (at most one batch), and:
   (``rollout_results``; the synchronous trainer through ``fill_at_gen_bound``) and log a
   WARNING naming the figures and what to change (``bound_message``);
 - an early WARNING (``on_finished``'s return value) as soon as the step's first batch's
-  worth of groups finished with fewer than a quarter of them accepted, before the bound;
+  worth of groups (at most 32) finished with fewer than a quarter of them accepted, before
+  the bound; ``progress()``: the figures so far, for the wait's one-minute warning;
 - both warnings once, then at most every ``_REPEAT_WARN_S`` seconds (the steps that hit
   the bound in between are counted in the next one and in ``rollout/gen_bound_hit``);
 - ``end_step()``: the step's figures for the stats (``rollout/gen_bound_hit``,
@@ -45,8 +46,10 @@ __all__ = ["GenerationBound", "GroupTally"]
 
 #: a warning of either kind is repeated at most this often (seconds)
 _REPEAT_WARN_S = 600.0
-#: the early warning fires when fewer than this share of the step's first batch passed
+#: the early warning fires when fewer than this share of the step's first groups (a batch,
+#: at most ``_EARLY_GROUPS``) were accepted
 _EARLY_ACCEPTED_SHARE = 0.25
+_EARLY_GROUPS = 32
 
 ADVICE = (
     "To change: an easier task (or a stronger model), a higher gconfig.temperature, more "
@@ -189,7 +192,7 @@ class GenerationBound:
             while len(self.reserve) > max(1, int(batch_size)):
                 self.reserve.popleft()
         t = self.tally
-        if self._early_done or t.groups < max(1, int(batch_size)):
+        if self._early_done or t.groups < min(max(1, int(batch_size)), _EARLY_GROUPS):
             return None
         self._early_done = True
         if t.accepted >= _EARLY_ACCEPTED_SHARE * t.groups or not self._early_limit.ready():
@@ -207,6 +210,17 @@ class GenerationBound:
             f"rewards are all equal): {t.describe()}. The step "
             f"keeps generating until {batch_size} groups are accepted, {then}. {ADVICE}"
         )
+
+    def progress(self) -> str:
+        """The step's groups so far, for a wait that has not returned for a minute
+        (empty while none finished)."""
+        t = self.tally
+        if not t.groups:
+            return ""
+        text = f"this step's {t.groups} finished groups: {t.accepted} accepted, {t.describe()}"
+        if t.gave_nothing > t.accepted:
+            text += f". {ADVICE}"
+        return text
 
     # ------------------------------------------------------------------ the bound
     def reached(self, batch_size: int) -> bool:

@@ -315,9 +315,11 @@ class ResultCollectionMixin:
             if now - last_warn >= _NO_PROGRESS_WARN_S:
                 last_warn = now
                 stat = self.staleness_manager.get_stats()
+                with self._cv:
+                    progress = self.gen_bound.progress()
                 self.logger.warning(
                     "prepare_batch: no batch after %.0f s (%d ready, %d running, %d queued, "
-                    "%d rejected, rejections %s, paused=%s)",
+                    "%d rejected, rejections %s, paused=%s)%s",
                     now - start,
                     len(self._results),
                     stat.running,
@@ -325,6 +327,7 @@ class ResultCollectionMixin:
                     stat.rejected,
                     self.rejection_reasons,
                     self.is_paused,
+                    f"; {progress}" if progress else "",
                 )
 
     def _describe_wait(self, count: int) -> str:
