@@ -247,6 +247,10 @@ def test_group_tally_counts_episodes_not_rows():
     t.add({"rewards": torch.tensor([0.0])}, None)  # one sample: nothing to compare
     assert (t.groups, t.filtered, t.accepted, t.all_max, t.all_zero) == (2, 1, 1, 1, 0)
     assert "truncation unknown" in t.describe()
+    assert "harder prompts" in t.advice()  # all-max groups: too easy, not too hard
+    t.add({"rewards": torch.zeros(4)}, "filtered")
+    t.add({"rewards": torch.zeros(4)}, "filtered")
+    assert "an easier task" in t.advice() and t.all_zero == 2
 
 
 def test_max_num_gen_batches_validation_names_field_and_allowed():

@@ -57,6 +57,12 @@ ADVICE = (
     "prompt that asks for a short answer; and check the reward function on a few outputs "
     "(rollout.dump_to_file=true writes every trajectory with its reward)."
 )
+#: when most all-equal groups are all max: the model already solves the prompts
+ADVICE_EASY = (
+    "Most such groups are solved by every sample: the model has learned these prompts. "
+    "To change: harder prompts (or stop here), or more samples per group "
+    "(gconfig.n_samples) to find its rare failures."
+)
 
 
 def _pct(part: int, whole: int) -> str:
@@ -108,6 +114,10 @@ class GroupTally:
     @property
     def gave_nothing(self) -> int:
         return self.filtered + self.none
+
+    def advice(self) -> str:
+        """What to change: for a task too easy when most all-equal groups are all max."""
+        return ADVICE_EASY if self.all_max > self.all_zero else ADVICE
 
     def describe(self) -> str:
         """The figures: all-equal groups (all zero / all max), truncation share."""
@@ -208,7 +218,7 @@ class GenerationBound:
             f"rollout: only {t.accepted} of the first {t.groups} groups of this step were "
             f"accepted ({t.filtered} filtered out: dynamic sampling drops a group whose "
             f"rewards are all equal): {t.describe()}. The step "
-            f"keeps generating until {batch_size} groups are accepted, {then}. {ADVICE}"
+            f"keeps generating until {batch_size} groups are accepted, {then}. {t.advice()}"
         )
 
     def progress(self) -> str:
@@ -219,7 +229,7 @@ class GenerationBound:
             return ""
         text = f"this step's {t.groups} finished groups: {t.accepted} accepted, {t.describe()}"
         if t.gave_nothing > t.accepted:
-            text += f". {ADVICE}"
+            text += f". {t.advice()}"
         return text
 
     # ------------------------------------------------------------------ the bound
@@ -269,7 +279,7 @@ class GenerationBound:
         return (
             f"rollout: this step generated {t.groups} groups (the bound "
             f"rollout.max_num_gen_batches={self.max_num_gen_batches} x {batch_size}) and "
-            f"only {accepted} passed the filter; {what}. {t.describe()}. {ADVICE} "
+            f"only {accepted} passed the filter; {what}. {t.describe()}. {t.advice()} "
             "rollout/gen_bound_hit counts the steps that reached the bound"
             + (f" ({again} more since the last warning)." if again else ".")
         )
