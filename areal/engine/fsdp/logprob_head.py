@@ -1,32 +1,71 @@
 """Log-probabilities and entropies computed inside the model's forward, chunk by chunk
 (``ChunkedLogprobHead`` replaces ``lm_head`` and keeps its weight), so no
-``[tokens, vocab]`` logits tensor is held for long micro-batches."""
+``[tokens, vocab]`` logits tensor is held for long micro-batches.
+
+Each chunk runs :class:`_LinearLogprobEntropy`, one autograd node for
+``hidden -> (log p(label), entropy)``: forward keeps only the chunk's log-sum-exp,
+backward recomputes the chunk's logits and forms the gradient ``g * (onehot - softmax)``
+in place. Against autograd over ``linear -> log_softmax -> gather`` (with activation
+checkpointing per chunk) this drops the backward's ``[rows, vocab]`` zero fill and
+scatter, the log-softmax backward and the forward's second log-softmax: on SmolLM2-135M
+(49,152-token vocabulary) the head's elementwise work is about a third of what it was
+(``benchmarks/bench_logprob_head.py``).
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 
-def _logprob_entropy_chunk(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    labels: torch.Tensor,
-    temperature: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
+) -> torch.Tensor:
     # fp32 logits even when the layers run in bf16 (mixed precision): log-probabilities
     # are compared with the inference server's, and bf16 logits are off by ~1e-2
     logits = F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
     if temperature != 1.0:
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+        logits.div_(temperature)
+    return logits
+
+
+class _LinearLogprobEntropy(torch.autograd.Function):
+    """``(log softmax(h W^T + b)/T)[label]`` and the entropy of that distribution, per row.
+
+    The entropy carries no gradient (monitoring and filtering only)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, temperature):
+        logits = _chunk_logits(hidden, weight, bias, temperature)
+        lse = torch.logsumexp(logits, dim=-1)
+        logp = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
+        # entropy = lse - sum_v p_v z_v, with p = exp(z - lse) (z kept for the dot product)
+        probs = torch.exp(logits - lse.unsqueeze(-1))
+        entropy = lse - torch.bmm(probs.unsqueeze(1), logits.unsqueeze(-1)).view(-1)
+        ctx.save_for_backward(hidden, weight, bias, labels, lse)
+        ctx.temperature = temperature
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        hidden, weight, bias, labels, lse = ctx.saved_tensors
+        t = ctx.temperature
+        # d logp / d z = onehot(label) - softmax(z); z = (h W^T + b) / T
+        grad = _chunk_logits(hidden, weight, bias, t)
+        grad.sub_(lse.unsqueeze(-1)).exp_()
+        g = grad_logp.float() / t
+        grad.mul_(-g.unsqueeze(-1))
+        grad.scatter_add_(-1, labels.unsqueeze(-1), g.unsqueeze(-1))
+        grad_hidden = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_hidden = (grad @ weight.float()).to(hidden.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_weight = (grad.t() @ hidden.float()).to(weight.dtype)
+        if bias is not None and ctx.needs_input_grad[2]:
+            grad_bias = grad.sum(0).to(bias.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None
 
 
 def chunked_logprobs_entropy(
@@ -41,25 +80,19 @@ def chunked_logprobs_entropy(
 
     ``hidden`` ``[N, H]``, ``labels`` ``[N]`` -> two float32 ``[N]`` tensors; the
     entropy carries no gradient (it is for monitoring and filtering). Only one
-    ``[chunk_size, vocab]`` fp32 logits block exists at a time; with autograd enabled each
-    chunk is recomputed in backward (activation checkpointing) instead of keeping its
-    logits.
+    ``[chunk_size, vocab]`` fp32 logits block exists at a time, in forward and in
+    backward (which recomputes it).
     """
     n = hidden.shape[0]
-    if n <= chunk_size:
-        return _logprob_entropy_chunk(hidden, weight, bias, labels, temperature)
     logps, ents = [], []
-    use_ckpt = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    for s in range(0, n, chunk_size):
-        h, y = hidden[s : s + chunk_size], labels[s : s + chunk_size]
-        if use_ckpt:
-            lp, ent = checkpoint(
-                _logprob_entropy_chunk, h, weight, bias, y, temperature, use_reentrant=False
-            )
-        else:
-            lp, ent = _logprob_entropy_chunk(h, weight, bias, y, temperature)
+    for s in range(0, max(n, 1), chunk_size):
+        lp, ent = _LinearLogprobEntropy.apply(
+            hidden[s : s + chunk_size], weight, bias, labels[s : s + chunk_size], float(temperature)
+        )
         logps.append(lp)
         ents.append(ent)
+    if len(logps) == 1:
+        return logps[0], ents[0]
     return torch.cat(logps), torch.cat(ents)
 
 
