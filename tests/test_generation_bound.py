@@ -237,6 +237,18 @@ def test_sync_fill_at_gen_bound_below_bound_none_then_filtered_groups():
     assert stats["rollout/gen_bound_hit"] == 1.0 and stats["rollout/n_generated"] == 8.0
 
 
+def test_early_warning_at_a_quarter_accepted_fires_above_it_not():
+    mixed = {"rewards": torch.tensor([0.0, 1.0])}
+    flat = {"rewards": torch.zeros(2)}
+    for accepted, fires in ((2, True), (3, False)):  # 2 of 8: a quarter
+        gb = GenerationBound(4)
+        reasons = [None] * accepted + ["filtered"] * (8 - accepted)
+        out = [gb.on_finished(mixed if r is None else flat, r, None, 8) for r in reasons]
+        assert (out[-1] is not None) == fires and out[:-1] == [None] * 7
+        if fires:
+            assert f"only {accepted} of the first 8 groups" in out[-1]
+
+
 def test_group_tally_counts_episodes_not_rows():
     t = GroupTally()
     # an agent episode exported as 3 rows: the episodes' rewards (first rows) 1, 1

@@ -20,8 +20,9 @@ filtered groups (at most one batch), and:
   (``rollout_results``; the synchronous trainer through ``fill_at_gen_bound``) and log a
   WARNING naming the figures and what to change (``bound_message``);
 - an early WARNING (``on_finished``'s return value) as soon as the step's first batch's
-  worth of groups (at most 32) finished with fewer than a quarter of them accepted, before
-  the bound; ``progress()``: the figures so far, for the wait's one-minute warning;
+  worth of groups (at most 32) finished with at most a quarter of them accepted (the step
+  is on course for the bound); ``progress()``: the figures so far, for the wait's
+  one-minute warning;
 - both warnings once, then at most every ``_REPEAT_WARN_S`` seconds (the steps that hit
   the bound in between are counted in the next one and in ``rollout/gen_bound_hit``);
 - ``end_step()``: the step's figures for the stats (``rollout/gen_bound_hit``,
@@ -46,7 +47,7 @@ __all__ = ["GenerationBound", "GroupTally"]
 
 #: a warning of either kind is repeated at most this often (seconds)
 _REPEAT_WARN_S = 600.0
-#: the early warning fires when fewer than this share of the step's first groups (a batch,
+#: the early warning fires when at most this share of the step's first groups (a batch,
 #: at most ``_EARLY_GROUPS``) were accepted
 _EARLY_ACCEPTED_SHARE = 0.25
 _EARLY_GROUPS = 32
@@ -205,7 +206,7 @@ class GenerationBound:
         if self._early_done or t.groups < min(max(1, int(batch_size)), _EARLY_GROUPS):
             return None
         self._early_done = True
-        if t.accepted >= _EARLY_ACCEPTED_SHARE * t.groups or not self._early_limit.ready():
+        if t.accepted > _EARLY_ACCEPTED_SHARE * t.groups or not self._early_limit.ready():
             return None
         limit = self.limit(batch_size)
         then = (

@@ -63,7 +63,7 @@ Replacing filtered groups is bounded per step (``rollout.max_num_gen_batches``,
 batches, ``prepare_batch`` returns the accepted ones plus the newest filtered groups to
 fill the batch, with a WARNING naming the share of all-equal groups (all zero / all max)
 and of truncated samples and what to change (``rollout/gen_bound_hit``); an earlier
-WARNING already when fewer than a quarter of a step's first batch of groups was accepted.
+WARNING already when at most a quarter of a step's first batch of groups was accepted.
 
 Where the parts live: submission and staleness (``submit``, topping up from a
 dataloader, stale drops, pending rows) in ``rollout_submission``; result collection
