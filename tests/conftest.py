@@ -52,6 +52,7 @@ _HYPOTHESIS_SEED = pytest.StashKey[object]()
 # first: `pytest -n 2 --dist loadfile` hands out whole files in collection order, so one
 # of these left for the end would run alone while the other process idles.
 LONGEST_FILES = (
+    "test_real_model.py",
     "test_presets_train.py",
     "test_deterministic_rollout.py",
     "test_archon_engine.py",

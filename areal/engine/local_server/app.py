@@ -98,6 +98,11 @@ class LocalInferenceServer(OpenAIRoutes, WeightRoutes):
 
         from areal.engine.local_server.core import GenerationCore
 
+        from areal.utils.hf_utils import resolve_model_path
+
+        # a hub id -> its snapshot in the HF cache (downloaded when the hub is reachable), so
+        # the tokenizer files are found beside the weights as for a local directory
+        model_path = resolve_model_path(model_path)
         if seed is not None:
             torch.manual_seed(seed)
         from transformers import AutoConfig
