@@ -600,15 +600,18 @@ class InferenceEngineConfig:
     pause_grace_period: float = cfield(
         0.0, "Seconds to wait after pausing servers before weights are updated; >= 0."
     )
+    cpu_thread_handoff: bool = cfield(
+        True,
+        "CPU, built-in servers on loopback: while the trainer waits for a batch or "
+        "evaluates, the servers get its idle cores (CPUs / servers threads each), then "
+        "go back to one thread. No effect on CUDA, remote hosts, vLLM or SGLang.",
+    )
     inflight_weight_updates: bool = cfield(
         True,
-        "Built-in server: a weight update of full weights (disk or xccl) does not pause "
-        "generation: the server receives the new weights beside the live ones and swaps "
-        "them in between two decode steps at commit; requests running then continue on "
-        "the new weights (their later tokens carry the new version; the cache of their "
-        "earlier tokens is kept, and the decoupled loss corrects with the recorded "
-        "behaviour logprobs). False, a LoRA adapter update, vLLM and SGLang: pause "
-        "(in-flight requests are interrupted and resumed on the new weights).",
+        "Built-in server: a full-weight update (disk or xccl) does not pause generation: "
+        "the new weights are staged beside the live ones and swapped in between two decode "
+        "steps at commit; running requests go on with them (later tokens carry the new "
+        "version, the decoupled loss corrects). False, LoRA, vLLM, SGLang: pause and resume.",
     )
     verify_weights: bool = cfield(
         True,

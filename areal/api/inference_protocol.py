@@ -130,6 +130,10 @@ class BackendAdapter:
         """None: the server does not track versions (the client does)."""
         return None
 
+    def cpu_threads_call(self, threads: int) -> HttpCall | None:
+        """Set the server's torch CPU threads (None: the server's are fixed at launch)."""
+        return None
+
     def commit_call(self, version: int) -> HttpCall | None:
         """Make the pending weights current as ``version`` (default: the version call;
         None: nothing to tell the server)."""

@@ -94,6 +94,9 @@ class LocalBackend(BackendAdapter):
     def commit_call(self, version):
         return HttpCall("/commit_weights", {"version": version})
 
+    def cpu_threads_call(self, threads):
+        return HttpCall("/set_cpu_threads", {"threads": int(threads)})
+
     def rollback_call(self, previous_path):  # the server restores the copy it kept
         return HttpCall("/rollback_weights", {})
 

@@ -64,6 +64,7 @@ from areal.infra.grouped_workflow import (
 from areal.infra.rollout.failure_monitor import EpisodeFailureMonitor
 from areal.infra.rollout.rollout_results import WaitInterrupted
 from areal.trainer.common import flush_perf_tracer, make_scheduler, setup_run, teardown_run
+from areal.trainer.cpu_handoff import CpuThreadHandoff
 from areal.trainer.engine_select import select_engine
 from areal.trainer.health import TrainerHealth
 from areal.trainer.ppo.stats import batch_stats
@@ -175,6 +176,7 @@ class PPOTrainer:
                     )
                 )
             self.server_watchdog = self._make_server_watchdog()
+            self.cpu_handoff = CpuThreadHandoff(self.rollout, config.rollout.cpu_thread_handoff)
         except BaseException:
             self.close()
             raise
@@ -590,7 +592,8 @@ class PPOTrainer:
 
         self.server_watchdog.check()  # dead inference servers come back with current weights
         self.weight_sync.flush()  # raises what a hook's work left running found
-        with timed("rollout"):
+        # the trainer waits for its batch: the built-in servers of this CPU get its cores
+        with timed("rollout"), self.cpu_handoff.waiting():
             # As AReaL: the trainer forms the groups (n_samples runs of the workflow per
             # prompt); the filter sees whole groups.
             group_size = config.gconfig.n_samples
@@ -737,19 +740,20 @@ class PPOTrainer:
             return interactions_to_tensor_dict(out) if is_interaction_dict(out) else out
 
         rc = self.config.rollout
-        res = run_evaluation(
-            episode,
-            [self.valid_dataset[i] for i in range(len(self.valid_dataset))],
-            max_concurrent=int(rc.max_concurrent_rollouts or 64),
-            global_step=global_step,
-            # failing evaluation episodes stop the run as training ones do
-            failure_monitor=EpisodeFailureMonitor(
-                "evaluation",
-                max_consecutive=rc.max_consecutive_episode_failures,
-                window=rc.episode_failure_window,
-                max_ratio=rc.max_episode_failure_ratio,
-            ),
-        )
+        with self.cpu_handoff.waiting():  # the trainer is idle: the servers get its cores
+            res = run_evaluation(
+                episode,
+                [self.valid_dataset[i] for i in range(len(self.valid_dataset))],
+                max_concurrent=int(rc.max_concurrent_rollouts or 64),
+                global_step=global_step,
+                # failing evaluation episodes stop the run as training ones do
+                failure_monitor=EpisodeFailureMonitor(
+                    "evaluation",
+                    max_consecutive=rc.max_consecutive_episode_failures,
+                    window=rc.episode_failure_window,
+                    max_ratio=rc.max_episode_failure_ratio,
+                ),
+            )
         self.eval_history.append({"global_step": global_step, **res})
         return res
 

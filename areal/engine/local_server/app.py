@@ -37,6 +37,7 @@ CONTROL_PATHS = (
     "/resume",
     "/continue",
     "/continue_generation",
+    "/set_cpu_threads",
     "/update_weights_from_disk",
     "/init_weights_update_group",
     "/update_weights_from_distributed",
@@ -97,7 +98,6 @@ class LocalInferenceServer(OpenAIRoutes, WeightRoutes):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from areal.engine.local_server.core import GenerationCore
-
         from areal.utils.hf_utils import resolve_model_path
 
         # a hub id -> its snapshot in the HF cache (downloaded when the hub is reachable), so
@@ -171,6 +171,7 @@ class LocalInferenceServer(OpenAIRoutes, WeightRoutes):
         r.add_post("/continue", self.resume)
         r.add_post("/continue_generation", self.resume)
         r.add_get("/is_paused", self.is_paused)
+        r.add_post("/set_cpu_threads", self.set_cpu_threads)
         r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
         r.add_post("/init_weights_update_group", self.init_weights_update_group)
         r.add_post("/update_weights_from_distributed", self.update_weights_from_distributed)
@@ -272,6 +273,20 @@ class LocalInferenceServer(OpenAIRoutes, WeightRoutes):
             return _error(400, f"pause mode={mode!r}; only 'abort' is supported")
         await self._call_core(self.core.pause())
         return web.json_response({"success": True, "paused": True})
+
+    async def set_cpu_threads(self, request):
+        """``{"threads": n}``: torch intra-op threads of the scheduler thread from its next
+        iteration (1 <= n <= the CPUs this process may use); answers the previous count."""
+        import os
+
+        from aiohttp import web
+
+        body = await self._json(request)
+        n, cpus = body.get("threads"), len(os.sched_getaffinity(0))
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= cpus:
+            return _error(400, f"threads={n!r}; allowed: an integer in [1, {cpus}]")
+        previous = await self._call_core(self.core.set_cpu_threads(n))
+        return web.json_response({"success": True, "threads": n, "previous": previous})
 
     async def resume(self, request):
         from aiohttp import web

@@ -120,6 +120,8 @@ class GenerationCore:
         self._shared = bool(shared_prompts) and self._fast is not None and not self.is_vlm
         self.version = version
         self.paused = False
+        # torch threads of the scheduler thread (set_cpu_threads; the launch count first)
+        self.cpu_threads = torch.get_num_threads()
 
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
@@ -207,6 +209,18 @@ class GenerationCore:
 
         return self.run_command(_do)
 
+    def set_cpu_threads(self, threads: int) -> Future:
+        """torch threads of the scheduler thread (the one that runs the model); the
+        future's result is the previous count."""
+
+        def _do():
+            previous = torch.get_num_threads()
+            torch.set_num_threads(int(threads))
+            self.cpu_threads = torch.get_num_threads()
+            return previous
+
+        return self.run_command(_do)
+
     def resume(self) -> Future:
         def _do():
             self.paused = False
@@ -230,6 +244,7 @@ class GenerationCore:
                 "version": self.version,
                 "paused": self.paused,
                 "device": str(self.device),
+                "cpu_threads": self.cpu_threads,
             }
 
     def shutdown(self) -> None:

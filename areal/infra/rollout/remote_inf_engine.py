@@ -399,6 +399,14 @@ class RemoteInfEngine(
     def is_paused(self) -> bool:
         return self._paused.is_set()
 
+    def set_cpu_threads(self, threads: int) -> bool:
+        """Every server's torch CPU threads from its next step (the built-in server);
+        False where the backend's threads are fixed at launch (vLLM, SGLang)."""
+        if self.backend.cpu_threads_call(threads) is None or not self.healthy_addresses:
+            return False
+        self._call_all(lambda i, a: self.backend.cpu_threads_call(threads), idempotent=True)
+        return True
+
     def set_version(self, version: int) -> None:
         # Servers first: a rollout started under the new version (the executor reads
         # get_version()) must not get tokens the servers still label with the old one.
