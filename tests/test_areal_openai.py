@@ -11,6 +11,7 @@ import pickle
 
 import pytest
 import torch
+from _agent_tokens import RecordingEngine, assert_concat_row_is_the_calls, chat_turns, template_ids
 from _local_engine import local_engine
 
 from areal.experimental.openai import ArealOpenAI, InteractionWithTokenLogpReward
@@ -23,20 +24,6 @@ from openai.types.responses import Response  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "Mia has 3 apples. She buys 4 more. How many?"}]
 FOLLOW_UPS = ["Are you sure?", "Please check again."]
-
-
-class RecordingEngine:
-    def __init__(self, engine):
-        self.engine = engine
-        self.calls = []
-
-    def get_version(self):
-        return self.engine.get_version()
-
-    async def agenerate(self, req):
-        resp = await self.engine.agenerate(req)
-        self.calls.append((req, resp))
-        return resp
 
 
 @pytest.fixture(scope="module")
@@ -52,23 +39,10 @@ def tokenizer(tiny_lm_dir):
     return load_hf_tokenizer(tiny_lm_dir)
 
 
-def _template(tokenizer, messages):
-    out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-    return list(out["input_ids"] if hasattr(out, "keys") else out)
-
-
 async def _three_turns(client, **create_kwargs):
-    messages = list(QUESTION)
-    completions = []
-    for k in range(3):
-        c = await client.chat.completions.create(
-            model="tiny", messages=messages, max_completion_tokens=6, **create_kwargs
-        )
-        completions.append(c)
-        messages.append(c.choices[0].message)  # the SDK object, as agents do
-        if k < 2:
-            messages.append({"role": "user", "content": FOLLOW_UPS[k]})
-    return completions
+    return await chat_turns(
+        client, list(QUESTION), FOLLOW_UPS, model="tiny", max_completion_tokens=6, **create_kwargs
+    )
 
 
 async def test_chat_completion_is_an_openai_object_served_by_the_engine(engine, tokenizer):
@@ -80,7 +54,7 @@ async def test_chat_completion_is_an_openai_object_served_by_the_engine(engine, 
     )
     assert isinstance(c, ChatCompletion) and c.object == "chat.completion" and c.model == "tiny"
     ((req, resp),) = rec.calls
-    assert req.input_ids == _template(tokenizer, QUESTION)
+    assert req.input_ids == template_ids(tokenizer, QUESTION)
     assert req.gconfig.greedy and req.gconfig.max_new_tokens == 5
     assert c.usage.prompt_tokens == len(req.input_ids)
     assert c.usage.completion_tokens == resp.output_len
@@ -108,13 +82,6 @@ async def test_concat_three_turns_export_one_token_exact_sequence(engine, tokeni
     client = ArealOpenAI(engine=rec, tokenizer=tokenizer, chat_template_type="concat")
     completions = await _three_turns(client)
     assert len(rec.calls) == 3
-    # every turn's prompt extends the previous turn's exact tokens (+ EOS if truncated)
-    eos = tokenizer.eos_token_id
-    for (req_a, resp_a), (req_b, _) in zip(rec.calls, rec.calls[1:]):
-        head = req_a.input_ids + resp_a.output_tokens
-        if head[-1] != eos:
-            head = head + [eos]
-        assert req_b.input_ids[: len(head)] == head and len(req_b.input_ids) > len(head)
     # parents resolved from the messages
     its = [client.get_interaction(c.id) for c in completions]
     assert its[0].parent is None and its[1].parent is its[0] and its[2].parent is its[1]
@@ -124,25 +91,11 @@ async def test_concat_three_turns_export_one_token_exact_sequence(engine, tokeni
     exported = client.export_interactions(style="concat")
     assert list(exported) == [completions[2].id]  # one leaf for one linear conversation
     row = exported[completions[2].id].to_tensor_dict()
-    last_req, last_resp = rec.calls[-1]
-    ids = row["input_ids"][0].tolist()
-    assert ids == last_req.input_ids + last_resp.output_tokens  # the server's tokens, unchanged
-    assert row["input_ids"].shape == row["loss_mask"].shape == row["logprobs"].shape
-    # loss mask covers exactly the three generated outputs, with their logprobs and versions
-    expect_mask = [0] * len(ids)
-    expect_lp = [0.0] * len(ids)
-    expect_ver = [-1] * len(ids)
-    for req, resp in rec.calls:
-        start = len(req.input_ids)
-        assert ids[start : start + resp.output_len] == resp.output_tokens
-        expect_mask[start : start + resp.output_len] = [1] * resp.output_len
-        expect_lp[start : start + resp.output_len] = resp.output_logprobs
-        expect_ver[start : start + resp.output_len] = resp.output_versions
-    assert row["loss_mask"][0].tolist() == expect_mask
-    torch.testing.assert_close(row["logprobs"][0], torch.tensor(expect_lp, dtype=torch.float32))
-    assert row["versions"][0].tolist() == expect_ver
+    # every turn's prompt extends the previous turn's exact tokens (+ EOS if truncated); the
+    # row is the server's tokens, unchanged; the loss mask covers exactly the three
+    # generated outputs, with their logprobs and versions
+    assert_concat_row_is_the_calls(row, rec.calls, tokenizer.eos_token_id)
     assert row["rewards"].tolist() == [1.0]
-    assert row["attention_mask"].dtype == torch.bool and bool(row["attention_mask"].all())
 
 
 async def test_individual_export_rows_are_the_engine_calls_with_discounted_rewards(
@@ -162,7 +115,9 @@ async def test_individual_export_rows_are_the_engine_calls_with_discounted_rewar
         assert row["loss_mask"][0].tolist() == [0] * len(req.input_ids) + [1] * resp.output_len
     assert [it.to_tensor_dict()["rewards"].item() for it in exported.values()] == [0.25, 0.5, 1.0]
     # each prompt is the template of the conversation so far
-    assert rec.calls[2][0].input_ids == _template(tokenizer, exported[completions[2].id].messages)
+    assert rec.calls[2][0].input_ids == template_ids(
+        tokenizer, exported[completions[2].id].messages
+    )
     with pytest.raises(ValueError, match="concat"):
         client.export_interactions(style="concat")
     with pytest.raises(RuntimeError, match="once"):
@@ -217,7 +172,7 @@ async def test_responses_create_returns_response_and_records_it(engine, tokenize
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is 3 plus 4?"},
     ]
-    assert req.input_ids == _template(tokenizer, expect)
+    assert req.input_ids == template_ids(tokenizer, expect)
     assert r.usage.input_tokens == len(req.input_ids) and r.usage.output_tokens == resp.output_len
     body = [t for t in resp.output_tokens if t != tokenizer.eos_token_id]
     assert r.output_text == tokenizer.decode(body, skip_special_tokens=True)

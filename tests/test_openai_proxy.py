@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from _agent_tokens import RecordingEngine, assert_concat_row_is_the_calls, proxy_session_turns
 from _local_engine import local_engine
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -20,24 +21,10 @@ import httpx2 as httpx  # noqa: E402
 import openai  # noqa: E402
 
 from areal.experimental.openai import ArealOpenAI  # noqa: E402
-from areal.experimental.openai.proxy import OpenAIProxyClient, ProxyServer  # noqa: E402
+from areal.experimental.openai.proxy import ProxyServer  # noqa: E402
 
 ADMIN = "test-admin-key"
 QUESTION = [{"role": "user", "content": "Mia has 3 apples. She buys 4 more. How many?"}]
-
-
-class RecordingEngine:
-    def __init__(self, engine):
-        self.engine = engine
-        self.calls = []
-
-    def get_version(self):
-        return self.engine.get_version()
-
-    async def agenerate(self, req):
-        resp = await self.engine.agenerate(req)
-        self.calls.append((req, resp))
-        return resp
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +45,6 @@ def proxy(engine, tiny_lm_dir):
 
 def _run(coro):
     return asyncio.run(coro)
-
-
-async def _start(proxy, task_id="t"):
-    http = httpx.AsyncClient(timeout=120)
-    sess = OpenAIProxyClient(http, proxy.base_url, task_id, ADMIN)
-    await sess.start()
-    return http, sess
 
 
 def _admin_post(proxy, path, payload, key=ADMIN):
@@ -219,25 +199,18 @@ def test_anthropic_messages_sdk_plain_and_stream(proxy, engine):
 
 # ----------------------------------------------------------------------------- export
 async def _three_turn_session(proxy, engine, discount, style, reward_last=1.0):
-    http, sess = await _start(proxy)
-    client = openai.AsyncOpenAI(
-        base_url=proxy.base_url, api_key=sess.session_api_key, http_client=http
+    return await proxy_session_turns(
+        proxy,
+        ADMIN,
+        engine,
+        list(QUESTION),
+        ("Are you sure?", "Check again."),
+        discount,
+        style,
+        reward_last,
+        model="m",
+        max_tokens=8,
     )
-    messages = list(QUESTION)
-    n0 = len(engine.calls)
-    ids = []
-    for follow in ("Are you sure?", "Check again.", None):
-        out = await client.chat.completions.create(model="m", messages=messages, max_tokens=8)
-        ids.append(out.id)
-        messages.append(out.choices[0].message.model_dump(exclude_none=True))
-        if follow:
-            messages.append({"role": "user", "content": follow})
-    await sess.set_last_reward(reward_last)
-    await sess.end()
-    exported = await sess.export_interactions(discount=discount, style=style)
-    calls = engine.calls[n0:]
-    await http.aclose()
-    return ids, exported, calls
 
 
 @pytest.mark.slow
@@ -245,19 +218,10 @@ def test_three_turn_concat_export_is_token_exact(proxy, engine):
     ids, exported, calls = _run(_three_turn_session(proxy, engine, 1.0, "concat"))
     assert list(exported) == [ids[-1]]  # one linear conversation -> one row
     row = exported[ids[-1]].to_tensor_dict()
-    last_req, last_resp = calls[-1]
-    assert row["input_ids"][0].tolist() == list(last_req.input_ids) + list(last_resp.output_tokens)
-    # Each turn's prompt extends the previous turn's exact tokens, and the loss mask
-    # covers exactly the three generated outputs.
-    expect_mask = torch.zeros(row["input_ids"].shape[1], dtype=torch.long)
-    for req, resp in calls:
-        start = len(req.input_ids)
-        assert row["input_ids"][0, :start].tolist() == list(req.input_ids)
-        expect_mask[start : start + len(resp.output_tokens)] = 1
-        assert row["logprobs"][
-            0, start : start + len(resp.output_tokens)
-        ].tolist() == pytest.approx(list(resp.output_logprobs), abs=0)
-    assert torch.equal(row["loss_mask"][0], expect_mask)
+    # Each turn's prompt extends the previous turn's exact tokens, the row is the server's
+    # tokens, and the loss mask covers exactly the three generated outputs (their
+    # logprobs and versions, bit-exact after the JSON round trip).
+    assert_concat_row_is_the_calls(row, calls, calls[0][0].tokenizer.eos_token_id)
     assert float(row["rewards"][0]) == 1.0
 
 
