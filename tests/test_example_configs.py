@@ -38,6 +38,7 @@ EXAMPLES = {
     "math/gsm8k_rloo.yaml": ("math/gsm8k_rl.py", "GRPOConfig"),
     "math/gsm8k_sapo.yaml": ("math/gsm8k_rl.py", "GRPOConfig"),
     "math/gsm8k_sft_cpu.yaml": ("math/gsm8k_sft.py", "SFTConfig"),
+    "math/smollm2_grpo_cpu.yaml": ("math/gsm8k_rl.py", "GRPOConfig"),
     "multi_turn_math/gsm8k_grpo_mt_cpu.yaml": (
         "multi_turn_math/gsm8k_rl_mt.py",
         "MultiTurnGRPOConfig",
