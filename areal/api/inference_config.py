@@ -601,7 +601,7 @@ class InferenceEngineConfig:
         0.0, "Seconds to wait after pausing servers before weights are updated; >= 0."
     )
     cpu_thread_handoff: bool = cfield(
-        True,
+        False,
         "CPU, built-in servers on loopback: while the trainer waits for a batch or "
         "evaluates, the servers get its idle cores (CPUs / servers threads each), then "
         "go back to one thread. No effect on CUDA, remote hosts, vLLM or SGLang.",
