@@ -522,20 +522,24 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin, DeterministicMixi
             )
         sm = self.staleness_manager
         early_warning = None
+
+        def result_of(is_eval: bool = False) -> RolloutResult:  # numbered when made
+            return RolloutResult(
+                task_id=task.task_id,
+                trajectory=traj,
+                submit_version=submit_version,
+                accept_version=version,
+                is_eval=is_eval,
+                seq=next(self._accept_seq),
+                data=task.data,
+            )
+
         with self._cv:
             self._inflight.pop(task.task_id, None)
             if not task.is_eval and task.wave is None and reason in (None, "filtered", "none"):
                 kept = None  # a filtered group may fill a batch at the step's bound
                 if reason == "filtered":
-                    kept = RolloutResult(
-                        task_id=task.task_id,
-                        trajectory=traj,
-                        submit_version=submit_version,
-                        accept_version=version,
-                        is_eval=False,
-                        seq=next(self._accept_seq),
-                        data=task.data,
-                    )
+                    kept = result_of()
                 early_warning = self.gen_bound.on_finished(
                     traj, reason, kept, self.consumer_batch_size
                 )
@@ -548,30 +552,12 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin, DeterministicMixi
             if task.wave is not None:
                 result = None
                 if reason is None:
-                    result = RolloutResult(
-                        task_id=task.task_id,
-                        trajectory=traj,
-                        submit_version=submit_version,
-                        accept_version=version,
-                        is_eval=False,
-                        seq=next(self._accept_seq),
-                        data=task.data,
-                    )
+                    result = result_of()
                 else:
                     self._reject_locked(reason)
                 self._det_on_finished_locked(task, result, reason)
             elif reason is None:
-                self._results.append(
-                    RolloutResult(
-                        task_id=task.task_id,
-                        trajectory=traj,
-                        submit_version=submit_version,
-                        accept_version=version,
-                        is_eval=task.is_eval,
-                        seq=next(self._accept_seq),
-                        data=task.data,
-                    )
-                )
+                self._results.append(result_of(task.is_eval))
             else:
                 self._reject_locked(reason, task.is_eval)
                 if reason == "no_server":
