@@ -121,6 +121,9 @@ _SPAN_NAMES = {"train_step": "ppo_update"}
 class PPOTrainer:
     """Asynchronous PPO/GRPO trainer (see module docstring)."""
 
+    # the trainer's idle cores for the built-in servers (made in __init__; off otherwise)
+    cpu_handoff = CpuThreadHandoff(None, enabled=False)
+
     def __init__(self, config: PPOConfig, train_dataset: Any = None, valid_dataset: Any = None):
         self.config = config
         self._closed = False
