@@ -8,8 +8,8 @@ session, the proxy worker that holds it; every later call presenting the session
 same way (``slot_id`` -> worker).
 
 New sessions go to the least-loaded live worker (fewest open sessions, then fewest
-requests in flight); a worker holding open online grants is preferred, since only there
-can an external session start. ``mark_dead`` takes a worker out of rotation and fails
+requests in flight, then fewest sessions so far); a worker holding open online grants is
+preferred, since only there can an external session start. ``mark_dead`` takes a worker out of rotation and fails
 its sessions not yet exported with a reason (later calls of those sessions are answered with it);
 ``revive`` puts a worker that answers its health check again back (new sessions only:
 the sessions it held are gone with its process).
@@ -113,7 +113,8 @@ class Router:
             reasons = "; ".join(f"{w.url}: {w.reason}" for w in self.workers)
             raise NoLiveWorker(f"no live proxy worker behind the gateway ({reasons})")
         granted = [w for w in live if w.open_grants > 0]
-        return min(granted or live, key=lambda w: (w.open_sessions, w.inflight))
+        # ties (e.g. sessions that start after the previous one ended) rotate by total
+        return min(granted or live, key=lambda w: (w.open_sessions, w.inflight, w.sessions_total))
 
     def route_of_key(self, key: str | None) -> Route | None:
         sid = self.keys.session_of(key)
