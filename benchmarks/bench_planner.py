@@ -88,6 +88,11 @@ def _warm_up(torch, transformers, chunked_logprobs_entropy) -> None:
     ids = torch.randint(0, 256, (2, 16))
     h = m.model(input_ids=ids).last_hidden_state.reshape(32, -1)
     chunked_logprobs_entropy(h, m.lm_head.weight, None, ids.reshape(-1))[0].mean().backward()
+    # what the server's sampling runs too (the fused head no longer does)
+    x = torch.randn(4, 256, requires_grad=True)
+    logp = torch.log_softmax(x, -1)
+    logp.gather(-1, torch.zeros(4, 1, dtype=torch.long)).sum().backward()
+    (logp.exp() * logp).sum(-1)
     opt.step()
     with torch.no_grad():
         m(input_ids=ids[:, :4], use_cache=True)

@@ -139,6 +139,9 @@ def test_ppo_trainer_with_lora_pushes_only_adapters_and_servers_sample_with_them
         # before) waited for a group with signal until the test timed out
         "actor.optimizer.lr=0.002",
         "actor.weight_update_mode=disk",
+        # lora_B moves only on a group with signal: the filter waits for one, with no
+        # per-step bound (at the bound a step may train on all-equal groups: no gradient)
+        "rollout.max_num_gen_batches=null",
     )
     rows = _train(cfg)
     assert [r["global_step"] for r in rows] == [0, 1]
