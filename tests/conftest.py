@@ -52,6 +52,7 @@ _HYPOTHESIS_SEED = pytest.StashKey[object]()
 # first: `pytest -n 2 --dist loadfile` hands out whole files in collection order, so one
 # of these left for the end would run alone while the other process idles.
 LONGEST_FILES = (
+    "test_archon_ep.py",  # with the archon_matrix cases (4-rank MoE and pipeline layouts)
     "test_real_model.py",
     "test_presets_train.py",
     "test_deterministic_rollout.py",
@@ -60,11 +61,16 @@ LONGEST_FILES = (
     "test_ray_scheduler.py",
     "test_agent_workflow.py",
     "test_slurm_scheduler.py",
-    "test_archon_ep.py",
     "test_preference_trainers.py",
     "test_ppo_actor.py",
     "test_slurm_two_nodes.py",
     "test_rl_trainer_teacher_lora.py",
+    # several minutes each (trainer runs through the proxy, servers started per test)
+    "test_verifiers_workflow.py",
+    "test_openenv_workflow.py",
+    "test_reasoning_gym.py",
+    "test_cli.py",
+    "test_server_teacher.py",
 )
 
 

@@ -51,9 +51,38 @@ class SlurmCluster:
 
 
 def _free_port() -> int:
+    """A port free on every address (slurmctld and slurmd bind the wildcard address)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def start_slurmctld(conf: str, env: dict, logs, root: str, tries: int = 3) -> subprocess.Popen:
+    """``slurmctld -D`` on ``conf``. The port in ``conf`` was free when it was chosen, but
+    another process (the tests run two at a time) may take it before slurmctld binds it:
+    slurmctld then exits at once with "Address already in use", and it is started again
+    on a new port (``SlurmctldPort`` rewritten; no slurmd has read the file yet)."""
+    log = os.path.join(root, "log", "slurmctld.log")
+    for attempt in range(tries):
+        start = os.path.getsize(log) if os.path.exists(log) else 0
+        ctld = subprocess.Popen(
+            ["slurmctld", "-D", "-i", "-f", conf], env=env, stdout=logs, stderr=logs
+        )
+        deadline = time.monotonic() + 3  # the bind is the first thing it does
+        while time.monotonic() < deadline and ctld.poll() is None:
+            time.sleep(0.1)
+        if ctld.poll() is None or attempt == tries - 1:
+            return ctld
+        with open(log, errors="replace") as f:
+            f.seek(start)
+            if "Address already in use" not in f.read():
+                return ctld  # another failure: wait_idle reports it with the log
+        with open(conf) as f:
+            text = f.read()
+        old = next(ln for ln in text.splitlines() if ln.startswith("SlurmctldPort="))
+        with open(conf, "w") as f:
+            f.write(text.replace(old, f"SlurmctldPort={_free_port()}"))
+    return ctld
 
 
 def slurm_skip_reason() -> str | None:
@@ -219,9 +248,7 @@ def slurm_cluster(tmp_path_factory):
     cluster = SlurmCluster(conf=conf, root=root, node=node, env=env)
     try:
         logs = open(os.path.join(root, "log", "daemons.out"), "ab")  # noqa: SIM115
-        ctld = subprocess.Popen(
-            ["slurmctld", "-D", "-i", "-f", conf], env=env, stdout=logs, stderr=logs
-        )
+        ctld = start_slurmctld(conf, env, logs, root)
         slurmd = subprocess.Popen(["slurmd", "-D", "-f", conf], env=env, stdout=logs, stderr=logs)
         wait_idle(root, env, {"slurmctld": ctld, f"slurmd-{node}": slurmd}, 1, timeout=60)
         os.environ["SLURM_CONF"] = conf
@@ -268,12 +295,6 @@ def demo_command(tmp_path, scheduler_type: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- multi-node
-def _free_port_on(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def start_slurmd(cluster, node: str, conf: str, env: dict, logs) -> subprocess.Popen:
     """``slurmd -N n<node>`` inside ``node``'s namespace (``nsenter``, not ``ip netns exec``:
     the latter remounts /sys for the namespace, which hides /sys/fs/cgroup, and slurmd
@@ -306,14 +327,12 @@ def netns_slurm(root: str, nodes=("a", "b"), slurmd_timeout: int = 30):
             root,
             [(f"n{n}", cluster[n].addr) for n in nodes],
             f"{socket.gethostname()}({cluster.host_addr})",
-            ctld_port=_free_port_on(cluster.host_addr),
+            ctld_port=_free_port(),
             slurmd_timeout=slurmd_timeout,
         )
         env = dict(os.environ, SLURM_CONF=conf)
         logs = open(os.path.join(root, "log", "daemons.out"), "ab")  # noqa: SIM115
-        ctld = subprocess.Popen(
-            ["slurmctld", "-D", "-i", "-f", conf], env=env, stdout=logs, stderr=logs
-        )
+        ctld = start_slurmctld(conf, env, logs, root)
         for n in nodes:
             os.makedirs(os.path.join(root, "spool", f"n{n}"), exist_ok=True)
             slurmds[n] = start_slurmd(cluster, n, conf, env, logs)

@@ -18,6 +18,7 @@ from _local_engine import local_engine
 
 from areal.experimental.openai import ArealOpenAI
 from areal.experimental.openai.proxy import OpenAIProxyWorkflow, ProxyServer
+from areal.infra import workflow_context
 from areal.workflow.grouped import GroupedRolloutWorkflow, interactions_to_tensor_dict
 from areal.workflow.openai import math_tools
 
@@ -64,15 +65,21 @@ def chat_calls(tool_proxy, monkeypatch):
 
 
 class Recorded:
-    """The agent under test, recording what each ``run`` returned."""
+    """The agent under test, recording what each ``run`` returned by its episode's position
+    in the group (the episodes run concurrently and finish in any order)."""
 
     def __init__(self, agent: Any):
         self.agent = agent
-        self.returned: list[Any] = []
+        self.by_index: dict[int, Any] = {}
+
+    @property
+    def returned(self) -> list[Any]:
+        return [self.by_index[i] for i in sorted(self.by_index)]
 
     async def run(self, data, **extra_kwargs):
+        index = workflow_context.get().sample_index
         out = await self.agent.run(data, **extra_kwargs)
-        self.returned.append(out)
+        self.by_index[index] = out
         return out
 
 

@@ -20,6 +20,9 @@ from _dist_helpers import run_ranks
 pytestmark = pytest.mark.slow
 
 ATOL = 1e-5
+# log-probabilities reach |6-8| (vocabulary 400): a sharded reduction's reordering moves
+# them by a few fp32 ulps of that size (1.1e-5 at 8.4 seen on an AVX-512 Xeon)
+LOGP_RTOL = 1e-5
 B, T, VOCAB = 8, 24, 400
 LR = 0.5
 
@@ -238,7 +241,7 @@ def test_tp2_equals_one_rank(t2_qwen2, base_qwen2):
         _assert_step_equal(r, base_qwen2)
     assert [r["head"] for r in t2_qwen2["ranks"]] == [True, False]
     torch.testing.assert_close(
-        t2_qwen2["ranks"][0]["logp1"], base_qwen2["logp1"], atol=ATOL, rtol=0
+        t2_qwen2["ranks"][0]["logp1"], base_qwen2["logp1"], atol=ATOL, rtol=LOGP_RTOL
     )
 
 
@@ -246,7 +249,7 @@ def test_cp2_equals_one_rank(models, base_qwen2):
     res = _run(models, "qwen2", "d1c2", 2)
     for r in res:
         _assert_step_equal(r, base_qwen2)
-    torch.testing.assert_close(res[1]["logp1"], base_qwen2["logp1"], atol=ATOL, rtol=0)
+    torch.testing.assert_close(res[1]["logp1"], base_qwen2["logp1"], atol=ATOL, rtol=LOGP_RTOL)
 
 
 def test_dcp_saved_at_t2_resumes_at_d2_next_step_equal(models, t2_qwen2, base_qwen2):
@@ -309,7 +312,7 @@ def test_hf_save_loads_in_transformers_with_same_logprobs(t2_qwen2, base_qwen2):
     # the trained model (after step 1) scores row 0 as the engine's forward does
     assert lp.shape[0] == n - 1
     engine_lp = base_qwen2["logp1"][0, 1:n]
-    torch.testing.assert_close(lp[:, 0], engine_lp, atol=ATOL, rtol=0)
+    torch.testing.assert_close(lp[:, 0], engine_lp, atol=ATOL, rtol=LOGP_RTOL)
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Layouts and archon options this project cannot run are refused when the config or
 allocation is parsed (before any process starts), each error naming the dimension or
-field and the allowed values."""
+field and the allowed values; 'megatron:' and model-parallel 'fsdp:' layouts (AReaL 2.0
+YAMLs) run on archon instead."""
 
 from __future__ import annotations
 
@@ -10,47 +11,53 @@ from areal.api.alloc_mode import AllocationMode, ParallelStrategy
 
 
 @pytest.mark.parametrize(
-    ("text", "dim", "letter"),
+    ("text", "dims"),
     [
-        ("fsdp:d2t2", "tensor", "t2"),
-        ("local:d1+fsdp:d2c2", "context", "c2"),
-        ("vllm:d2+fsdp:d2e2", "expert", "e2"),
-        ("fsdp:d1p2", "pipeline", "p2"),
-        ("d2t2", "tensor", "t2"),  # a bare training component is FSDP
+        ("fsdp:d2t2", "d2t2"),
+        ("local:d1+fsdp:d2c2", "d2c2"),
+        ("vllm:d2+fsdp:d2e2", "d2e2"),
+        ("fsdp:d1p2", "d1p2"),
+        ("d2t2", "d2t2"),  # a bare training component is FSDP
+        ("megatron:d4", "d4"),
+        ("local:d1+megatron:d2t2", "d2t2"),
+        ("vllm:d2|megatron:d2", "d2"),
     ],
 )
-def test_fsdp_refuses_model_parallel_dims(text, dim, letter):
-    with pytest.raises(ValueError) as info:
-        AllocationMode.from_str(text)
-    msg = str(info.value)
-    assert f"fsdp engine does not support {dim} parallelism ({letter})" in msg
-    assert "allowed dimensions: d (data)" in msg and repr(text) in msg
-    if dim != "pipeline":
-        assert "archon:" in msg  # points to the engine that has the dimension
+def test_fsdp_model_parallel_dims_and_megatron_run_on_archon(text, dims):
+    """AReaL 2.0 YAMLs: 'megatron:' and 'fsdp:' with t/c/p/e run on the parallel engine
+    (same dimensions), logged, instead of being refused."""
+    mode = AllocationMode.from_str(text)
+    assert mode.train_backend == "archon" and str(mode.train) == dims
 
 
-def test_fsdp_backend_field_refused_too():
+def test_mapping_is_logged_naming_both_backends(caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING)
+    logging.getLogger("CLIArgs").addHandler(caplog.handler)
+    try:
+        AllocationMode.from_str("local:d1+fsdp:d1c7")  # a layout no other test logs
+        AllocationMode.from_str("local:d1+megatron:d1t7")
+    finally:
+        logging.getLogger("CLIArgs").removeHandler(caplog.handler)
+    assert "'fsdp:d1c7' runs on the parallel engine as 'archon:d1c7'" in caplog.text
+    assert "'megatron:d1t7' runs on the parallel engine as 'archon:d1t7'" in caplog.text
+    assert "no Megatron-LM engine" in caplog.text
+    # the hybrid MoE form on fsdp (or bare) runs on archon as well
+    assert AllocationMode.from_str("fsdp:(attn:d2t2|ffn:d2e2)").train_backend == "archon"
+
+
+def test_backend_fields_mapped_too():
     from areal.api.cli_args import TrainEngineConfig
 
-    with pytest.raises(ValueError, match="tensor parallelism"):
-        ParallelStrategy.parse_backend("fsdp:d2t2")
-    with pytest.raises(ValueError, match=r"TrainEngineConfig.backend='fsdp:d1t2'"):
-        TrainEngineConfig(backend="fsdp:d1t2")
-
-
-@pytest.mark.parametrize("text", ["megatron:d4", "local:d1+megatron:d2t2", "vllm:d2|megatron:d2"])
-def test_megatron_refused_everywhere_naming_archon(text):
-    with pytest.raises(ValueError) as info:
-        AllocationMode.from_str(text)
-    msg = str(info.value)
-    assert "'megatron' is not available" in msg and "use 'archon'" in msg
-
-
-def test_megatron_actor_backend_refused():
-    from areal.api.cli_args import TrainEngineConfig
-
-    with pytest.raises(ValueError, match="use 'archon'"):
-        TrainEngineConfig(backend="megatron:d2")
+    assert ParallelStrategy.parse_backend("fsdp:d2t2").backend == "archon"
+    assert ParallelStrategy.parse_backend("megatron:d2").backend == "archon"
+    assert ParallelStrategy.parse_backend("fsdp:d2").backend == "fsdp"
+    TrainEngineConfig(backend="fsdp:d1t2")
+    TrainEngineConfig(backend="megatron:d2")
+    # what archon cannot build is still refused, by name
+    with pytest.raises(ValueError, match="expert parallelism e3"):
+        AllocationMode.from_str("megatron:d4e3")
 
 
 def test_archon_pipeline_layouts_parse():
@@ -100,8 +107,6 @@ def test_archon_hybrid_moe_form_parses_and_round_trips(text):
         ("archon:(attn:d4t2|ffn:d2e2t2)", "ffn e2 with ffn t2: the experts are split over all"),
         ("archon:(attn:d2t2c2|ffn:d2e2t2)", "allowed ffn e: [1]"),
         ("archon:(attn:d1t4|ffn:d2e2)", "ffn e2 must be a multiple of attn c*t = 4"),
-        ("fsdp:(attn:d2t2|ffn:d2e2)", "needs the archon engine"),
-        ("(attn:d2t2|ffn:d2e2)", "needs the archon engine"),
         ("archon:(attn:d2t2|ffn:d2e2", "unbalanced '('"),
         ("archon:(attn:d2t2)", "the MoE hybrid form is '(attn:"),
     ],
@@ -246,19 +251,15 @@ def test_engine_layout_world_size_mismatch_refused():
     ("kwargs", "fragment"),
     [
         ({"offload_params": True}, "archon.offload_params=True: parameter offload"),
-        ({"enable_compile": True}, "archon.enable_compile=True"),
         ({"attn_type": "tree"}, "archon.attn_type='tree'"),
         ({"pp_schedule": "ZBVZeroBubble"}, "archon.pp_schedule='ZBVZeroBubble': ZeroBubble"),
         ({"pp_schedule": "InterleavedZeroBubble"}, "allowed: 'GPipe', '1F1B', 'Interleaved1F1B'"),
         ({"ac_debug": True}, "archon.ac_debug=True"),
-        ({"fp8": "blockwise"}, "archon.fp8_config.mode='blockwise': FP8"),
     ],
 )
 def test_archon_options_refused_by_name(kwargs, fragment):
-    from areal.api.cli_args import ArchonEngineConfig, ArchonFP8Config, TrainEngineConfig
+    from areal.api.cli_args import ArchonEngineConfig, TrainEngineConfig
 
-    if "fp8" in kwargs:
-        kwargs = {"fp8_config": ArchonFP8Config(mode=kwargs.pop("fp8"))}
     archon = ArchonEngineConfig(**kwargs)
     TrainEngineConfig(backend="fsdp:d1", archon=archon)  # not the archon engine: inert
     with pytest.raises(ValueError) as info:
@@ -276,9 +277,7 @@ def test_archon_activation_checkpointing_modes():
     ):
         TrainEngineConfig(backend="archon:d1", gradient_checkpointing=True, archon=ok)
     # the default (op-level selective) only matters with gradient checkpointing on
-    TrainEngineConfig(backend="archon:d1", archon=ArchonEngineConfig())
-    with pytest.raises(ValueError, match="selective_ac_option='op': op-level"):
-        TrainEngineConfig(backend="archon:d1", gradient_checkpointing=True)
+    assert TrainEngineConfig(backend="archon:d1").archon.ac_mode == "selective"
     with pytest.raises(ValueError, match="ac_mode='memory_budget' needs torch.compile"):
         TrainEngineConfig(
             backend="archon:d1",
@@ -300,14 +299,53 @@ def test_experiment_allocation_archon_checks_every_model():
 
     SFTConfig(experiment_name="e", trial_name="t", allocation_mode="archon:d1")
     with pytest.raises(
-        ValueError, match=r"SFTConfig.actor with an archon backend: archon.enable_compile"
+        ValueError, match=r"SFTConfig.actor with an archon backend: archon.offload_params"
     ):
         SFTConfig(
             experiment_name="e",
             trial_name="t",
             allocation_mode="archon:d2",
-            actor=TrainEngineConfig(archon=ArchonEngineConfig(enable_compile=True)),
+            actor=TrainEngineConfig(archon=ArchonEngineConfig(offload_params=True)),
         )
+
+
+def test_archon_compile_op_checkpointing_and_fp8_run_another_way_with_a_warning(caplog):
+    """AReaL 2.0's archon YAMLs (tau2, FP8 SFT) set torch.compile, op-level selective
+    checkpointing and FP8: the engine here runs eagerly, recomputes every block and
+    trains in its own dtype, each named in a warning."""
+    import logging
+
+    from areal.api.cli_args import ArchonEngineConfig, ArchonFP8Config, TrainEngineConfig
+    from areal.api.config_common import WARNED
+
+    WARNED.clear()
+    caplog.set_level(logging.WARNING)
+    logging.getLogger("CLIArgs").addHandler(caplog.handler)
+    try:
+        cfg = TrainEngineConfig(
+            backend="archon:d1",
+            gradient_checkpointing=True,
+            archon=ArchonEngineConfig(
+                enable_compile=True, fp8_config=ArchonFP8Config(mode="blockwise")
+            ),
+        )
+    finally:
+        logging.getLogger("CLIArgs").removeHandler(caplog.handler)
+    a = cfg.archon
+    assert (a.enable_compile, a.ac_mode, a.fp8_config.mode) == (False, "full", "disabled")
+    assert "archon.enable_compile=True: runs eagerly" in caplog.text
+    assert "selective_ac_option='op': recomputes every block" in caplog.text
+    assert "fp8_config.mode='blockwise': trains in the engine's dtype" in caplog.text
+    # not the archon engine: the fields stay as given (inert)
+    fsdp = TrainEngineConfig(backend="fsdp:d1", archon=ArchonEngineConfig(enable_compile=True))
+    assert fsdp.archon.enable_compile
+    # an every-N-th-block option is archon's own selective checkpointing: kept
+    kept = TrainEngineConfig(
+        backend="archon:d1",
+        gradient_checkpointing=True,
+        archon=ArchonEngineConfig(ac_mode="selective", selective_ac_option="2"),
+    )
+    assert kept.archon.ac_mode == "selective"
 
 
 def test_select_engine_picks_archon_class_fills_backend_and_checks_heads(tmp_path):

@@ -130,6 +130,13 @@ EXPECTED = [
     # cli_args exposes the dataclass helpers
     ("areal.api.cli_args", "dataclass"),
     ("areal.api.cli_args", "field"),
+    # AReaL 2.0's agent service (examples/agent_service, examples/hermes)
+    ("areal.v2.agent_service.controller", "AgentController"),
+    ("areal.v2.agent_service.types", "AgentRequest"),
+    ("areal.v2.agent_service.types", "AgentResponse"),
+    ("areal.v2.agent_service.types", "EventEmitter"),
+    ("areal.v2.agent_service.types", "StreamResponse"),
+    ("areal.v2.agent_service.types", "AgentRunnable"),
 ]
 
 

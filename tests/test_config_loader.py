@@ -173,3 +173,60 @@ def test_gpu_fixture_runs_on_cpu_with_overrides_only():
         if isinstance(obj, cli_args.TrainEngineConfig):
             assert obj.dtype == "float32"
     assert cfg.actor.scheduling_spec[0].cpu == 1
+
+
+def _write(path: Path, data: dict) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_hydra_defaults_list_is_composed_own_values_win(tmp_path):
+    """AReaL loads YAMLs through Hydra: a ``defaults:`` list (AReaL 2.0's DTE example)
+    composes other files first; the file's own keys win unless ``_self_`` comes first."""
+    base = _yaml(tmp_path, seed=1, total_train_steps=5)
+    base["actor"]["optimizer"] = {"lr": 1e-5, "weight_decay": 0.05}
+    _write(tmp_path / "math" / "base.yaml", base)
+    # a config group lives in the search path: the primary config's folder
+    _write(tmp_path / "dte" / "opt" / "fast.yaml", {"lr": 3e-4, "warmup_steps_proportion": 0.2})
+    child = tmp_path / "dte" / "child.yaml"
+    _write(
+        child,
+        {
+            "defaults": ["../math/base@_global_", {"opt@actor.optimizer": "fast"}],
+            "seed": 42,
+            "actor": {"path": "mine"},
+        },
+    )
+    cfg, path = load_expr_config(["--config", str(child), "total_train_steps=7"], GRPOConfig)
+    assert path == str(child)
+    assert cfg.seed == 42 and cfg.actor.path == "mine"  # own values over the defaults
+    opt = cfg.actor.optimizer
+    assert cfg.experiment_name == "e" and opt.weight_decay == 0.05  # from base
+    assert opt.lr == 3e-4 and opt.warmup_steps_proportion == 0.2  # the group, merged later
+    assert cfg.total_train_steps == 7  # overrides last
+    # _self_ first: the defaults win over the file's own keys
+    first = _write(
+        tmp_path / "dte" / "first.yaml",
+        {"defaults": ["_self_", "../math/base@_global_"], "seed": 42},
+    )
+    assert load_expr_config(["--config", first], GRPOConfig)[0].seed == 1
+
+
+def test_hydra_defaults_errors_name_the_file_and_entry(tmp_path):
+    base = _write(tmp_path / "base.yaml", _yaml(tmp_path))
+    missing = _write(tmp_path / "m.yaml", {"defaults": ["nope@_global_"], "seed": 1})
+    with pytest.raises(ValueError, match=r"m.yaml: defaults entry 'nope@_global_'.*nope.yaml"):
+        load_expr_config(["--config", missing], GRPOConfig)
+    optional = _write(
+        tmp_path / "o.yaml", {"defaults": ["base@_global_", {"optional extra": "gone"}], "seed": 3}
+    )
+    assert load_expr_config(["--config", optional], GRPOConfig)[0].seed == 3
+    _write(tmp_path / "a.yaml", {"defaults": ["b@_global_"]})
+    cyc = _write(tmp_path / "b.yaml", {"defaults": ["a@_global_"]})
+    with pytest.raises(ValueError, match=r"cycle: .*b.yaml -> .*a.yaml -> .*b.yaml"):
+        load_expr_config(["--config", cyc], GRPOConfig)
+    bad = _write(tmp_path / "bad.yaml", {"defaults": [{"a": 1, "b": 2}]})
+    with pytest.raises(ValueError, match="not a Hydra defaults entry"):
+        load_expr_config(["--config", bad], GRPOConfig)
+    assert base

@@ -197,7 +197,16 @@ def test_checker_resolves_classes_excludes_and_reports(tmp_path):
     )
     (ex / "math" / "grpo.yaml").write_text(base + "actor: {rejection_sampling: {upper: 3.0}}\n")
     (ex / "math" / "my_sft.yaml").write_text(base + "actor: {path: m}\n")
-    (ex / "math" / "big_megatron.yaml").write_text(base + "actor: {backend: 'megatron:d4'}\n")
+    (ex / "math" / "big_megatron.yaml").write_text(
+        base + "actor: {backend: 'megatron:d4', weight_update_mode: awex, "
+        "megatron: {enable_chunked_logits: true}}\npost_exit_hook: 'echo done'\n"
+    )
+    (ex / "math" / "kpop_cispo.yaml").write_text(
+        base + "actor: {use_cispo_loss: true, eps_clip_higher: 4.0, use_decoupled_loss: true, "
+        "rejection_sampling: {metric: binary_kl, upper: 2.0}, "
+        "prox_logp_method: reuse_train_logp}\n"
+        "teacher: {engine_type: rollout, path: t, rollout: {backend: 'vllm:d1p1t2'}}\n"
+    )
     (ex / "math" / "broken.yaml").write_text(base + "actor: {no_such_key: 1}\n")
     (ex / "agent" / "configs.py").write_text(
         "from dataclasses import dataclass, field\n"
@@ -215,11 +224,15 @@ def test_checker_resolves_classes_excludes_and_reports(tmp_path):
     assert loaded == {
         "math/grpo.yaml": "GRPOConfig",
         "math/my_sft.yaml": "SFTConfig",
+        "math/big_megatron.yaml": "GRPOConfig",
+        "math/kpop_cispo.yaml": "GRPOConfig",
         "agent/config.yaml": "MyAgentConfig",
     }
+    # AReaL 2.0 Megatron YAML: loads (runs on archon), its Megatron-only settings listed
+    megatron = next(i for i in report["loaded"] if i["path"] == "math/big_megatron.yaml")
+    assert megatron["not_acted_on"] == ["actor.megatron"]  # post_exit_hook: the launchers run it
     assert [f["path"] for f in report["failed"]] == ["math/broken.yaml"]
     assert "actor.no_such_key" in report["failed"][0]["error"]
     reasons = {e["path"]: e["reason"] for e in report["excluded"]}
-    assert "Megatron" in reasons["math/big_megatron.yaml"]
     assert "SkyPilot" in reasons["cloud/cluster.sky.yaml"]
-    assert report["counts"] == {"total": 6, "loaded": 3, "failed": 1, "excluded": 2}
+    assert report["counts"] == {"total": 7, "loaded": 5, "failed": 1, "excluded": 1}

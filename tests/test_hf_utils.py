@@ -147,3 +147,21 @@ def test_resolve_config_hub_paths_replaces_every_model_path(offline, tmp_path):
     assert {"actor.path", "ref.path", "tokenizer_path"} <= set(changed)
     cfg.actor.path = local  # local paths untouched
     assert "actor.path" not in resolve_config_hub_paths(cfg)
+
+
+def test_planner_sizes_a_hub_id_from_the_cache_and_names_an_uncached_one(offline, capsys):
+    """``python -m areal.tools.plan`` takes ``actor.path`` as the trainer does: a hub id
+    is read from the cache (the real-model recipe names one); an uncached id is an error
+    naming the field, not a traceback."""
+    import json
+
+    from areal.tools import plan as plan_cli
+
+    yaml = os.path.join(os.path.dirname(__file__), "..", "examples", "math", "gsm8k_grpo_cpu.yaml")
+    assert plan_cli.main(["--config", yaml, f"actor.path={MODEL_ID}", "--json"]) == 0
+    by_hub = json.loads(capsys.readouterr().out)["trainer_rank"]
+    assert plan_cli.main(["--config", yaml, f"actor.path={TINY_BASE}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trainer_rank"] == by_hub  # same weights
+    assert plan_cli.main(["--config", yaml, "actor.path=someone/nowhere", "--json"]) == 1
+    err = capsys.readouterr().err
+    assert "actor.path='someone/nowhere'" in err and "HF_HUB_OFFLINE" in err

@@ -119,12 +119,13 @@ def test_call_engine_killed_worker_fails_fast_naming_worker_and_log_tail(tmp_pat
         sched.create_engine(w.id, ECHO)
         pid = sched.call_engine(w.id, "pid")
         os.kill(pid, signal.SIGKILL)
-        t0 = time.monotonic()
+        answered = 0
         with pytest.raises(WorkerDiedError) as ei:
             for _ in range(50):  # the first call may race the kill; it must fail within a few calls
                 sched.call_engine(w.id, "pid", timeout=10)
+                answered += 1
                 time.sleep(0.05)
-        assert time.monotonic() - t0 < 10
+        assert answered <= 3  # a bound on calls, not on seconds
         msg = str(ei.value)
         assert (
             "victim/1" in msg and "role=victim" in msg and "index=1" in msg and f"pid={pid}" in msg
@@ -147,7 +148,8 @@ def test_call_engine_worker_dies_during_call_raises_without_waiting(tmp_path):
         t0 = time.monotonic()
         with pytest.raises(WorkerDiedError, match="during sleep"):
             sched.call_engine("sleeper/0", "sleep", 60)
-        assert time.monotonic() - t0 < 15
+        # not the 60 s the call asked for (a generous bound: half of it)
+        assert time.monotonic() - t0 < 30
         killer.wait(timeout=10)
     _assert_no_children()
 
@@ -211,18 +213,20 @@ def test_create_workers_no_wait_returns_before_healthy_and_get_workers_waits(tmp
 
     import requests
 
+    # "slow" serves only once the test opens its gate (a file): no timing involved
+    gate = tmp_path / "gate"
     slow = SchedulingSpec(
-        cmd='python -c "import time, http.server as h; time.sleep(3); '
+        cmd='python -c "import os, time, http.server as h; '
+        f"[time.sleep(0.05) for _ in iter(lambda: os.path.exists('{gate}'), True)]; "
         "h.test(HandlerClass=h.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')\"",
         port_count=1,
     )
     with LocalScheduler(fileroot=str(tmp_path), startup_timeout=60) as sched:
-        t0 = time.monotonic()
+        # returns with the gate closed: it did not wait for the worker to serve
         ids = sched.create_workers(
             Job(replicas=1, role="slow", tasks=[slow], health_path="/"), wait=False
         )
-        returned_after = time.monotonic() - t0
-        assert ids == ["slow/0"] and returned_after < 2.5, returned_after
+        assert ids == ["slow/0"]
         sched.create_workers(Job(replicas=1, role="rpc"))  # started while "slow" boots
         errors: list[BaseException] = []
 
@@ -235,8 +239,10 @@ def test_create_workers_no_wait_returns_before_healthy_and_get_workers_waits(tmp
         threads = [threading.Thread(target=wait) for _ in range(2)]
         for t in threads:
             t.start()
+        time.sleep(0.5)
+        assert all(t.is_alive() for t in threads) and not errors  # waiting: the gate is shut
+        gate.touch()
         (w,) = sched.get_workers("slow")
-        assert time.monotonic() - t0 >= 3.0  # not returned before the worker serves
         assert requests.get(f"http://{w.address}/", timeout=5).status_code == 200
         for t in threads:
             t.join(30)

@@ -19,10 +19,9 @@ import math
 import os
 import subprocess
 import sys
-import time
 
 import pytest
-from _areal_checkout import copy_areal_files
+from _areal_checkout import copy_areal_files, wait_for_grant
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TINY_BASE = os.path.join(REPO, "areal", "models", "assets", "tiny-base")
@@ -42,21 +41,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.areal_checkout, pytest.mark.timeout(
 def _checkout_files(dest: str) -> dict[str, str]:
     files = copy_areal_files(dest, FILES, ("AREAL_CHECKOUT", "AREAL_REFERENCE_DIR"))
     return {os.path.basename(rel): target for rel, target in files.items()}
-
-
-def _wait_for_grant(base: str, trainer: subprocess.Popen, timeout: float = 600) -> None:
-    import httpx2 as httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert trainer.poll() is None, "the trainer exited before its proxy came up"
-        try:
-            if httpx.get(f"{base}/health", timeout=5).json().get("open_grants", 0) > 0:
-                return
-        except (httpx.TransportError, ValueError):
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"no session granted at {base} within {timeout}s")
 
 
 def _machine(stderr: str) -> dict[str, str]:
@@ -112,7 +96,7 @@ def test_areal_openclaw_example_three_steps_driven_by_its_demo_lifecycle(tmp_pat
     cmd = [sys.executable, files["train.py"], "--config", files["config.yaml"], *overrides]
     trainer = subprocess.Popen(cmd, cwd=str(tmp_path), env=env, stdout=log, stderr=log)
     try:
-        _wait_for_grant(base, trainer)
+        wait_for_grant(base, trainer)
         # AReaL's single-step scripts: start, (a model call), reward, refresh = step 0.
         key = _machine(run("start_session.py", base, "--admin-key", ADMIN).stderr)
         _chat(base, key["SESSION_API_KEY"])

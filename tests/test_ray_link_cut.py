@@ -10,8 +10,8 @@ up naming Ray node C; it is restarted on node B; no sample is lost or trained tw
 run goes on for ``THEN_STEPS`` steps after the link is back (whatever Ray then does with
 node C and the killed actor must not disturb it) and the test stops it (SIGTERM).
 
-Outside CI (``make cluster-faults``): ~2-3 minutes on 2 cores (a Ray cluster of its own
-and the 30 s cut).
+``make check`` (so ``.ci/run``) runs it with the ``serial`` files; ``make cluster-faults``
+runs it alone: ~2-3 minutes on 2 cores (a Ray cluster of its own and the 30 s cut).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from node_fault_checks import (
 )
 from two_node_demo import demo_command
 
-pytestmark = [pytest.mark.slow, pytest.mark.cluster_faults]
+# serial: a fault timeout (`rollout.health_check_timeout`) that a busy neighbour would change
+pytestmark = [pytest.mark.slow, pytest.mark.cluster_faults, pytest.mark.serial]
 
 THEN_STEPS = 5  # steps the run must complete after the link is back
 BATCH = 4

@@ -26,7 +26,6 @@ def _r(completion: str, answer: str) -> float:
 def test_gsm8k_reward_gold_solutions_all_correct_and_off_by_one_wrong():
     rows = [json.loads(line) for line in GSM8K_TEST.read_text().splitlines() if line.strip()]
     assert len(rows) == 1319
-    t0 = time.perf_counter()
     wrong_gold = []
     wrong_perturbed = []
     for row in rows:
@@ -42,10 +41,8 @@ def test_gsm8k_reward_gold_solutions_all_correct_and_off_by_one_wrong():
         )
         if _r(perturbed, sol) != 0.0:
             wrong_perturbed.append(perturbed[-60:])
-    elapsed = time.perf_counter() - t0
     assert wrong_gold == []
-    assert wrong_perturbed == []
-    assert elapsed < 5.0, f"2 x 1319 rewards took {elapsed:.2f}s"
+    assert wrong_perturbed == []  # its speed: benchmarks/bench_reward.py
 
 
 @pytest.mark.parametrize(

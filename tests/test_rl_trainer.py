@@ -135,3 +135,59 @@ def test_limit_cpu_controller_threads_cpu_run_one_thread_gpu_run_unchanged():
         assert limit_cpu_controller_threads(cpu) is False  # already one thread
     finally:
         torch.set_num_threads(before)
+
+
+class _RefuseOneVerify:
+    """A weight-sync hook that refuses the weights of one sync at ``version`` (its verify
+    raises, as the fingerprint check does when a server's weights differ), once."""
+
+    def __init__(self, version: int):
+        self.version = version
+        self.refused: list[int] = []
+
+    def verify(self, ctx) -> None:
+        if ctx.version == self.version and not self.refused:
+            self.refused.append(ctx.version)
+            raise RuntimeError(f"weights of version {ctx.version} refused on purpose")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # the hang this guards against (36e058d) never ends by itself
+def test_ppo_trainer_eta0_one_refused_sync_the_run_finishes_its_steps(tiny_lm_dir, tmp_path):
+    """With ``max_head_offpolicyness=0`` a refused sync leaves the servers at the old
+    version while the trainer consumed a batch: the staleness bound must count the
+    refusal (``StalenessManager.on_sync_refused``) or the next batch never starts (CI hung
+    10 min). Real trainer, worker and built-in server; the run must finish its steps."""
+    from areal import PPOTrainer
+    from areal.dataset import get_custom_dataset
+    from areal.infra.weights.weight_sync import WeightSyncHook
+    from areal.utils.hf_utils import load_hf_tokenizer
+
+    steps = 4
+    cfg = _grpo_config(
+        tiny_lm_dir,
+        str(tmp_path),
+        f"total_train_steps={steps}",
+        "rollout.max_head_offpolicyness=0",
+    )
+    tok = load_hf_tokenizer(cfg.tokenizer_path)
+    train = get_custom_dataset("train", cfg.train_dataset, tok)
+    hook = type("RefuseOneVerify", (_RefuseOneVerify, WeightSyncHook), {})(version=2)
+    with PPOTrainer(cfg, train_dataset=train) as trainer:
+        trainer.weight_sync.add_hook(hook)
+        result = trainer.train(
+            workflow="areal.workflow.rlvr.RLVRWorkflow", workflow_kwargs=_workflow_kwargs(cfg)
+        )
+        assert hook.refused == [2]
+        # the servers serve what the trainer holds at the end
+        assert trainer.rollout.get_version() == trainer.actor.get_version()
+        log_dir = result["log_dir"]
+    rows = _rows(log_dir)
+    assert [r["global_step"] for r in rows] == list(range(steps))
+    refused = [r["global_step"] for r in rows if r.get("weight_sync/consecutive_refusals", 0)]
+    assert refused == [1]  # the sync after step 1 (to version 2); the others went through
+    assert rows[1]["weight_sync/refusals_total"] == 1
+    # the batch after the refusal was generated on the kept version 1 (the one-version
+    # credit of the refusal); every other batch on the trainer's current weights (eta 0)
+    assert [r["staleness/max"] for r in rows] == [0, 0, 1, 0]
+    assert all(r["batch/n_seqs"] == 16 for r in rows)

@@ -136,7 +136,11 @@ def test_slurm_launcher_submits_controller_script_wait_returns_its_exit_code(
         "import sys\nopen(sys.argv[-1].split('=')[0] + '.seen', 'w').write(' '.join(sys.argv[1:]))\n"
     )
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(f"experiment_name: launch\ntrial_name: t1\ncluster:\n  fileroot: {tmp_path}\n")
+    hook_out = tmp_path / "hook.out"
+    cfg.write_text(
+        f"experiment_name: launch\ntrial_name: t1\ncluster:\n  fileroot: {tmp_path}\n"
+        f"post_exit_hook: 'echo \"$LOG_DIR $SLURM_JOB_ID\" > {hook_out}'\n"
+    )
     out = subprocess.run(
         [sys.executable, "-m", "areal.infra.launcher.slurm", "--wait", "--cpus", "1", "--mem", "1",
          str(script), "--config", str(cfg), "a.b=1"],
@@ -149,4 +153,40 @@ def test_slurm_launcher_submits_controller_script_wait_returns_its_exit_code(
     assert log.exists()
     seen = (tmp_path / "scheduler.type.seen").read_text()
     assert seen.endswith("a.b=1 scheduler.type=slurm")
+    # post_exit_hook ran inside the job, after the controller, with LOG_DIR set
+    assert hook_out.read_text().split() == [str(log.parent), job_id]
     assert slurm_cluster.jobs() == []
+
+
+def test_spec_reservation_and_exclusive_reach_slurm_and_a_bad_reservation_fails_clearly(
+    slurm_cluster,  # noqa: F811
+    tmp_path,
+):
+    """``SchedulingSpec.reservation`` / ``exclusive`` (AReaL 2.0's Slurm fields) as Slurm
+    sees them: a held job's ``scontrol show job`` names the reservation and no sharing; a
+    reservation Slurm does not know fails the submission with sbatch's reason."""
+    slurm_cluster.run(
+        "scontrol", "create", "reservation", "reservationname=areal_res", "starttime=now",
+        "duration=10", f"nodes={slurm_cluster.node}", "users=root", "flags=ignore_jobs",
+    )  # fmt: skip
+    sched = SlurmScheduler(
+        fileroot=str(tmp_path),
+        experiment_name="exp",
+        trial_name="res",
+        slurm_conf=slurm_cluster.conf,
+        sbatch_args=["--hold"],  # Slurm records the job's settings; it never starts
+    )
+    try:
+        os.makedirs(sched.log_dir, exist_ok=True)  # create_workers makes it
+        spec = SchedulingSpec(cpu=1, mem=1, reservation="areal_res", exclusive=True)
+        sjob = sched._submit(Job(replicas=1, role="pinned", tasks=[spec]), rank=None)
+        shown = slurm_cluster.run("scontrol", "show", "job", sjob.job_id)
+        assert "Reservation=areal_res" in shown, shown
+        assert "OverSubscribe=NO" in shown, shown  # --exclusive
+        slurm_cluster.run("scancel", sjob.job_id)
+        bad = SchedulingSpec(cpu=1, mem=1, reservation="no_such_reservation")
+        with pytest.raises(RuntimeError, match=r"sbatch.*(?i:reservation)"):
+            sched._submit(Job(replicas=1, role="bad", tasks=[bad]), rank=None)
+    finally:
+        sched.close()
+        slurm_cluster.run("scontrol", "delete", "reservationname=areal_res")

@@ -12,8 +12,10 @@ user's script here would. The YAML is then loaded unchanged with
 
 Excluded (and counted apart): SkyPilot cluster files (``*.sky.yaml``: not AReaL
 configs), reference snippets that are not experiment configs (``environ_ref.yaml``),
-and configs that need hardware or engines this project does not have: a Megatron or
-Archon training backend, or Ascend NPUs (``npu`` in the file name).
+and configs for Ascend NPUs (``npu`` in the file name). Megatron and Archon YAMLs are
+loaded like the others (a ``megatron:`` layout runs on the parallel engine here); the
+settings they hold that this project accepts without acting on them are listed per file
+under ``not_acted_on``.
 
 Prints one JSON object: ``{"loaded": [...], "failed": [{"path", "class", "error"}],
 "excluded": [{"path", "reason"}], "counts": {...}}``. Exit status 0 when nothing failed.
@@ -37,11 +39,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from areal.api import cli_args  # noqa: E402
+from areal.api.experiment_config import not_acted_on_settings  # noqa: E402
 
 _LOAD_CALL = re.compile(r"load_expr_config\(\s*[\w\[\]:.]+\s*,\s*(\w+)\s*\)")
-_UNAVAILABLE_BACKEND = re.compile(
-    r"""(?:backend|allocation_mode)\s*:\s*["']?\s*(megatron|archon)"""
-)
 _NOT_CONFIGS = {"environ_ref.yaml": "reference snippet of environment variables, not a config"}
 
 
@@ -53,9 +53,6 @@ def exclusion_reason(path: Path) -> str | None:
         return _NOT_CONFIGS[path.name]
     if "npu" in path.name.lower() or "npu" in path.parent.name.lower():
         return "needs Ascend NPUs"
-    m = _UNAVAILABLE_BACKEND.search(path.read_text(errors="replace"))
-    if m:
-        return f"needs the {m.group(1).capitalize()} training backend"
     return None
 
 
@@ -180,12 +177,16 @@ def check(examples_dir: Path) -> dict:
         name, scripts = config_class_name(path, examples_dir)
         try:
             cls = resolve_class(name, scripts, path, examples_dir)
-            cli_args.load_expr_config(["--config", str(path)], cls)
+            cfg, _ = cli_args.load_expr_config(["--config", str(path)], cls)
         except Exception as e:  # report every failure, keep going
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             report["failed"].append({"path": rel, "class": name, "error": msg})
             continue
-        report["loaded"].append({"path": rel, "class": name})
+        entry = {"path": rel, "class": name}
+        not_acted = [p for p, _ in not_acted_on_settings(cfg)]
+        if not_acted:
+            entry["not_acted_on"] = not_acted
+        report["loaded"].append(entry)
     report["counts"] = {
         "total": len(paths),
         "loaded": len(report["loaded"]),

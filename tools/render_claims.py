@@ -1,10 +1,10 @@
-"""README.md's "Learning claims" table, generated from the JSON that `make claims` writes.
+"""docs/claims.md's table of learning claims, generated from the JSON `make claims` writes.
 
-    python tools/render_claims.py                 # rewrite README.md from docs/claims.json
-    python tools/render_claims.py --check         # exit 1 when README.md disagrees with it
+    python tools/render_claims.py                 # rewrite docs/claims.md from docs/claims.json
+    python tools/render_claims.py --check         # exit 1 when docs/claims.md disagrees with it
 
 The table sits between the markers ``<!-- claims:begin -->`` and ``<!-- claims:end -->``;
-everything else in README.md is left as it is. ``tests/test_claims_table.py`` runs the
+everything else in the page is left as it is. ``tests/test_claims_table.py`` runs the
 check.
 """
 
@@ -30,7 +30,7 @@ def render(report: dict) -> str:
         BEGIN,
         "",
         "| claim | metric | steps | before | measured | threshold | controls (must stay below) "
-        "| pass | README / docs figure (longer run) |",
+        "| pass | docs figure (longer run) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["claims"]:
@@ -44,12 +44,16 @@ def render(report: dict) -> str:
             f"| {r['stated']} |"
         )
     note = f" {report['note']}" if report.get("note") else ""
+    if report.get("seed_commit"):
+        note += f" Seeds derived from commit {report['seed_commit'][:12]} (each row's in the JSON)."
+    else:
+        note += " Seeds: each YAML's."
     lines += [
         "",
         f"Recorded run: {report['wall_s'] / 60:.1f} min wall, {report['cpu_s'] / 60:.1f} min "
         f"CPU (all processes), {report['machine']}, load average at the end "
         f"{report['load_average_end'][0]}.{note} Metrics, commands, times and logs per run: "
-        "[docs/claims.json](docs/claims.json).",
+        "[claims.json](claims.json).",
         "",
         END,
     ]
@@ -65,24 +69,24 @@ def current_block(text: str) -> str:
     return text[text.index(BEGIN) : text.index(END) + len(END)]
 
 
-def write_readme(readme: Path, report: dict) -> None:
-    readme.write_text(replace_block(readme.read_text(), render(report)))
+def write_page(page: Path, report: dict) -> None:
+    page.write_text(replace_block(page.read_text(), render(report)))
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", default=str(ROOT / "docs" / "claims.json"))
-    parser.add_argument("--readme", default=str(ROOT / "README.md"))
+    parser.add_argument("--page", default=str(ROOT / "docs" / "claims.md"))
     parser.add_argument("--check", action="store_true")
     ns = parser.parse_args(argv)
     report = json.loads(Path(ns.json).read_text())
-    readme = Path(ns.readme)
+    page = Path(ns.page)
     if ns.check:
-        if current_block(readme.read_text()) != render(report):
-            print(f"{readme}: the claims table differs from {ns.json}; run tools/render_claims.py")
+        if current_block(page.read_text()) != render(report):
+            print(f"{page}: the claims table differs from {ns.json}; run tools/render_claims.py")
             return 1
         return 0
-    write_readme(readme, report)
+    write_page(page, report)
     return 0
 
 

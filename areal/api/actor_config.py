@@ -5,12 +5,13 @@ Re-exported by ``areal.api.cli_args``; import from there or from here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from areal.api.config_common import cfield, check_choice, check_range, warn_once
 from areal.api.engine_config import NormConfig, TrainEngineConfig
 
-_PROX_LOGP_METHODS = ["recompute", "loglinear", "metrics"]
+_PROX_LOGP_METHODS = ["recompute", "loglinear", "metrics", "reuse_train_logp"]
 
 
 _BEHAVE_IMP_WEIGHT_MODES = [
@@ -28,7 +29,7 @@ _RS_LEVELS = ["token", "sequence"]
 _RS_ACTIONS = ["mask", "clamp"]
 
 
-_RS_METRICS = ["ratio", "kl_k1", "kl_k2", "kl_k3"]
+_RS_METRICS = ["ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl"]
 
 
 _RS_AGGS = ["sum", "mean", "max"]
@@ -40,7 +41,10 @@ class RejectionSamplingConfig:
     has moved from the behaviour policy that generated them.
 
     With r = pi_prox / pi_behave per token, the metric is r itself ('ratio') or a KL
-    estimate: k1 = log r, k2 = (log r)^2 / 2, k3 = r - log r - 1. At 'sequence' level the
+    estimate: k1 = log r, k2 = (log r)^2 / 2, k3 = r - log r - 1; or 'binary_kl' (KPop):
+    each token's probability seen as a Bernoulli, max(KL(p_prox || p_behave),
+    KL(p_behave || p_prox)) with KL(p || q) = p log(p/q) + (1-p) log((1-p)/(1-q)). At
+    'sequence' level the
     per-token values of a sequence are aggregated ('sum' / 'mean' of log r for 'ratio',
     i.e. a product / geometric mean; arithmetic for KL; or 'max') and the whole sequence
     shares one decision. 'mask' removes tokens (sequences) outside [lower, upper] from
@@ -63,7 +67,9 @@ class RejectionSamplingConfig:
     metric: str = cfield(
         "ratio",
         "'ratio' (pi_prox / pi_behave), 'kl_k1' (log r, may be negative), 'kl_k2' "
-        "((log r)^2 / 2), 'kl_k3' (r - log r - 1).",
+        "((log r)^2 / 2), 'kl_k3' (r - log r - 1), 'binary_kl' (KPop: the larger of the "
+        "two binary KL divergences between the token's probabilities under the proximal "
+        "and the behaviour policy).",
         choices=_RS_METRICS,
     )
     agg: str = cfield(
@@ -75,7 +81,7 @@ class RejectionSamplingConfig:
     upper: float = cfield(
         5.0,
         "Upper bound: values above it are filtered (or clamped). > 1 for 'ratio', > 0 for "
-        "'kl_k2' / 'kl_k3'.",
+        "'kl_k2' / 'kl_k3' / 'binary_kl'.",
     )
     lower: float | None = cfield(
         None,
@@ -106,7 +112,7 @@ class RejectionSamplingConfig:
                     f"{owner}.lower={self.lower!r} is not allowed with metric='ratio'; must be "
                     "> 0 (or 0.0 with action='clamp')"
                 )
-        if self.metric in ("kl_k2", "kl_k3") and self.upper <= 0:
+        if self.metric in ("kl_k2", "kl_k3", "binary_kl") and self.upper <= 0:
             raise ValueError(
                 f"{owner}.upper={self.upper!r} is not allowed with metric={self.metric!r}; "
                 "must be > 0"
@@ -192,7 +198,23 @@ class PPOActorConfig(TrainEngineConfig):
     )
     # ---- advantages
     discount: float = cfield(1.0, "Discount factor gamma of future rewards, in [0, 1].")
-    gae_lambda: float = cfield(1.0, "GAE lambda, in [0, 1].")
+    gae_lambda: float | str = cfield(
+        1.0,
+        "GAE lambda, in [0, 1]; or the dotted path of a function giving one lambda per "
+        "sequence (e.g. areal.trainer.ppo.lambda_fn.vapo_length_adaptive_gae), called with "
+        "the batch's lengths and gae_lambda_kwargs.",
+    )
+    gae_lambda_kwargs: dict[str, Any] = cfield(
+        help="Keyword arguments of a gae_lambda function (e.g. {alpha: 0.05}); ignored "
+        "when gae_lambda is a number.",
+        factory=dict,
+    )
+    gae_timestep_unit: str = cfield(
+        "token",
+        "GAE timestep: 'token' (discount and lambda per generated token) or 'turn' (per "
+        "generated turn: a run of consecutive loss tokens, or the batch's turn_ids).",
+        choices=["token", "turn"],
+    )
     adv_norm: NormConfig | None = cfield(None, "Advantage normalisation; None: off.")
     # ---- KL
     kl_ctl: float = cfield(
@@ -244,7 +266,9 @@ class PPOActorConfig(TrainEngineConfig):
         "recompute",
         "How the proximal logprobs of the decoupled loss are obtained: 'recompute' (forward "
         "pass), 'loglinear' (interpolated, no forward pass), 'metrics' (recompute and log "
-        "the interpolation error).",
+        "the interpolation error), 'reuse_train_logp' (the training forward pass's own "
+        "logprobs, detached: no extra forward; needs ppo_n_minibatches=1, forced with a "
+        "warning).",
         choices=_PROX_LOGP_METHODS,
     )
     # ---- algorithm variants
@@ -260,6 +284,13 @@ class PPOActorConfig(TrainEngineConfig):
     )
     sapo_tau_pos: float = cfield(1.0, "SAPO gate temperature for positive advantages; > 0.")
     sapo_tau_neg: float = cfield(1.05, "SAPO gate temperature for negative advantages; > 0.")
+    use_cispo_loss: bool = cfield(
+        False,
+        "CISPO (MiniMax-M1): the token loss is -sg(clip(r, 1 - eps_clip, 1 + eps_clip_higher)) "
+        "* A * log pi, so every token keeps its gradient (the clipped IS weight carries none). "
+        "Needs eps_clip_higher > 0 and importance_sampling_level='token'; excludes "
+        "use_sapo_loss. Typical: eps_clip=1.0 (no lower bound), eps_clip_higher=4.0.",
+    )
     dynamic_sampling: bool = cfield(
         False,
         "DAPO dynamic sampling: drop groups whose rewards are all equal (variable batch size).",
@@ -295,7 +326,15 @@ class PPOActorConfig(TrainEngineConfig):
         check_range(owner, "c_clip", self.c_clip, gt=1, optional=True)
         check_range(owner, "reward_clip", self.reward_clip, gt=0)
         check_range(owner, "discount", self.discount, ge=0, le=1)
-        check_range(owner, "gae_lambda", self.gae_lambda, ge=0, le=1)
+        if isinstance(self.gae_lambda, str):
+            if not self.gae_lambda.strip():
+                raise ValueError(
+                    f"{owner}.gae_lambda='' is not allowed; give a number in [0, 1] or the "
+                    "dotted path of a lambda function"
+                )
+        else:
+            check_range(owner, "gae_lambda", self.gae_lambda, ge=0, le=1)
+        check_choice(owner, "gae_timestep_unit", self.gae_timestep_unit, ["token", "turn"])
         check_range(owner, "kl_ctl", self.kl_ctl, ge=0)
         check_choice(owner, "kl_estimator", self.kl_estimator, ["k1", "k2", "k3"])
         check_choice(
@@ -344,6 +383,18 @@ class PPOActorConfig(TrainEngineConfig):
                     f"{owner}.use_sapo_loss=True is incompatible with {owner}.use_decoupled_loss=True; "
                     "set one of them to false"
                 )
+        if self.use_cispo_loss:
+            self._check_cispo(owner)
+        if self.prox_logp_method == "reuse_train_logp" and self.ppo_n_minibatches > 1:
+            # As AReaL: with several optimizer steps the training forward no longer sees
+            # the proximal (update-start) weights after the first mini-batch.
+            warn_once(
+                "reuse-train-logp-minibatches",
+                f"{owner}.prox_logp_method='reuse_train_logp' needs ppo_n_minibatches=1 (the "
+                "training forward pass is the proximal policy only before the first "
+                f"optimizer step); got {self.ppo_n_minibatches}, using 1",
+            )
+            self.ppo_n_minibatches = 1
         if self.overlong_reward_penalty:
             if self.overlong_tokens is None or self.overlong_penalty_factor is None:
                 raise ValueError(
@@ -352,6 +403,24 @@ class PPOActorConfig(TrainEngineConfig):
                 )
             check_range(owner, "overlong_tokens", self.overlong_tokens, ge=1)
             check_range(owner, "overlong_penalty_factor", self.overlong_penalty_factor, ge=0)
+
+    def _check_cispo(self, owner: str) -> None:
+        if self.use_sapo_loss:
+            raise ValueError(
+                f"{owner}.use_cispo_loss=True and use_sapo_loss=True are mutually exclusive "
+                "surrogates; set at most one of them"
+            )
+        if self.eps_clip_higher is None or self.eps_clip_higher <= 0:
+            raise ValueError(
+                f"{owner}.eps_clip_higher={self.eps_clip_higher!r} is not allowed with "
+                "use_cispo_loss=True; CISPO needs a positive upper clip of the IS weight "
+                "(e.g. eps_clip=1.0, eps_clip_higher=4.0)"
+            )
+        if self.importance_sampling_level != "token":
+            raise ValueError(
+                f"{owner}.importance_sampling_level={self.importance_sampling_level!r} is not "
+                "allowed with use_cispo_loss=True; CISPO is defined per token ('token')"
+            )
 
     def _migrate_legacy_rejection_sampling(self) -> None:
         legacy_set = (
@@ -385,7 +454,7 @@ class PPOActorConfig(TrainEngineConfig):
     def should_compute_prox_logp(self) -> bool:
         """Whether the training engine must recompute logprobs before the PPO update."""
         if self.use_decoupled_loss:
-            return self.prox_logp_method != "loglinear"
+            return self.prox_logp_method not in ("loglinear", "reuse_train_logp")
         return self.recompute_logprob
 
 
@@ -415,6 +484,51 @@ class TeacherConfig(PPOActorConfig):
         1.0, "Weight of the RL loss; 0: pure distillation (reverse KL by importance sampling)."
     )
     distill_loss_weight: float = cfield(0.005, "Weight of the distillation (reverse-KL) loss.")
+    engine_type: str = cfield(
+        "rollout",
+        "AReaL 2.0: 'train' (the teacher is a training engine: the `train` section, or this "
+        "section's own fields) or 'rollout' (scored by an inference engine, the `rollout` "
+        "section). 'rollout' with `rollout.backend: local:dN`: N built-in servers of "
+        "teacher.path score the tokens (POST /score); with a vllm/sglang backend a "
+        "forward-only training engine with teacher.path and the actor's layout does (same "
+        "values), with a warning. Without either section this section's own fields are "
+        "the teacher (AReaL 1.x YAMLs).",
+        choices=["rollout", "train"],
+    )
+    rollout: Any = cfield(
+        None,
+        "AReaL 2.0's inference-engine teacher (an InferenceEngineConfig-shaped section: "
+        "backend, scheduling_spec, ...); see engine_type.",
+    )
+    train: PPOActorConfig | None = cfield(
+        None, "AReaL 2.0's train-engine teacher; its fields replace this section's."
+    )
+
+    def __post_init__(self):
+        check_choice("TeacherConfig", "engine_type", self.engine_type, ["rollout", "train"])
+        if self.engine_type == "train" and self.train is not None:
+            for f in fields(PPOActorConfig):
+                setattr(self, f.name, getattr(self.train, f.name))
+            self.train = None
+        elif (
+            self.engine_type == "rollout"
+            and self.rollout is not None
+            and not (str(_section_get(self.rollout, "backend") or "").startswith("local"))
+        ):
+            warn_once(
+                "teacher-rollout",
+                "teacher.engine_type='rollout': the teacher's log-probabilities come from a "
+                f"forward-only training engine at teacher.path={self.path!r} (the same "
+                "values an inference server would score), not from an inference server",
+            )
+        super().__post_init__()
+
+
+def _section_get(section: Any, key: str) -> Any:
+    """``section[key]`` of a mapping or ``section.key`` of an object (None when absent)."""
+    if isinstance(section, dict):
+        return section.get(key)
+    return getattr(section, key, None)
 
 
 _DPO_LOSS_TYPES = ["sigmoid", "ipo"]

@@ -28,9 +28,10 @@ p, c, ffn's e as ``expert_parallel_size``, ffn's t as ``expert_tensor_parallel_s
 
 Which dimensions a training backend accepts is checked here, at parse time, before any
 process starts (``check_train_dims``): ``fsdp`` takes only ``d``; ``archon`` takes ``d``,
-``t``, ``c``, ``e`` and ``p`` (pipeline stages); ``megatron`` is refused everywhere (no
-Megatron engine exists here; ``archon`` is the PyTorch-native engine for tensor,
-context, expert and pipeline parallelism).
+``t``, ``c``, ``e`` and ``p`` (pipeline stages). There is no Megatron-LM engine here: a
+``megatron`` component, and an ``fsdp`` one that names ``t``, ``c``, ``p`` or ``e``,
+runs on ``archon`` (the PyTorch-native parallel engine, same dimensions) instead, with a
+log line naming the mapping (``map_train_backend``).
 """
 
 from __future__ import annotations
@@ -70,6 +71,29 @@ class AllocationValidationError(ValueError):
 
 class InvalidAllocationModeError(ValueError):
     """An allocation string that cannot be parsed."""
+
+
+def map_train_backend(backend: str, parallel: ParallelStrategy, context: str) -> str:
+    """The engine a training component runs on: ``megatron`` (AReaL 2.0 YAMLs) and
+    ``fsdp`` with tensor / context / pipeline / expert dimensions run on ``archon``, the
+    parallel engine with the same d/t/p/c/e dimensions; logged once per mapping."""
+    from areal.api.config_common import warn_once
+
+    extra = [x for x in ("t", "c", "p", "e") if getattr(parallel, _DIM_LETTERS[x]) > 1]
+    if backend == "megatron" or (backend == "fsdp" and (extra or parallel.hybrid_moe)):
+        why = (
+            "this project has no Megatron-LM engine"
+            if backend == "megatron"
+            else f"the fsdp engine takes only d; {', '.join(extra) or 'the MoE hybrid form'} "
+            "needs the parallel engine"
+        )
+        warn_once(
+            f"backend-map-{backend}-{parallel}",
+            f"{context}: '{backend}:{parallel}' runs on the parallel engine as "
+            f"'archon:{parallel}' ({why}; same dimensions)",
+        )
+        return "archon"
+    return backend
 
 
 def check_train_dims(backend: str, parallel: ParallelStrategy, context: str) -> None:
@@ -475,6 +499,8 @@ class ModelAllocation:
             )
         name = m.group("name1") or m.group("name2")
         parallel = ParallelStrategy.from_dims(m.group("dims"), context=context)
+        if backend in TRAIN_BACKENDS:
+            backend = map_train_backend(backend, parallel, context)
         check_train_dims(backend, parallel, context)
         return cls(backend=backend, parallel=parallel, name=name)
 
@@ -508,7 +534,7 @@ class AllocationMode:
         trains = [a for a in allocs if not a.is_inference]
         for a in trains:
             if a.backend is None:
-                a.backend = "fsdp"
+                a.backend = map_train_backend("fsdp", a.parallel, context)
                 check_train_dims(a.backend, a.parallel, context)
         if len(gens) > 1:
             raise AllocationValidationError(

@@ -11,14 +11,15 @@ AReaL loads unchanged; fields this project does not act on are listed in
   ``NormConfig``, FSDP / Megatron / Archon / FP8 sections, ``SchedulingSpec``;
 - ``actor_config``: ``PPOActorConfig``, ``RejectionSamplingConfig``, ``PPOCriticConfig``,
   ``TeacherConfig``, ``DPOEngineConfig``;
-- ``inference_config``: ``GenerationHyperparameters``, ``vLLMConfig``, ``SGLangConfig``,
-  ``AgentConfig``, ``InferenceEngineConfig``;
+- ``inference_config``: ``GenerationHyperparameters``, ``AgentConfig``,
+  ``InferenceEngineConfig``; ``server_config``: ``vLLMConfig``, ``SGLangConfig``;
 - ``dataset_config``: ``TrainDatasetConfig``, ``ValidDatasetConfig``;
 - ``utils_config``: saver, evaluator, recover, stats loggers, tracers, cluster, scheduler,
   launcher;
 - ``experiment_config``: ``GRPOConfig``, ``PPOConfig``, ``SFTConfig``, ``RWConfig``,
   ``DPOConfig``, ``NOT_ACTED_ON``, ``apply_cpu_fallbacks``;
-- ``config_loader``: ``load_expr_config``, ``build_config``, ``save_config``.
+- ``config_loader``: ``load_expr_config``, ``build_config``, ``save_config``,
+  ``compose_yaml`` (a YAML with its Hydra ``defaults:`` list composed).
 
 Field order inside a class is required -> common -> rare. ``docs/cli_reference.md`` is
 generated from these classes (``python docs/generate_cli_docs.py``).
@@ -60,6 +61,7 @@ from areal.api.config_common import (
 )
 from areal.api.config_loader import (
     build_config,
+    compose_yaml,
     describe_type,
     get_log_path,
     load_expr_config,
@@ -75,11 +77,8 @@ from areal.api.engine_config import (
     PACKING_ALGORITHMS,
     ArchonEngineConfig,
     ArchonFP8Config,
-    DistributedDataParallelConfig,
-    FP8EngineConfig,
     FSDPEngineConfig,
     FSDPWrapPolicy,
-    MegatronEngineConfig,
     MicroBatchSpec,
     NormConfig,
     OptimizerConfig,
@@ -113,12 +112,19 @@ from areal.api.health_config import (
 )
 from areal.api.inference_config import (
     OPENAI_UNSUPPORTED_GCONFIG_ARGS,
-    SGLANG_SERVER_MODULE,
-    VLLM_SERVER_MODULE,
     AgentConfig,
     GenerationHyperparameters,
     InferenceEngineConfig,
     OpenAIProxyConfig,
+)
+from areal.api.megatron_config import (
+    DistributedDataParallelConfig,
+    FP8EngineConfig,
+    MegatronEngineConfig,
+)
+from areal.api.server_config import (
+    SGLANG_SERVER_MODULE,
+    VLLM_SERVER_MODULE,
     SGLangConfig,
     get_py_cmd,
     split_host_port,
@@ -218,6 +224,7 @@ __all__ = [
     "WandBConfig",
     "apply_cpu_fallbacks",
     "build_config",
+    "compose_yaml",
     "conf_as_dict",
     "describe_type",
     "get_log_path",

@@ -365,10 +365,82 @@ def save_config(cfg: Any, log_dir: str) -> str:
     return path
 
 
+def _defaults_entry(
+    entry: Any, here: Path, root: Path, where: str
+) -> tuple[Path | None, str, bool]:
+    """``(file, package, optional)`` of one ``defaults:`` entry of the YAML ``where``
+    (Hydra's forms): ``path[@pkg]`` (a file, relative to the including file's folder
+    ``here``; ``_self_`` handled by the caller) or ``{[optional |override ]group[@pkg]:
+    option}`` (the file ``group/option.yaml`` of the search path ``root``, the primary
+    config's folder; under ``group`` unless ``@pkg``). ``_global_`` = the top level.
+    ``file`` None: a group entry whose option is ``null`` (nothing to merge)."""
+    if isinstance(entry, str):
+        ref, _, pkg = entry.strip().partition("@")
+        group = os.path.dirname(ref).strip("./").replace("/", ".") if "/" in ref else ""
+        return here / f"{ref}.yaml", pkg or group or "_global_", False
+    if isinstance(entry, dict) and len(entry) == 1:
+        ((key, option),) = entry.items()
+        words = str(key).split()
+        optional = "optional" in words[:-1]
+        group, _, pkg = words[-1].partition("@")
+        if option is None:
+            return None, "", optional
+        return root / group / f"{option}.yaml", pkg or group.replace("/", "."), optional
+    raise ValueError(
+        f"{where}: defaults entry {entry!r} is not a Hydra defaults entry "
+        "('path[@package]', '_self_' or '{group: option}')"
+    )
+
+
+def compose_yaml(path: Path, _seen: tuple[Path, ...] = ()) -> DictConfig:
+    """The YAML ``path`` with its Hydra ``defaults:`` list composed, as AReaL's Hydra
+    loader composes it: each entry's file (its own defaults first) merged in list order,
+    ``_self_`` (this file's own keys) where it stands, at the end when absent (Hydra 1.1+),
+    so the file's own values win. A file without ``defaults`` is returned as loaded."""
+    path = path.resolve()
+    if path in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, path))
+        raise ValueError(f"Config defaults form a cycle: {chain}")
+    try:
+        loaded = OmegaConf.load(path)
+    except FileNotFoundError:
+        raise ValueError(f"Config file {str(path)!r} does not exist") from None
+    except Exception as e:  # yaml errors come in several classes
+        raise ValueError(f"Cannot parse YAML file {str(path)!r}: {_short(e)}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ValueError(f"Config file {str(path)!r} must contain a mapping at the top level")
+    if "defaults" not in loaded:
+        return loaded
+    entries = OmegaConf.to_container(loaded.defaults)
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: 'defaults' must be a list (Hydra's defaults list)")
+    own = OmegaConf.create({k: v for k, v in loaded.items_ex(resolve=False) if k != "defaults"})
+    if "_self_" not in entries:
+        entries.append("_self_")
+    merged = OmegaConf.create()
+    for entry in entries:
+        if entry == "_self_":
+            merged = OmegaConf.merge(merged, own)
+            continue
+        root = (_seen[0] if _seen else path).parent
+        file, pkg, optional = _defaults_entry(entry, path.parent, root, str(path))
+        if file is None or (optional and not file.is_file()):
+            continue
+        if not file.is_file():
+            raise ValueError(f"{path}: defaults entry {entry!r}: {str(file)!r} does not exist")
+        part = compose_yaml(file, (*_seen, path))
+        if pkg != "_global_":
+            for key in reversed(pkg.split(".")):
+                part = OmegaConf.create({key: part})
+        merged = OmegaConf.merge(merged, part)
+    return merged
+
+
 def load_expr_config(argv: list[str], config_cls: type[ConfigT]) -> tuple[ConfigT, str]:
     """Load ``--config FILE.yaml`` plus overrides into ``config_cls``.
 
-    Returns ``(config, absolute path of the YAML file)``. Overrides are ``a.b=value``;
+    Returns ``(config, absolute path of the YAML file)``. A Hydra ``defaults:`` list in
+    the YAML is composed first (``compose_yaml``). Overrides are ``a.b=value``;
     ``+a.b=value`` (Hydra's form for keys absent from the YAML) is accepted as well.
     Sub-sections whose experiment_name / trial_name / fileroot are not given inherit
     the top-level values. Errors (unknown key, wrong type, invalid value, missing
@@ -379,12 +451,7 @@ def load_expr_config(argv: list[str], config_cls: type[ConfigT]) -> tuple[Config
     path = Path(config_file).absolute()
     if not path.is_file():
         raise ValueError(f"Config file {str(path)!r} does not exist")
-    try:
-        loaded = OmegaConf.load(path)
-    except Exception as e:  # yaml errors come in several classes
-        raise ValueError(f"Cannot parse YAML file {str(path)!r}: {_short(e)}") from None
-    if not isinstance(loaded, DictConfig):
-        raise ValueError(f"Config file {str(path)!r} must contain a mapping at the top level")
+    loaded = compose_yaml(path)
     config = build_config(OmegaConf.to_container(loaded, resolve=False), overrides, config_cls)
     if os.environ.get("RANK", "0") == "0":
         saved = save_config(config, get_log_path(config))

@@ -214,6 +214,8 @@ class InferenceEngine(abc.ABC):
         group_size: int = 1,
         task_id: int | None = None,
         is_eval: bool = False,
+        reward_normalization: bool = False,
+        drop_incomplete_group: bool = False,
     ) -> int:
         raise NotImplementedError
 

@@ -10,7 +10,8 @@ from enum import StrEnum
 
 from omegaconf import MISSING
 
-from areal.api.config_common import NOT_ACTED, cfield, check_choice, check_range
+from areal.api.config_common import NOT_ACTED, cfield, check_choice, check_range, warn_once
+from areal.api.megatron_config import MegatronEngineConfig
 
 _NORM_LEVELS = ["batch", "group", None]
 
@@ -143,7 +144,14 @@ class OptimizerConfig:
         choices=["constant", "linear", "cosine"],
     )
     warmup_steps_proportion: float = cfield(
-        0.001, "Fraction of all training steps spent in linear warm-up, in [0, 1]."
+        0.001,
+        "Fraction of all training steps spent in linear warm-up, in [0, 1]; ignored when "
+        "warmup_steps is set.",
+    )
+    warmup_steps: int | None = cfield(
+        None,
+        "Linear warm-up length in optimizer steps (>= 0); takes precedence over "
+        "warmup_steps_proportion (a warning when both are set). None: use the proportion.",
     )
     gradient_clipping: float = cfield(1.0, "Clip the global gradient norm to this value; > 0.")
     offload: bool = cfield(False, "Keep optimizer states in CPU memory (GPU runs only).")
@@ -165,7 +173,20 @@ class OptimizerConfig:
         check_range(owner, "eps", self.eps, gt=0)
         check_range(owner, "min_lr_ratio", self.min_lr_ratio, ge=0, le=1)
         check_range(owner, "warmup_steps_proportion", self.warmup_steps_proportion, ge=0, le=1)
+        check_range(owner, "warmup_steps", self.warmup_steps, ge=0, optional=True)
+        if self.warmup_steps is not None and self.warmup_steps_proportion != 0.001:
+            warn_once(
+                "warmup-steps-both",
+                f"{owner}: both warmup_steps={self.warmup_steps} and warmup_steps_proportion="
+                f"{self.warmup_steps_proportion} are set; warmup_steps is used",
+            )
         check_range(owner, "gradient_clipping", self.gradient_clipping, gt=0)
+
+    def warmup_length(self, total_steps: int) -> int:
+        """Warm-up optimizer steps of a run of ``total_steps`` steps."""
+        if self.warmup_steps is not None:
+            return int(self.warmup_steps)
+        return int(self.warmup_steps_proportion * total_steps)
 
 
 @dataclass
@@ -200,31 +221,10 @@ class FSDPEngineConfig:
 
 
 @dataclass
-class FP8EngineConfig:
-    """FP8 training options of the Megatron backend. This project accepts it so AReaL YAMLs load, but does not act on it (no Megatron / FP8 hardware)."""
-
-    mode: str = cfield("e4m3", "'e4m3' or 'hybrid' (e5m2 for output-activation gradients).")
-    recipe: str = cfield(
-        "delayed", "Scaling recipe: 'tensorwise', 'delayed', 'mxfp8', 'blockwise'."
-    )
-    param: bool = cfield(False, "Keep parameters in FP8.")
-    margin: int = cfield(0, "Margin of the scaling-factor computation.")
-    amax_history_len: int = cfield(1, "Length of the amax history window.")
-    amax_compute_algo: str = cfield("most_recent", "'max' or 'most_recent'.")
-    wgrad: bool = cfield(True, "FP8 weight gradients (False: higher precision).")
-    dot_product_attention: bool = cfield(False, "FP8 dot-product attention.")
-    multi_head_attention: bool = cfield(False, "FP8 multi-head attention.")
-    tp_only_amax_red: bool = cfield(False, "Reduce amax only in the TP (or TP-CP) domain.")
-    first_last_layers_bf16: bool = cfield(False, "Keep the first/last blocks in BF16.")
-    num_layers_at_start_in_bf16: int = cfield(1, "Leading blocks kept in BF16.")
-    num_layers_at_end_in_bf16: int = cfield(1, "Trailing blocks kept in BF16.")
-    direct_convert: bool = cfield(True, "Convert FP8 parameters directly on weight update/save.")
-
-
-@dataclass
 class ArchonFP8Config:
-    """FP8 options of the Archon backend. Only ``mode='disabled'`` runs here; with an
-    ``archon`` backend any other mode is refused when the config is parsed."""
+    """FP8 options of the Archon backend. FP8 kernels are not implemented here: with an
+    ``archon`` backend any other mode trains in the engine's dtype, with a warning
+    (``ArchonEngineConfig.substitutions``)."""
 
     mode: str = cfield(
         "disabled",
@@ -255,13 +255,17 @@ class ArchonEngineConfig:
         "varlen", "'varlen', 'sdpa' or 'tree'.", choices=["varlen", "sdpa", "tree"]
     )
     offload_params: bool = cfield(False, "Offload FSDP parameters to CPU.")
-    enable_compile: bool = cfield(False, "torch.compile the transformer blocks.")
+    enable_compile: bool = cfield(
+        False, "torch.compile the transformer blocks (here: runs eagerly, with a warning)."
+    )
     ac_mode: str = cfield(
         "selective",
         "Activation checkpointing: 'none', 'full', 'selective', 'memory_budget'.",
         choices=["none", "full", "selective", "memory_budget"],
     )
-    selective_ac_option: str = cfield("op", "'op' or every N-th layer ('2').")
+    selective_ac_option: str = cfield(
+        "op", "'op' (here: every block recomputed, with a warning) or every N-th layer ('2')."
+    )
     ac_memory_budget: float = cfield(0.5, "Memory budget of 'memory_budget' checkpointing.")
     ac_preserve_rng_state: bool = cfield(False, "Preserve the RNG state in checkpointing.")
     ac_debug: bool = cfield(False, "Capture checkpointing debug information.")
@@ -316,18 +320,54 @@ class ArchonEngineConfig:
                 "must be None or >= 1"
             )
 
-    def refusals(self, gradient_checkpointing: bool = False) -> list[str]:
-        """One line per field set to a value the archon engine here does not support."""
+    def substitutions(self, gradient_checkpointing: bool = False) -> list[tuple[str, str]]:
+        """``(field, message)`` of the settings AReaL's archon engine runs and this one runs
+        another way (AReaL 2.0 YAMLs set them): torch.compile -> eager (the same results,
+        slower), op-level selective checkpointing -> recomputing every block (the same
+        gradients, more recompute), FP8 -> the engine's own dtype (no FP8 kernels here:
+        more precise, slower). ``adopt_substitutes`` applies them."""
         out = []
+        if self.enable_compile:
+            out.append(
+                ("enable_compile", "archon.enable_compile=True: runs eagerly (torch.compile is "
+                 "not used by this engine; the same results, slower)")
+            )  # fmt: skip
+        if (
+            gradient_checkpointing
+            and self.ac_mode == "selective"
+            and not str(self.selective_ac_option).isdigit()
+        ):
+            out.append(
+                ("ac_mode", f"archon.selective_ac_option={self.selective_ac_option!r}: "
+                 "recomputes every block (ac_mode='full'; op-level selective checkpointing is "
+                 "not implemented: the same gradients, more recompute)")
+            )  # fmt: skip
         if self.fp8_config.mode != "disabled":
             out.append(
-                f"archon.fp8_config.mode={self.fp8_config.mode!r}: FP8 training is not "
-                "supported by this engine; allowed: 'disabled'"
-            )
+                ("fp8_config", f"archon.fp8_config.mode={self.fp8_config.mode!r}: trains in "
+                 "the engine's dtype (actor.dtype; FP8 kernels are not implemented here)")
+            )  # fmt: skip
+        return out
+
+    def adopt_substitutes(self, owner: str, gradient_checkpointing: bool = False) -> None:
+        """Apply ``substitutions``, each with a warning (once per process) naming ``owner``."""
+        from areal.api.config_common import warn_once
+
+        for name, message in self.substitutions(gradient_checkpointing):
+            warn_once(f"archon-substitute:{owner}:{name}", f"{owner}: {message}")
+            if name == "enable_compile":
+                self.enable_compile = False
+            elif name == "ac_mode":
+                self.ac_mode = "full"
+            elif name == "fp8_config":
+                self.fp8_config.mode = "disabled"
+
+    def refusals(self, gradient_checkpointing: bool = False) -> list[str]:
+        """One line per field set to a value the archon engine here does not support (after
+        ``adopt_substitutes``)."""
+        out = []
         if self.offload_params:
             out.append("archon.offload_params=True: parameter offload is not supported; use False")
-        if self.enable_compile:
-            out.append("archon.enable_compile=True: torch.compile is not supported; use False")
         if self.attn_type == "tree":
             out.append(
                 "archon.attn_type='tree': tree attention is not supported; allowed: 'varlen', 'sdpa'"
@@ -354,83 +394,23 @@ class ArchonEngineConfig:
                 "archon.ac_mode='memory_budget' needs torch.compile, which is not supported; "
                 "allowed: 'none', 'full', 'selective' with selective_ac_option an integer"
             )
-        if (
-            gradient_checkpointing
-            and self.ac_mode == "selective"
-            and not str(self.selective_ac_option).isdigit()
-        ):
-            out.append(
-                f"archon.selective_ac_option={self.selective_ac_option!r}: op-level selective "
-                "checkpointing is not supported; allowed: an integer string N (every N-th "
-                "block), or ac_mode='full'"
-            )
         return out
 
+    def adopt_mapped_layout(self) -> None:
+        """A 'megatron:' / model-parallel 'fsdp:' layout runs on archon: its YAML's
+        gradient_checkpointing means recomputing every block (op-level selective
+        checkpointing, archon's default, is not supported here), so the untouched default
+        becomes ac_mode='full'."""
+        if self.ac_mode == "selective" and self.selective_ac_option == "op":
+            self.ac_mode = "full"
+
     def refuse_unsupported(self, owner: str, gradient_checkpointing: bool = False) -> None:
-        """Raise ``ValueError`` naming every unsupported field (see ``refusals``)."""
+        """Adopt the substitutes (``adopt_substitutes``), then raise ``ValueError`` naming
+        every unsupported field (see ``refusals``)."""
+        self.adopt_substitutes(owner, gradient_checkpointing)
         found = self.refusals(gradient_checkpointing)
         if found:
             raise ValueError(f"{owner} with an archon backend: " + "; ".join(found))
-
-
-@dataclass
-class DistributedDataParallelConfig:
-    """Megatron DistributedDataParallel options. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
-
-    grad_reduce_in_fp32: bool = cfield(True, "Reduce gradients in fp32.")
-    overlap_grad_reduce: bool = cfield(False, "Overlap gradient reduction with backward.")
-    overlap_param_gather: bool = cfield(False, "Overlap parameter all-gather with forward.")
-    align_param_gather: bool = cfield(False, "Align parameter all-gathers across pipeline stages.")
-    use_distributed_optimizer: bool = cfield(
-        True, "Shard optimizer states across data-parallel ranks."
-    )
-    check_for_nan_in_grad: bool = cfield(False, "Check gradients for NaN after reduction.")
-    bucket_size: int | None = cfield(
-        None, "Gradient bucket size in elements; None for the default."
-    )
-    average_in_collective: bool = cfield(False, "Average (not sum) inside the collective.")
-    fp8_param_gather: bool = cfield(False, "All-gather parameters in fp8.")
-
-
-@dataclass
-class MegatronEngineConfig:
-    """Megatron-LM training backend options. This project accepts it so AReaL YAMLs load, but does not act on it yet."""
-
-    wrap_with_ddp: bool = cfield(True, "Wrap the model with Megatron DDP.")
-    use_torch_fsdp2: bool = cfield(False, "Use torch FSDP2 inside Megatron.")
-    use_custom_fsdp: bool = cfield(False, "Use Megatron's custom FSDP.")
-    ddp: DistributedDataParallelConfig = cfield(
-        help="Megatron DDP options.", factory=DistributedDataParallelConfig
-    )
-    virtual_pipeline_parallel_size: int = cfield(1, "Virtual pipeline stages per rank (1 = off).")
-    overlap_param_gather_with_optimizer_step: bool = cfield(
-        False, "Overlap parameter gather with the optimizer step."
-    )
-    use_precision_aware_optimizer: bool = cfield(False, "Precision-aware optimizer.")
-    main_grads_dtype: str = cfield("float32", "Dtype of main gradients.")
-    main_params_dtype: str = cfield("float32", "Dtype of main parameters.")
-    exp_avg_dtype: str = cfield("float32", "Dtype of Adam first moments.")
-    exp_avg_sq_dtype: str = cfield("float32", "Dtype of Adam second moments.")
-    async_save: bool = cfield(False, "Save checkpoints asynchronously.")
-    use_checkpoint_opt_param_scheduler: bool = cfield(
-        True, "Restore the LR scheduler from the checkpoint."
-    )
-    use_deterministic_algorithms: bool = cfield(False, "Force deterministic kernels.")
-    recompute_granularity: str | None = cfield("full", "Activation recomputation granularity.")
-    recompute_method: str | None = cfield("uniform", "Activation recomputation method.")
-    recompute_num_layers: int | None = cfield(1, "Layers per recomputation unit.")
-    distribute_saved_activations: bool | None = cfield(
-        None, "Distribute saved activations over TP."
-    )
-    recompute_modules: list[str] | None = cfield(None, "Modules to recompute.")
-    moe_router_dtype: str | None = cfield("fp32", "Dtype of the MoE router computation.")
-    moe_shared_expert_overlap: bool = cfield(False, "Overlap shared experts with dispatch.")
-    moe_enable_deepep: bool = cfield(False, "Use DeepEP for MoE dispatch.")
-    moe_token_dispatcher_type: str = cfield("alltoall", "MoE token dispatcher type.")
-    moe_permute_fusion: bool = cfield(False, "Fuse MoE token permutation.")
-    fp8_config: FP8EngineConfig | None = cfield(None, "FP8 training options.")
-    bridge_type: str = cfield("mbridge", "HF <-> Megatron bridge: 'mbridge' or 'megatron-bridge'.")
-    use_mbridge_save: bool = cfield(False, "Save weights with mbridge (less GPU memory).")
 
 
 class SchedulingStrategyType(StrEnum):
@@ -505,6 +485,12 @@ class SchedulingSpec:
     )
     exclude: str | None = cfield(
         None, "`--exclude` for sbatch/srun (Slurm only; the Ray scheduler refuses it)."
+    )
+    reservation: str | None = cfield(
+        None, "`--reservation` for sbatch (Slurm only): run the jobs in this reservation."
+    )
+    exclusive: bool = cfield(
+        False, "`--exclusive` for sbatch (Slurm only): nodes are not shared with other jobs."
     )
     ray_placement_strategy: str = cfield(
         "shared",
@@ -583,8 +569,9 @@ class TrainEngineConfig:
     weight_update_mode: str = cfield(
         "xccl",
         "How new weights reach the inference servers: 'xccl' (collective broadcast: NCCL "
-        "on GPU, gloo on CPU) or 'disk' (safetensors + reload).",
-        choices=["disk", "xccl"],
+        "on GPU, gloo on CPU) or 'disk' (safetensors + reload). 'awex' (AReaL 2.0's "
+        "Megatron + SGLang transfer engine) runs as 'xccl' here, with a warning.",
+        choices=["disk", "xccl", "awex"],
     )
     weight_update_timeout: float = cfield(
         120.0,
@@ -666,6 +653,47 @@ class TrainEngineConfig:
     log_level: str = cfield("warning", "Gateway log level (v2). " + NOT_ACTED)
     request_timeout: float = cfield(3600.0, "Gateway request timeout in seconds (v2). " + NOT_ACTED)
     setup_timeout: float = cfield(3600.0, "Gateway setup timeout in seconds (v2). " + NOT_ACTED)
+    logprobs_chunk_size: int = cfield(
+        1024,
+        "Largest sequence chunk over which log-probabilities and entropy are computed at "
+        "once; > 0. " + NOT_ACTED,
+    )
+    optimizer_dtype: str = cfield(
+        "float32",
+        "Dtype of the master parameters and optimizer states: 'float32' (this project "
+        "always keeps fp32 master weights) or 'bfloat16' (AReaL 2.0: bf16 storage). " + NOT_ACTED,
+        choices=["float32", "bfloat16"],
+    )
+    enable_delta_weight_update: bool = cfield(
+        False,
+        "Send only the weights that changed since the servers' committed version: the "
+        "trainer keeps a copy of that version in the servers' dtype (rank 0, CPU) and "
+        "writes the elements that differ from it (flat indices + values; a tensor whose "
+        "sparse form would not be smaller goes whole), which built-in servers apply as a "
+        "pending update (commit, rollback and verified weight sync as for a full one). A "
+        "full sync is sent first, every weight_update_anchor_interval deltas, after a "
+        "rolled-back delta, and always for vLLM/SGLang servers (no delta route, logged "
+        "once). Only with weight_update_mode='disk' (with 'xccl' the full broadcast is "
+        "used, logged once) and without LoRA. Pays off with bf16/fp16 servers, where a "
+        "small step leaves most values unchanged (docs/weight_sync.md).",
+    )
+    weight_update_delta_method: str = cfield(
+        "adamw",
+        "How the changed weights are found for delta transfer: 'adamw' (AReaL 2.0's name, "
+        "the changes of the optimizer steps since the last sync), detected here by exact "
+        "comparison of the weights cast to the servers' dtype with the committed copy, so "
+        "any optimizer and any number of steps or minibatches (ppo_n_minibatches) work.",
+        choices=["adamw"],
+    )
+    weight_update_anchor_interval: int = cfield(
+        0,
+        "Delta transfer: a full weight sync after this many committed deltas (an anchor "
+        "that re-sends every weight); 0: no periodic anchor (only the first sync, a "
+        "rolled-back delta, or servers without a delta route are sent in full); >= 0.",
+    )
+    workers_ready_timeout: float = cfield(
+        30.0, "Seconds initialize() waits for AReaL's v2 guard processes. " + NOT_ACTED
+    )
 
     def __post_init__(self):
         owner = type(self).__name__
@@ -679,7 +707,22 @@ class TrainEngineConfig:
                 f"{owner}.attn_impl={self.attn_impl!r} is not allowed; choose one of {_ATTN_IMPLS} "
                 "or a kernels repo id 'org/repo'"
             )
-        check_choice(owner, "weight_update_mode", self.weight_update_mode, ["disk", "xccl"])
+        check_choice(owner, "weight_update_mode", self.weight_update_mode, ["disk", "xccl", "awex"])
+        if self.weight_update_mode == "awex":
+            warn_once(
+                "awex",
+                f"{owner}.weight_update_mode='awex' needs AReaL's AWEX transfer engine "
+                "(Megatron + SGLang); running it as 'xccl' (collective broadcast)",
+            )
+            self.weight_update_mode = "xccl"
+        check_range(owner, "logprobs_chunk_size", self.logprobs_chunk_size, gt=0)
+        check_choice(owner, "optimizer_dtype", self.optimizer_dtype, ["float32", "bfloat16"])
+        check_choice(
+            owner, "weight_update_delta_method", self.weight_update_delta_method, ["adamw"]
+        )
+        check_range(
+            owner, "weight_update_anchor_interval", self.weight_update_anchor_interval, ge=0
+        )
         check_range(owner, "lora_rank", self.lora_rank, ge=1)
         check_range(owner, "weight_update_timeout", self.weight_update_timeout, gt=0)
         check_range(owner, "num_threads", self.num_threads, ge=1)
@@ -693,4 +736,6 @@ class TrainEngineConfig:
 
             alloc = ParallelStrategy.parse_backend(self.backend, field_name=f"{owner}.backend")
             if alloc.backend == "archon":
+                if not self.backend.strip().lower().startswith("archon"):
+                    self.archon.adopt_mapped_layout()
                 self.archon.refuse_unsupported(owner, self.gradient_checkpointing)

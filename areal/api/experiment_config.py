@@ -12,16 +12,12 @@ from typing import Any
 from omegaconf import MISSING
 
 from areal.api.actor_config import DPOEngineConfig, PPOActorConfig, PPOCriticConfig, TeacherConfig
-from areal.api.config_common import NOT_ACTED, cfield, check_range, warn_once
+from areal.api.config_common import NOT_ACTED, cfield, check_range, logger, warn_once
 from areal.api.dataset_config import TrainDatasetConfig, ValidDatasetConfig
 from areal.api.engine_config import SchedulingSpec, TrainEngineConfig
 from areal.api.health_config import RunHealthConfig
-from areal.api.inference_config import (
-    GenerationHyperparameters,
-    InferenceEngineConfig,
-    SGLangConfig,
-    vLLMConfig,
-)
+from areal.api.inference_config import GenerationHyperparameters, InferenceEngineConfig
+from areal.api.server_config import SGLangConfig, vLLMConfig
 from areal.api.utils_config import (
     ClusterSpecConfig,
     EvaluatorConfig,
@@ -85,6 +81,12 @@ class BaseExperimentConfig:
     launcher: LauncherConfig = cfield(
         help="Launcher resources. " + NOT_ACTED, factory=LauncherConfig
     )
+    post_exit_hook: str = cfield(
+        "",
+        "Shell command the launchers (areal.infra.launcher.local/ray/slurm) run once the run "
+        "has ended, with LOG_DIR = the run's log directory; at most 600 s; its failure is "
+        "logged and does not change the run's exit code.",
+    )
 
     def __post_init__(self):
         owner = type(self).__name__
@@ -106,6 +108,8 @@ class BaseExperimentConfig:
                 for f in fields(self):
                     value = getattr(self, f.name)
                     if isinstance(value, TrainEngineConfig):
+                        if "archon" not in self.allocation_mode.lower():  # mapped layout
+                            value.archon.adopt_mapped_layout()
                         value.archon.refuse_unsupported(
                             f"{owner}.{f.name}", value.gradient_checkpointing
                         )
@@ -230,6 +234,13 @@ class PPOConfig(BaseExperimentConfig):
             raise ValueError(
                 f"{owner}.deterministic={self.deterministic!r}; allowed: true or false"
             )
+        if self.rollout.deterministic_sampling and not self.deterministic:
+            # AReaL 2.0's switch maps onto this project's reproducible mode
+            logger.info(
+                "rollout.deterministic_sampling=true: running with deterministic=true "
+                "(reproducible rollouts; docs/best_practices/reproducibility.md)"
+            )
+            self.deterministic = True
         if self.deterministic:
             if self.allocation_mode:
                 from areal.api.alloc_mode import AllocationMode
@@ -237,7 +248,8 @@ class PPOConfig(BaseExperimentConfig):
                 backend = AllocationMode.from_str(self.allocation_mode).gen_backend
                 if backend not in (None, "local"):
                     raise ValueError(
-                        f"{owner}.deterministic=True needs the built-in inference server "
+                        f"{owner}.deterministic=True (set directly or by "
+                        "rollout.deterministic_sampling) needs the built-in inference server "
                         f"(allocation_mode 'local:...'); got backend {backend!r} in "
                         f"allocation_mode={self.allocation_mode!r}; allowed: 'local'"
                     )
@@ -292,11 +304,9 @@ NOT_ACTED_ON: tuple[tuple[str, str, str], ...] = (
     ("GenerationHyperparameters", "lora_name", _LORA_SELECT),
     ("GenerationHyperparameters", "use_beam_search", "vLLM beam search"),
     ("InferenceEngineConfig", "use_lora", _LORA_SELECT),
-    ("InferenceEngineConfig", "_version", _GATEWAY),
     ("InferenceEngineConfig", "model", _GATEWAY),
     ("InferenceEngineConfig", "routing_strategy", _GATEWAY),
     ("InferenceEngineConfig", "poll_interval", _GATEWAY),
-    ("InferenceEngineConfig", "admin_api_key", _GATEWAY),
     ("InferenceEngineConfig", "api_url", _GATEWAY),
     ("InferenceEngineConfig", "provider_api_key", _GATEWAY),
     ("DatasetConfig", "num_dataset_workers", "AReaL's remote data service"),
@@ -313,6 +323,14 @@ NOT_ACTED_ON: tuple[tuple[str, str, str], ...] = (
     ("BaseExperimentConfig", "enable_offload", f"{_CUDA} (torch_memory_saver)"),
     ("BaseExperimentConfig", "memory_profiler", f"{_CUDA} (memory snapshots)"),
     ("BaseExperimentConfig", "launcher", "AReaL's SPMD launchers"),
+    ("AgentConfig", "message_preprocessors", "AReaL 2.0's agent service"),
+    ("AgentConfig", "prefix_matcher", "AReaL 2.0's agent service"),
+    ("AgentConfig", "drop_retry_orphans", "AReaL 2.0's agent service"),
+    ("InferenceEngineConfig", "workers_ready_timeout", _GATEWAY),
+    ("InferenceEngineConfig", "lora_name", _LORA_SELECT),
+    ("TrainEngineConfig", "workers_ready_timeout", _GATEWAY),
+    ("TrainEngineConfig", "logprobs_chunk_size", "a chunked log-probability head"),
+    ("TrainEngineConfig", "optimizer_dtype", "bf16 master weights (fp32 is kept here)"),
 )
 
 

@@ -118,6 +118,11 @@ class BackendAdapter:
     def update_disk_call(self, path: str, version: int | None) -> HttpCall:
         raise NotImplementedError(f"backend {self.name!r} cannot reload weights from disk")
 
+    def update_delta_call(self, path: str, version: int) -> HttpCall | None:
+        """Apply the weight delta in ``path`` (``areal.utils.weight_delta``) as pending
+        ``version``; None: this server has no delta route (full updates only)."""
+        return None
+
     def init_group_call(self, meta: WeightUpdateMeta, rank: int, world_size: int) -> HttpCall:
         raise NotImplementedError(f"backend {self.name!r} has no distributed weight update")
 

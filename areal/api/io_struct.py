@@ -202,10 +202,32 @@ class WeightUpdateMeta:
     # disk: every training rank writes its own share of the tensors
     # (``WeightExporter.export_weight_shards``; areal.infra.weights.transports)
     sharded: bool = False
+    # disk: send only the elements changed since the servers' committed version, in
+    # ``delta_dtype`` (the servers' model dtype), with a full sync first, every
+    # ``delta_anchor_interval`` committed deltas (0: never periodically) and wherever the
+    # servers have no delta route (``areal.infra.weights.transports.DeltaTransport``)
+    delta: bool = False
+    delta_dtype: str = "bfloat16"
+    delta_anchor_interval: int = 0
 
     def __post_init__(self):
         if self.type not in ("disk", "xccl"):
             raise ValueError(f"WeightUpdateMeta.type={self.type!r}; allowed: 'disk', 'xccl'")
+        if self.delta and (self.type != "disk" or self.use_lora or self.sharded):
+            raise ValueError(
+                f"WeightUpdateMeta.delta=True with type={self.type!r}, use_lora={self.use_lora}, "
+                f"sharded={self.sharded}; delta needs type='disk' without use_lora / sharded"
+            )
+        if self.delta_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"WeightUpdateMeta.delta_dtype={self.delta_dtype!r}; allowed: 'float32', "
+                "'bfloat16', 'float16'"
+            )
+        if not isinstance(self.delta_anchor_interval, int) or self.delta_anchor_interval < 0:
+            raise ValueError(
+                f"WeightUpdateMeta.delta_anchor_interval={self.delta_anchor_interval!r}; must "
+                "be an integer >= 0"
+            )
         if self.type == "disk" and not self.path:
             raise ValueError("WeightUpdateMeta.path is required when type='disk'")
         if self.weight_chunked_mem_mb <= 0:

@@ -22,6 +22,15 @@ transport              trainer-side calls
                        ``get_param_specs(meta.weight_chunked_mem_mb)``'s buckets, in
                        order, over the group joined in ``connect_engine(engine, meta)``
                        (the engine announces each bucket to the servers)
+``delta``              ``weight_delta_state()``: the kept base (version, dtype, deltas
+                       since the last full sync, whether the next must be full);
+                       a delta: ``export_weight_delta(path, base_version, version,
+                       dtype)`` writes the changed elements against the kept base
+                       (``path/delta/``, ``areal.utils.weight_delta``) + the
+                       fingerprint reference; a full sync: ``save`` as ``disk``, then
+                       ``export_weight_delta(None, None, version, dtype)`` stages the
+                       cast copy; ``commit_weight_delta(version, committed)`` at commit
+                       (the pending export becomes the base) or rollback (dropped)
 =====================  ==========================================================
 
 Also: ``set_version(v)`` / ``get_version()`` (called by the synchronizer at commit only),
@@ -50,6 +59,14 @@ class WeightExporter(Protocol):
     def connect_engine(self, engine: Any, meta: Any) -> None: ...
 
     def update_weights(self, meta: Any) -> None: ...
+
+    def weight_delta_state(self) -> dict[str, Any]: ...
+
+    def export_weight_delta(
+        self, path: str | None, base_version: int | None, version: int, dtype: str
+    ) -> dict[str, Any]: ...
+
+    def commit_weight_delta(self, version: int, committed: bool = True) -> dict[str, Any]: ...
 
     def set_version(self, version: int) -> None: ...
 

@@ -7,6 +7,10 @@ Dispatch on ``dataset_config.path``:
 - a path containing ``gsm8k`` (a ``.jsonl``/``.json``/``.parquet`` file, or a directory
   holding ``{split}.jsonl`` / ``{split}.parquet``): GSM8K (see :mod:`areal.dataset.gsm8k`).
 - any other local file/directory with ``question``/``answer`` rows is read the same way.
+- ``reasoning_gym://chain_sum?size=2000&seed=0&max_digits=1`` (or a weighted mix
+  ``reasoning_gym://chain_sum:3,basic_arithmetic:1?...``): a Reasoning Gym task (the
+  ``envs`` extra), scored by :func:`areal.reward.reasoning_gym.reasoning_gym_reward_fn`
+  with the task's own ``score_answer`` (see :mod:`areal.dataset.reasoning_gym`).
 - a hub id (``openai/gsm8k``): its snapshot in the Hugging Face cache (downloaded when the
   hub is reachable and ``HF_HUB_OFFLINE`` is unset, see
   :func:`areal.utils.hf_utils.resolve_hub_path`), read as a directory; the subset
@@ -32,6 +36,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from areal.dataset.gsm8k import build_gsm8k_dataset, get_gsm8k_dataset
+from areal.dataset.reasoning_gym import is_reasoning_gym_path
 from areal.dataset.synthetic import (
     ArithSpec,
     generate_arith_problems,
@@ -54,11 +59,13 @@ VALID_DATASETS = [
     "synthetic://arith?...",
     "hh-rlhf (local file/dir, type rw|dpo)",
     "synthetic://arith_pref?... (type rw|dpo)",
+    "reasoning_gym://<task>[:w,<task>:w]?size=N&seed=S&... (type rl)",
 ]
 
 __all__ = [
     "ArithSpec",
     "VALID_DATASETS",
+    "default_reward_fn",
     "generate_arith_problems",
     "get_custom_dataset",
     "get_gsm8k_dataset",
@@ -123,6 +130,12 @@ def get_custom_dataset(
         return _get_preference_dataset(
             path, split, dtype, tokenizer, max_length, max_bad_fraction, ds_kwargs
         )
+    if is_reasoning_gym_path(path):
+        from areal.dataset.reasoning_gym import get_reasoning_gym_dataset
+
+        return get_reasoning_gym_dataset(
+            path, split, dtype, tokenizer, max_length, prompt_suffix or ""
+        )
     if _is_vision_path(path):
         return _get_vision_dataset(
             path, split, dtype, processor, max_length, max_bad_fraction, prompt_suffix
@@ -152,6 +165,14 @@ def get_custom_dataset(
         prompt_suffix=prompt_suffix,
         name=ds_kwargs.get("name"),
     )
+
+
+def default_reward_fn(path: str | None) -> str:
+    """The import path of the reward function for rows of dataset ``path``: Reasoning Gym's
+    ``score_answer`` for ``reasoning_gym://`` paths, else the GSM8K reward."""
+    if is_reasoning_gym_path(path):
+        return "areal.reward.reasoning_gym.reasoning_gym_reward_fn"
+    return "areal.reward.gsm8k.gsm8k_reward_fn"
 
 
 def _is_vision_path(path: str) -> bool:

@@ -1,7 +1,7 @@
 """``RemoteLocalEngine``: ``RemoteInfEngine`` for the built-in server (``areal.engine.local_server``).
 
 ``LocalBackend`` is its protocol adapter: native ``/generate`` with per-token weight
-versions, ``/pause`` / ``/continue``, ``/update_weights_from_disk`` (with the version),
+versions, ``/pause`` / ``/continue``, ``/update_weights_from_disk`` (with the version), ``/update_weights_from_delta``,
 the gloo/nccl broadcast group (``/init_weights_update_group``,
 ``/update_weights_from_distributed``) and ``/set_version``. Prompts with images carry
 ``image_data`` (base64 strings) beside ``input_ids`` holding the image pad tokens.
@@ -63,6 +63,9 @@ class LocalBackend(BackendAdapter):
 
     def update_disk_call(self, path, version):
         return HttpCall("/update_weights_from_disk", {"model_path": path, "version": version})
+
+    def update_delta_call(self, path, version):
+        return HttpCall("/update_weights_from_delta", {"model_path": path, "version": version})
 
     def init_group_call(self, meta, rank, world_size):
         return HttpCall(

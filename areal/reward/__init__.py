@@ -45,6 +45,7 @@ __all__ = [
     "gsm8k_reward_fn",
     "last_boxed",
     "parse_number",
+    "reasoning_gym_reward_fn",
 ]
 
 # Reward functions importable as ``from areal.reward import xxx_reward_fn`` (loaded lazily:
@@ -53,6 +54,7 @@ _LAZY_REWARDS = {
     "gsm8k_reward_fn": "areal.reward.gsm8k",
     "geometry3k_reward_fn": "areal.reward.geometry3k",
     "clevr_count_70k_reward_fn": "areal.reward.clevr_count_70k",
+    "reasoning_gym_reward_fn": "areal.reward.reasoning_gym",
 }
 VALID_REWARD_FN = ["clevr_count_70k", "geometry3k"]
 

@@ -45,10 +45,18 @@ def _dtype_bytes(name: str, field: str) -> int:
 
 
 def _model_shape(path: str, field: str) -> mp.ModelShape:
+    from areal.utils.hf_utils import is_hub_id, resolve_model_path
+
+    if is_hub_id(path):  # a hub id: its snapshot in the local cache (or downloaded)
+        try:
+            path = resolve_model_path(path)
+        except (OSError, ValueError) as e:
+            raise PlanError(f"{field}={path!r}: {e}") from e
     cfg_file = Path(path) / "config.json"
     if not cfg_file.is_file():
         raise PlanError(
-            f"{field}={path!r}: no config.json there (a local model directory is needed)"
+            f"{field}={path!r}: no config.json there (a local model directory or a hub id"
+            " is needed)"
         )
     return mp.ModelShape.from_hf_config(json.loads(cfg_file.read_text()))
 

@@ -53,6 +53,7 @@ from areal.api.alloc_mode import AllocationMode
 from areal.api.cli_args import BaseExperimentConfig, PPOConfig
 from areal.api.io_struct import StepInfo, WeightUpdateMeta
 from areal.api.workflow_api import RolloutWorkflow
+from areal.engine.server_teacher import ServerTeacher, uses_server_teacher
 from areal.experimental.openai.proxy.trainer_wiring import TrainerAgentProxy, online_dataset
 from areal.infra import stack_dump, workflow_context
 from areal.infra.controller.train_controller import start_train_controller
@@ -155,8 +156,13 @@ class PPOTrainer:
             )
             use_ref = config.ref is not None and config.actor.kl_ctl > 0
             self.ref = self._start_role("ref", ACTOR_ENGINE, config.ref) if use_ref else None
-            # On-policy distillation: a frozen teacher scores every trajectory.
-            self.teacher = self._start_role("teacher", ACTOR_ENGINE, config.teacher)
+            # On-policy distillation: a frozen teacher scores every trajectory (built-in
+            # servers' /score when teacher.engine_type=rollout has a local: backend).
+            self.teacher = (
+                ServerTeacher.launch(config.teacher)
+                if uses_server_teacher(config.teacher)
+                else self._start_role("teacher", ACTOR_ENGINE, config.teacher)
+            )
             self.critic = self._start_role("critic", CRITIC_ENGINE, config.critic)
             self.rollout = self._start_rollout()
             for controller in self._roles_started:
@@ -286,26 +292,28 @@ class PPOTrainer:
         return ServerWatchdog(self.scheduler, self.rollout, weight_sync=self.weight_sync)
 
     def _make_weight_update_meta(self) -> WeightUpdateMeta:
+        from areal.infra.weights.transports import with_delta  # actor.enable_delta_...
+
         if self.config.actor.weight_update_mode == "disk":
-            return WeightUpdateMeta.from_disk(
-                self.config.experiment_name,
-                self.config.trial_name,
-                self.config.cluster.fileroot,
-                alloc_mode=self.alloc_mode,
+            c = self.config
+            meta = WeightUpdateMeta.from_disk(
+                c.experiment_name, c.trial_name, c.cluster.fileroot, alloc_mode=self.alloc_mode
             )
+            return with_delta(meta, c.actor)
         from areal.utils.network import find_free_ports
 
         # The group's rank 0 is training worker 0, which may be on another node than this
         # controller: the servers must dial that worker's address, never this loopback.
         workers = getattr(self.actor, "workers", None) or []
         master = workers[0].ip if workers else "127.0.0.1"
-        return WeightUpdateMeta.from_fsdp_xccl(
+        meta = WeightUpdateMeta.from_fsdp_xccl(
             allocation_mode=self.alloc_mode,
             master_address=master,
             master_port=find_free_ports(1)[0],
             backend=None,
             timeout_s=self.config.actor.weight_update_timeout,
         )
+        return with_delta(meta, self.config.actor)
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> PPOTrainer:
@@ -608,6 +616,7 @@ class PPOTrainer:
                     should_accept_fn=should_accept_fn,
                     group_size=group_size,
                     dynamic_bs=config.dynamic_bs,
+                    **_group_options(config),
                 )
             else:
                 batch = self._sync_rollout(workflow, workflow_kwargs, should_accept_fn, group_size)
@@ -684,6 +693,7 @@ class PPOTrainer:
                 workflow_kwargs=workflow_kwargs,
                 should_accept_fn=should_accept_fn,
                 group_size=group_size,
+                **_group_options(self.config),
             )
             if part:
                 parts.append(part)
@@ -759,6 +769,14 @@ class PPOTrainer:
             )
         self.eval_history.append({"global_step": global_step, **res})
         return res
+
+
+def _group_options(config: PPOConfig) -> dict[str, bool]:
+    """AReaL 2.0's group options of the training rollouts (``gconfig``)."""
+    return dict(
+        reward_normalization=config.gconfig.reward_normalization,
+        drop_incomplete_group=config.gconfig.drop_incomplete_group,
+    )
 
 
 def _dispatch_group_size(config: PPOConfig) -> int:

@@ -7,7 +7,7 @@ The code lives in modules by concern; import from them in new code:
 - :mod:`areal.utils.advantages`: GAE, discounted returns, DAPO's overlong penalty;
 - :mod:`areal.utils.off_policy`: staleness corrections (rejection sampling, the
   log-linear proximal approximation, the M2PO mask);
-- :mod:`areal.utils.rl_losses`: token-loss aggregation, the PPO / SAPO policy losses
+- :mod:`areal.utils.rl_losses`: token-loss aggregation, the PPO / SAPO / CISPO policy losses
   and the clipped value loss;
 - :mod:`areal.utils.dynamic_sampling`: DAPO's all-equal-rewards group filter.
 
@@ -27,12 +27,14 @@ from areal.utils.off_policy import (
     REJECTION_METRICS,
     RejectionSamplingResult,
     apply_rejection_sampling,
+    binary_kl,
     loglinear_prox_logp,
     m2po_loss_mask,
 )
 from areal.utils.rl_losses import (
     LOSS_AGG_MODES,
     aggregate_token_loss,
+    cispo_loss_fn,
     ppo_actor_loss_fn,
     ppo_critic_loss_fn,
     sapo_loss_fn,
@@ -68,6 +70,8 @@ __all__ = [
     "broadcast_to_tokens",
     "ppo_actor_loss_fn",
     "sapo_loss_fn",
+    "cispo_loss_fn",
+    "binary_kl",
     "m2po_loss_mask",
     "ppo_critic_loss_fn",
     "aggregate_token_loss",

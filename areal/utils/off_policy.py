@@ -26,7 +26,7 @@ from areal.utils.rl_statistics import (
 
 REJECTION_LEVELS = ("token", "sequence")
 REJECTION_ACTIONS = ("mask", "clamp")
-REJECTION_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3")
+REJECTION_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl")
 REJECTION_AGGS = ("sum", "mean", "max")
 
 
@@ -45,6 +45,15 @@ class RejectionSamplingResult:
     behave_imp_weight: torch.Tensor
     affected: torch.Tensor
     filtered_fraction: torch.Tensor
+
+
+def binary_kl(log_p: torch.Tensor, log_q: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """KL between Bernoulli distributions ``[p, 1-p]`` and ``[q, 1-q]`` given ``log p``,
+    ``log q`` (elementwise): ``p log(p/q) + (1-p) log((1-p)/(1-q))``, with ``p`` and ``q``
+    clamped into ``[eps, 1 - eps]`` (KPop's per-token divergence)."""
+    p = torch.exp(log_p.float()).clamp(eps, 1.0 - eps)
+    q = torch.exp(log_q.float()).clamp(eps, 1.0 - eps)
+    return p * torch.log(p / q) + (1 - p) * torch.log((1 - p) / (1 - q))
 
 
 def _rs_field(config: Any, name: str, default: Any) -> Any:
@@ -66,9 +75,11 @@ def apply_rejection_sampling(
     ``RejectionSamplingConfig``, any object or dict with those names). With
     ``log r = proximal - old`` per token (``r = pi_prox / pi_behave``; non-finite values
     count as 0) the metric is ``r`` (``ratio``), ``log r`` (``kl_k1``), ``(log r)^2 / 2``
-    (``kl_k2``) or ``1/r - 1 + log r`` (``kl_k3``: :func:`kl_estimator` ``k3`` of
-    (proximal, old), as AReaL). A value is in bounds when ``<= upper`` and, if ``lower``
-    is set, ``>= lower``.
+    (``kl_k2``), ``1/r - 1 + log r`` (``kl_k3``: :func:`kl_estimator` ``k3`` of
+    (proximal, old), as AReaL) or, for ``binary_kl`` (KPop), the larger of
+    :func:`binary_kl` (proximal, old) and (old, proximal) of the token probabilities
+    (0 where either logprob is not finite). A value is in bounds when ``<= upper`` and,
+    if ``lower`` is set, ``>= lower``.
 
     * ``level="token"``: each loss token is judged on its own metric; its weight is ``r``.
     * ``level="sequence"``: the metric is aggregated over the loss tokens of each sequence
@@ -112,6 +123,12 @@ def apply_rejection_sampling(
     log_r = torch.where(mask & torch.isfinite(log_r), log_r, 0.0)
     if metric_name == "ratio":
         metric = log_r  # compared in log space: log r vs log(bound)
+    elif metric_name == "binary_kl":
+        prox, old = proximal_logprobs.detach().float(), old_logprobs.detach().float()
+        finite = mask & torch.isfinite(prox) & torch.isfinite(old)
+        prox, old = torch.where(finite, prox, 0.0), torch.where(finite, old, 0.0)
+        metric = torch.maximum(binary_kl(prox, old), binary_kl(old, prox))
+        metric = torch.where(finite, metric, 0.0)
     else:
         metric = kl_estimator(log_r, torch.zeros_like(log_r), metric_name[3:])
     weight = torch.exp(log_r)

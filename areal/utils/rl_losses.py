@@ -4,6 +4,7 @@
 - :func:`ppo_actor_loss_fn`: the decoupled clipped surrogate (clip-higher, dual clip,
   GSPO sequence ratios, rejection sampling from :mod:`areal.utils.off_policy`);
 - :func:`sapo_loss_fn`: SAPO's soft gate;
+- :func:`cispo_loss_fn`: CISPO's clipped, stop-gradient importance weight;
 - :func:`ppo_critic_loss_fn`: the clipped value regression.
 """
 
@@ -213,6 +214,78 @@ def sapo_loss_fn(
         dual_clip_mask=torch.zeros_like(mask),
         sapo_soft_gate=gate.detach(),
     )
+    return loss, stats
+
+
+def cispo_loss_fn(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_clip: float,
+    eps_clip_higher: float,
+    loss_mask: torch.Tensor,
+    rejection_sampling: Any = None,
+    cu_seqlens: torch.Tensor | None = None,
+    loss_agg_mode: str = "token-mean",
+    loss_norm_constant: float | None = None,
+    token_keep_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO, MiniMax-M1's clipped IS-weight objective (arXiv 2506.13585, Eq. 4-5).
+
+    Per token, with ``r = exp(logprobs - proximal_logprobs)``::
+
+        L = -sg(clip(r, 1 - eps_clip, 1 + eps_clip_higher)) * A * logprobs
+        L = L * w                           w = behaviour importance weight
+
+    ``sg`` stops the gradient: unlike the PPO surrogate, a token whose ratio left the clip
+    band keeps its gradient ``-clip(r) * A * grad(log pi)``; only its weight is bounded.
+    Advantages are not clipped. ``rejection_sampling`` (decoupled loss), ``token_keep_mask``
+    and ``loss_agg_mode`` act as in :func:`ppo_actor_loss_fn`. ``clip_mask`` marks the
+    tokens whose ratio left the band (their loss is *not* zeroed).
+    """
+    if eps_clip_higher is None or eps_clip_higher <= 0:
+        raise ValueError(
+            f"eps_clip_higher={eps_clip_higher!r}; CISPO needs a positive upper clip of the "
+            "IS weight"
+        )
+    mask = loss_mask.bool()
+    advantages = advantages.detach().float()
+    prox = proximal_logprobs.detach().float()
+    rs = None
+    active = mask
+    if rejection_sampling is not None:
+        rs = apply_rejection_sampling(
+            prox, old_logprobs.detach().float(), mask, rejection_sampling, cu_seqlens
+        )
+        active = rs.keep_mask
+    if token_keep_mask is not None:
+        active = active & token_keep_mask.bool()
+    log_ratio = torch.where(active, logprobs.detach().float() - prox, 0.0)
+    ratio = torch.where(active, torch.exp(log_ratio), 0.0)
+    weight = ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_higher)
+    pg_loss = -weight * advantages * logprobs.float()
+    if rs is not None:
+        pg_loss = pg_loss * rs.behave_imp_weight
+    pg_loss = torch.where(active, pg_loss, 0.0)
+    loss = aggregate_token_loss(pg_loss, mask, loss_agg_mode, cu_seqlens, loss_norm_constant)
+    stats = dict(
+        loss=pg_loss.detach(),
+        importance_weight=ratio,
+        approx_kl=log_ratio,
+        clip_mask=(weight != ratio) & active,
+        dual_clip_mask=torch.zeros_like(mask),
+    )
+    if rs is not None:
+        old = old_logprobs.detach().float()
+        behave_mask = active & (rs.behave_imp_weight > 0)
+        stats.update(
+            behave_imp_weight=torch.where(active, rs.behave_imp_weight, 0.0),
+            behave_approx_kl=torch.where(behave_mask, prox - old, 0.0),
+            behave_mask=behave_mask,
+            rs_affected=rs.affected,
+            filtered_fraction=rs.filtered_fraction,
+        )
     return loss, stats
 
 

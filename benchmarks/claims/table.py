@@ -22,8 +22,15 @@ from dataclasses import dataclass, field
 # Controls: how a control run differs from the claim's run.
 #   ("wrap", MODE)   benchmarks/claims/reward_control.py --rewards MODE SCRIPT ...
 #                    (each training batch's rewards permuted / made constant)
+#   ("labels", ...)  benchmarks/claims/label_control.py SCRIPT ... (preference pairs: the
+#                    training pairs' chosen/rejected swapped in a seeded random half)
 #   ("args", [...])  extra arguments of the example script itself (its own control flag)
 CONTROL_SCRIPT = "benchmarks/claims/reward_control.py"
+LABEL_CONTROL_SCRIPT = "benchmarks/claims/label_control.py"
+# How far a run's "before" may be from the claim's recorded ``base`` (absolute): the
+# evaluation before training is greedy on a fixed base and held-out set, so it moves only
+# with the evaluation code (or a broken one).
+BASE_TOLERANCE = 0.05
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,12 @@ class Claim:
     # held-out set): its own run then skips the evaluation before training when that
     # claim runs too (with ``--only`` without it, it measures its own).
     before_from: str | None = None
+    # The "before" figure recorded for this base (docs/claims.json): the judge fails a run
+    # whose "before" is more than ``base_tolerance`` from it, or whose gain over its own
+    # "before" is smaller than the gain the threshold asks of this base
+    # (``threshold - base``). None: not checked.
+    base: float | None = None
+    base_tolerance: float = BASE_TOLERANCE
 
     def argv(self, run_dir: str, trial: str, control: bool = False) -> list[str]:
         """The example script's arguments for a run writing under ``run_dir``.
@@ -120,6 +133,7 @@ MT_SUCCESS = before_after(
 )
 
 SHUFFLED = Control("shuffled rewards", "wrap", ("shuffled",))
+SHUFFLED_LABELS = Control("shuffled labels", "labels", ())
 
 # The first 256 problems of the demo's 512-problem held-out set (same generator and seed):
 # the claims evaluated on it clear their thresholds by 15+ points and their controls stay
@@ -131,6 +145,7 @@ HELDOUT_256 = ("valid_dataset.path=synthetic://arith?digits=1&steps=2&n=256&seed
 CLAIMS: tuple[Claim, ...] = (
     Claim(
         name="demo",
+        base=0.215,
         stated="GRPO on tiny-base, held-out greedy 23.2% -> 97-98% (100 steps)",
         reproduce="make demo",
         script="examples/math/gsm8k_rl.py",
@@ -144,6 +159,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         name="moe",
+        base=0.246,
         stated="GRPO on tiny-moe at archon:d2e2 with routing replay, greedy 24.6% -> 87.5% "
         "(8 steps; shuffled 18.0-29.7%)",
         reproduce="python examples/math/gsm8k_rl.py --config examples/math/gsm8k_grpo_moe_cpu.yaml "
@@ -156,11 +172,12 @@ CLAIMS: tuple[Claim, ...] = (
         parse=ACCURACY,
         # the issue's bar: 15 points above the base (24.6% on these 256), which the
         # shuffled control must not reach
-        threshold=0.40,
+        threshold=0.623,  # calibrated: 5 seeds, the midpoint (docs/claims.md)
         controls=(SHUFFLED,),
     ),
     Claim(
         name="proxy-agent",
+        base=0.215,
         stated="openai-SDK agent through the proxy, 23.2% -> 94.7% (600 s; shuffled 35.9%)",
         reproduce="python examples/agent_workflow/math_agent.py "
         "--config examples/agent_workflow/agent_grpo_cpu.yaml",
@@ -178,6 +195,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         name="dpo",
+        base=0.238,
         stated="DPO preference accuracy 23.8% -> 98.0% (60 steps)",
         reproduce="python examples/alignment/dpo.py --config examples/alignment/dpo_cpu.yaml",
         script="examples/alignment/dpo.py",
@@ -186,24 +204,31 @@ CLAIMS: tuple[Claim, ...] = (
         overrides=(),
         metric="held-out preference accuracy (256 pairs)",
         parse=json_line("preference_accuracy"),
-        threshold=0.80,
+        threshold=0.738,  # calibrated: 5 seeds, the midpoint (docs/claims.md)
         rl_overrides=False,
+        controls=(SHUFFLED_LABELS,),
     ),
     Claim(
         name="rw",
+        base=0.473,
         stated="reward model pair accuracy 47.3% -> 93.4% (150 steps)",
         reproduce="python examples/alignment/rw.py --config examples/alignment/rw_cpu.yaml",
         script="examples/alignment/rw.py",
         config="examples/alignment/rw_cpu.yaml",
-        steps=100,
-        overrides=("evaluator.freq_steps=100",),  # held-out pairs before and after only
+        steps=200,  # 100 and 150 left true runs and controls < 20 points apart (calibration)
+        overrides=("evaluator.freq_steps=200",),  # held-out pairs before and after only
         metric="held-out pair accuracy (256 pairs)",
         parse=json_line("accuracy"),
-        threshold=0.75,
+        threshold=0.756,  # calibrated: 5 seeds at 200 steps, the midpoint (docs/claims.md)
         rl_overrides=False,
+        # the value head starts from the seed: the "before" of another seed may be further
+        # from 47.3% than the greedy evaluations' (to be narrowed by calibrate.py)
+        base_tolerance=0.10,
+        controls=(SHUFFLED_LABELS,),
     ),
     Claim(
         name="distillation",
+        base=0.215,
         stated="pure on-policy distillation from teacher-rl40, greedy 23.2% -> 92.0% (30 steps)",
         reproduce="python examples/math/gsm8k_rl.py "
         "--config examples/distillation/gsm8k_grpo_distill_cpu.yaml",
@@ -213,7 +238,7 @@ CLAIMS: tuple[Claim, ...] = (
         overrides=HELDOUT_256,
         metric="held-out greedy accuracy (256)",
         parse=ACCURACY,
-        threshold=0.70,
+        threshold=0.511,  # calibrated: 5 seeds, the midpoint (docs/claims.md)
         # the control distils from the base itself: nothing to learn from the teacher
         before_from="demo",  # tiny-base, the same evaluator and held-out set
         controls=(
@@ -222,6 +247,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         name="lora",
+        base=0.215,
         stated="GRPO with a LoRA adapter, greedy 23.2% -> 94.1% (30 steps)",
         reproduce="python examples/math/gsm8k_rl.py --config examples/math/gsm8k_grpo_lora.yaml",
         script="examples/math/gsm8k_rl.py",
@@ -230,22 +256,23 @@ CLAIMS: tuple[Claim, ...] = (
         overrides=HELDOUT_256,
         metric="held-out greedy accuracy (256)",
         parse=ACCURACY,
-        threshold=0.70,
+        threshold=0.565,  # calibrated: 5 seeds, the midpoint (docs/claims.md)
         before_from="demo",  # tiny-base, the same evaluator and held-out set
         controls=(SHUFFLED,),
     ),
     Claim(
         name="vlm",
+        base=0.0,
         stated="tiny-vlm CLEVR counting, greedy 0% -> 100% (60 steps; shuffled/random 0%)",
         reproduce="python examples/vlm/clevr_count_grpo.py "
         "--config examples/vlm/clevr_count_grpo_cpu.yaml",
         script="examples/vlm/clevr_count_grpo.py",
         config="examples/vlm/clevr_count_grpo_cpu.yaml",
-        steps=20,
+        steps=40,  # 20 left a true run at 9% against controls at 0% (calibration)
         overrides=(),
         metric="held-out greedy accuracy (256 scenes)",
         parse=ACCURACY,
-        threshold=0.10,
+        threshold=0.236,  # calibrated: 5 seeds at 40 steps, the midpoint (docs/claims.md)
         # shuffled rewards only: the random-rewards control (--random-rewards) stayed at 0%
         # beside it in every recorded run and cost a third of this claim's CPU; the longer
         # run of docs/customization/vlm.md measures both
@@ -253,6 +280,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         name="tool-task",
+        base=0.289,
         stated="necessary-tool task (A*B+C through a one-operation calculator, two calls), "
         "held-out greedy success 24.2% -> 72.7-89.1% (8 steps, 3 seeds; shuffled 24.6%)",
         reproduce="python benchmarks/bench_tool_task.py",
@@ -268,11 +296,12 @@ CLAIMS: tuple[Claim, ...] = (
         parse=tool_metric("success"),
         # 15 points above the base (28.9% on these 128); at lr 3e-5 and 8 steps the true
         # runs are mid-climb (55-90%), so the margin is kept wide
-        threshold=0.45,
+        threshold=0.410,  # calibrated: 5 seeds, the midpoint (docs/claims.md)
         controls=(SHUFFLED,),
     ),
     Claim(
         name="multi-turn",
+        base=0.262,
         stated="MultiTurnWorkflow, success within 2 turns 31.2% -> 67.2% (15 steps, 64 problems)",
         reproduce="python examples/multi_turn_math/gsm8k_rl_mt.py "
         "--config examples/multi_turn_math/gsm8k_grpo_mt_cpu.yaml total_train_steps=15 "
@@ -284,7 +313,7 @@ CLAIMS: tuple[Claim, ...] = (
         overrides=(),
         metric="held-out success within 2 turns (256)",
         parse=MT_SUCCESS,
-        threshold=0.58,
+        threshold=0.508,  # calibrated: 5 seeds, the midpoint (docs/claims.md)
         controls=(SHUFFLED,),
     ),
 )

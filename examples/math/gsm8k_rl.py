@@ -11,7 +11,7 @@ import sys
 
 from areal import PPOTrainer
 from areal.api.cli_args import GRPOConfig, load_expr_config
-from areal.dataset import get_custom_dataset
+from areal.dataset import default_reward_fn, get_custom_dataset
 from areal.utils.hf_utils import load_hf_tokenizer
 from areal.utils.stats_logger import StatsLogger
 
@@ -29,7 +29,8 @@ def main(args):
 
     log_path = StatsLogger.get_log_path(config.stats_logger)
     workflow_kwargs = dict(
-        reward_fn="areal.reward.gsm8k.gsm8k_reward_fn",
+        # GSM8K's reward; a reasoning_gym:// dataset's own score_answer
+        reward_fn=default_reward_fn(config.train_dataset.path),
         gconfig=config.gconfig,
         tokenizer=config.tokenizer_path,
         enable_thinking=False,
@@ -37,6 +38,8 @@ def main(args):
     )
     eval_workflow_kwargs = workflow_kwargs.copy()
     eval_workflow_kwargs["gconfig"] = config.eval_gconfig
+    if config.valid_dataset is not None:
+        eval_workflow_kwargs["reward_fn"] = default_reward_fn(config.valid_dataset.path)
     eval_workflow_kwargs["rollout_stat_scope"] = "eval-rollout"
     eval_workflow_kwargs["dump_dir"] = os.path.join(log_path, "generated-eval")
 

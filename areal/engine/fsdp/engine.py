@@ -73,6 +73,7 @@ from areal.engine.fsdp.logprob_head import ChunkedLogprobHead
 from areal.engine.fsdp.parallelize import apply_fsdp2, lr_lambda
 from areal.engine.fsdp.tree_attention import TreePlan
 from areal.engine.fsdp.vision_inputs import VisionFeatureInjector, language_model_of, pack_images
+from areal.engine.fsdp.weight_delta import FSDPWeightDeltaMixin
 from areal.engine.fsdp.weight_export import DTYPES as _DTYPES
 from areal.engine.fsdp.weight_export import FSDPWeightExportMixin
 from areal.engine.fsdp.weight_push import FSDPWeightPushMixin
@@ -92,14 +93,15 @@ logger = logging.getLogger("FSDPEngine")
 class FSDPEngine(
     FSDPCheckpointMixin,
     FSDPWeightExportMixin,
+    FSDPWeightDeltaMixin,
     FSDPWeightPushMixin,
     FSDPFingerprintMixin,
     TrainEngine,
 ):
     """``TrainEngine`` on PyTorch FSDP2 (``fully_shard``) over the default process group.
 
-    Training lives here; checkpoints, the weight export, the push parts and the
-    fingerprint digests are the mixins of this folder (one module each)."""
+    Training lives here; checkpoints, the weight export (full and delta), the push parts
+    and the fingerprint digests are the mixins of this folder (one module each)."""
 
     def __init__(self, config: TrainEngineConfig):
         self.config = config
@@ -347,7 +349,7 @@ class FSDPEngine(
                 f"OptimizerConfig.type={oc.type!r}; allowed: 'adam', 'sgd', 'adam_bf16'"
             )
         total = ft_spec.total_train_steps if ft_spec is not None else 1
-        warmup = int(getattr(oc, "warmup_steps_proportion", 0.0) * total)
+        warmup = oc.warmup_length(total)
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lr_lambda(oc.lr_scheduler_type, total, warmup, getattr(oc, "min_lr_ratio", 0.0)),

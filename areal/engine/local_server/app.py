@@ -39,6 +39,7 @@ CONTROL_PATHS = (
     "/continue_generation",
     "/set_cpu_threads",
     "/update_weights_from_disk",
+    "/update_weights_from_delta",
     "/init_weights_update_group",
     "/update_weights_from_distributed",
     "/weights_fingerprint",
@@ -164,6 +165,7 @@ class LocalInferenceServer(OpenAIRoutes, WeightRoutes):
         r.add_get("/get_version", self.get_version)
         r.add_post("/set_version", self.set_version)
         r.add_post("/generate", self.generate)
+        r.add_post("/score", self.score)
         r.add_post("/abort_request", self.abort_request)
         r.add_post("/pause", self.pause)
         r.add_post("/pause_generation", self.pause)
@@ -173,6 +175,7 @@ class LocalInferenceServer(OpenAIRoutes, WeightRoutes):
         r.add_get("/is_paused", self.is_paused)
         r.add_post("/set_cpu_threads", self.set_cpu_threads)
         r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
+        r.add_post("/update_weights_from_delta", self.update_weights_from_delta)
         r.add_post("/init_weights_update_group", self.init_weights_update_group)
         r.add_post("/update_weights_from_distributed", self.update_weights_from_distributed)
         r.add_post("/weights_fingerprint", self.weights_fingerprint)
@@ -287,6 +290,25 @@ class LocalInferenceServer(OpenAIRoutes, WeightRoutes):
             return _error(400, f"threads={n!r}; allowed: an integer in [1, {cpus}]")
         previous = await self._call_core(self.core.set_cpu_threads(n))
         return web.json_response({"success": True, "threads": n, "previous": previous})
+
+    async def score(self, request):
+        """``{"input_ids": [[ids], ...] | [ids], "temperature": 1.0}``: per-token
+        log-probabilities of the given tokens under the current weights
+        (``scoring.py``); answers ``{"logprobs": [[...], ...], "version": v}``."""
+        from aiohttp import web
+
+        from areal.engine.local_server.scoring import check_score_request, score_tokens
+
+        body = await self._json(request)
+        try:
+            seqs, temperature = check_score_request(body, self.core.model.config.vocab_size)
+        except ValueError as e:
+            return _error(400, str(e))
+        model = self.core.model
+        logps = await self._call_core(
+            self.core.run_command(lambda: score_tokens(model, seqs, temperature))
+        )
+        return web.json_response({"logprobs": logps, "version": self.core.version})
 
     async def resume(self, request):
         from aiohttp import web

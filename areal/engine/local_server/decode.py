@@ -250,7 +250,8 @@ class FastDecoder:
             # Merge the two normalised parts by their log-sum-exp.
             lse = torch.logaddexp(stats[..., D:], l_s)
             o = stats[..., :D].mul((stats[..., D:] - lse).exp_()).add_(o_s.mul_((l_s - lse).exp_()))
-            h = h + attn.o_proj(o.view(B, NH * D))
+            # (the prompt part's kernel answers in float32: back to the weights' dtype)
+            h = h + attn.o_proj(o.view(B, NH * D).to(h.dtype))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.lm_head(self.norm(h))
 

@@ -18,6 +18,13 @@ generation goes on while it loads, and no token is ever produced from pending we
    their earlier tokens is kept).
 3. ``/rollback_weights``: the staged weights are dropped; nothing live changed.
 
+``/update_weights_from_delta {"model_path": dir, "version": v}`` is step 1 for a delta
+(``areal.utils.weight_delta``: ``dir/delta/`` holds the changed elements since the
+server's current version): staged the same way, from a copy of the live weights with the
+delta applied, fingerprinted and answered as a disk update is; then commit or rollback as
+above. A delta whose base version is not the server's current version, or whose dtype is
+not the model's, is refused (HTTP 400) before anything is staged.
+
 A versioned LoRA adapter (a directory with ``adapter_config.json``) is merged into the
 live weights instead, after copying them aside (``weights.PendingWeights``): the client
 pauses generation around it (``LocalBackend.updates_in_flight``), and a rollback copies
@@ -266,6 +273,64 @@ class WeightRoutes:
             n, fingerprint = await self._call_core(self.core.run_command(_do))
         except (FileNotFoundError, ValueError) as e:
             return _error(400, str(e))
+        return self._loaded(n, fingerprint, t0)
+
+    async def update_weights_from_delta(self, request):
+        """``{"model_path": dir, "version": v}``: stage the live weights plus the delta in
+        ``dir/delta/`` as pending version ``v`` (module docstring); HTTP 400 when its base
+        version or dtype does not match, or another update of another version is
+        pending."""
+        from areal.utils.weight_delta import (
+            DELTA_DIR,
+            DeltaRefused,
+            apply_delta,
+            check_delta,
+            read_manifest,
+        )
+
+        body = await self._json(request)
+        path = body.get("model_path", body.get("path"))
+        version = body.get("version")
+        if not isinstance(path, str):
+            return _error(400, "'model_path' (str) is required")
+        if not isinstance(version, int) or isinstance(version, bool):
+            return _error(400, "'version' (int) is required for a delta update")
+        t0 = time.monotonic()
+        delta_dir = os.path.join(path, DELTA_DIR)
+        model = self.core.model
+
+        def _stage():
+            manifest = read_manifest(delta_dir)
+            if manifest.get("version") != version:
+                raise DeltaRefused(
+                    f"delta in {delta_dir!r} is to version {manifest.get('version')}, the "
+                    f"request says {version}"
+                )
+            dtype = next(model.parameters()).dtype
+            with self.staged.lock:
+                check_delta(manifest, self.core.version, dtype)
+                if self.staged.active and self.staged.version != version:
+                    raise DeltaRefused(
+                        f"an update to version {self.staged.version} is pending; commit or "
+                        "roll it back first"
+                    )
+            n = self.staged.receive(
+                model, version, lambda into: apply_delta(delta_dir, into, manifest)
+            )
+            return n, self._update_fingerprint(path), manifest["totals"]
+
+        try:
+            n, fingerprint, totals = await asyncio.get_running_loop().run_in_executor(None, _stage)
+        except (FileNotFoundError, ValueError) as e:  # DeltaRefused is a ValueError
+            logger.warning("delta update to version %s refused: %s", version, e)
+            return _error(400, str(e))
+        logger.info(
+            "delta to version %d staged: %d tensors, %d elements changed (%d bytes)",
+            version,
+            n,
+            totals.get("changed", 0),
+            totals.get("bytes", 0),
+        )
         return self._loaded(n, fingerprint, t0)
 
     def _loaded(self, n: int, fingerprint: dict[str, Any] | None, t0: float):

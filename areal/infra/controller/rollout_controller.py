@@ -137,6 +137,8 @@ class RolloutController:
         group_size: int = 1,
         task_id: int | None = None,
         is_eval: bool = False,
+        reward_normalization: bool = False,
+        drop_incomplete_group: bool = False,
     ) -> int:
         return self._engine().submit(
             data,
@@ -146,6 +148,8 @@ class RolloutController:
             group_size=group_size,
             task_id=task_id,
             is_eval=is_eval,
+            reward_normalization=reward_normalization,
+            drop_incomplete_group=drop_incomplete_group,
         )
 
     def wait(self, count: int, timeout: float | None = None, **kwargs: Any) -> Any:

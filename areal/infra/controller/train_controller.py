@@ -688,6 +688,23 @@ class TrainController:
         (``areal.api.weights_api``); the bytes written by all ranks."""
         return sum(self._call_all("export_weight_shards", [((path,), {})] * len(self.workers)))
 
+    def weight_delta_state(self) -> dict[str, Any]:
+        """Rank 0's kept base of the delta transport (``FSDPEngine.weight_delta_state``)."""
+        return self._call_all("weight_delta_state", [((), {})] * len(self.workers))[0]
+
+    def export_weight_delta(
+        self, path: str | None, base_version: int | None, version: int, dtype: str
+    ) -> dict[str, Any]:
+        """Every rank exports the weight delta (collective; ``areal.api.weights_api``);
+        rank 0's manifest."""
+        args = ((path, base_version, version, dtype), {})
+        return self._call_all("export_weight_delta", [args] * len(self.workers))[0]
+
+    def commit_weight_delta(self, version: int, committed: bool = True) -> dict[str, Any]:
+        """Every rank moves (``committed``) or keeps its delta base; rank 0's state."""
+        args = ((version, committed), {})
+        return self._call_all("commit_weight_delta", [args] * len(self.workers))[0]
+
     def update_weights(self, meta: WeightUpdateMeta) -> None:
         """Push the current weights to the connected inference engine.
 

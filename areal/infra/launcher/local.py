@@ -6,7 +6,8 @@ The script runs as a child process. When it exits with a non-zero code (a crash,
 OOM kill, a dead training worker) and ``recover.mode`` is ``on`` or ``auto``, it is
 started again with the same arguments, up to ``recover.retries`` times; each rerun
 resumes from the newest complete recover checkpoint. SIGINT/SIGTERM are forwarded to the
-script and stop the retries. The exit code is the last run's.
+script and stop the retries. Then the config's ``post_exit_hook`` runs (once, after the
+last run, with ``LOG_DIR`` set). The exit code is the last run's.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 
 from omegaconf import OmegaConf
 
-from areal.infra.launcher.common import script_config
+from areal.infra.launcher.common import run_post_exit_hook, script_config
 from areal.utils import logging
 
 logger = logging.getLogger("LocalLauncher")
@@ -83,9 +84,12 @@ def main(argv: list[str] | None = None, backoff_s: float = 2.0) -> int:
     )
     args = parser.parse_args(argv)
     mode, retries = read_recover_settings(args.script_args)
-    return run_with_retries(
-        [sys.executable, args.script, *args.script_args], mode, retries, backoff_s=backoff_s
-    )
+    try:
+        return run_with_retries(
+            [sys.executable, args.script, *args.script_args], mode, retries, backoff_s=backoff_s
+        )
+    finally:
+        run_post_exit_hook(args.script_args)
 
 
 if __name__ == "__main__":

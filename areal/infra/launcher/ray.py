@@ -8,7 +8,8 @@ inference servers and training workers as actors. ``--address`` (or ``$RAY_ADDRE
 selects the cluster: ``auto`` = the cluster started on this node with
 ``ray start --head``, ``HOST:6379`` = a remote head; neither = a local Ray started for
 the run and shut down at its end. SIGINT/SIGTERM are forwarded to the script so the
-trainer tears its actors down. The exit code is the script's.
+trainer tears its actors down. Then the config's ``post_exit_hook`` runs (``LOG_DIR``
+set). The exit code is the script's.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import signal
 import subprocess
 import sys
 
-from areal.infra.launcher.common import script_command
+from areal.infra.launcher.common import run_post_exit_hook, script_command
 from areal.utils import logging
 
 logger = logging.getLogger("RayLauncher")
@@ -53,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _forward)
-    return proc.wait()
+    try:
+        return proc.wait()
+    finally:
+        run_post_exit_hook(args.script_args)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ submits it with ``sbatch``; the job runs ``python SCRIPT ... scheduler.type=slur
 task), whose ``SlurmScheduler`` submits one more job per worker role. The controller's
 output goes to ``controller-{jobid}.log`` in the same folder. The job id is logged (and
 printed alone on stdout for scripts). ``--wait`` blocks until the job ends and returns
-its exit code. ``SLURM_CONF`` and the current environment are passed on.
+its exit code. ``SLURM_CONF`` and the current environment are passed on. A config with a
+``post_exit_hook`` runs it inside the job after the controller exits (``LOG_DIR`` set; the
+job's exit code stays the controller's).
 """
 
 from __future__ import annotations
@@ -19,21 +21,10 @@ import shlex
 import subprocess
 import sys
 
-from areal.infra.launcher.common import script_command, script_config
+from areal.infra.launcher.common import run_names, script_command, script_config
 from areal.utils import logging
 
 logger = logging.getLogger("SlurmLauncher")
-
-
-def run_names(script_args: list[str]) -> tuple[str, str, str]:
-    """``(fileroot, experiment_name, trial_name)`` from ``--config FILE`` plus overrides."""
-    from omegaconf import OmegaConf
-
-    cfg = script_config(script_args)
-    fileroot = OmegaConf.select(cfg, "cluster.fileroot", default=None) or "/tmp/areal/"
-    exp = OmegaConf.select(cfg, "experiment_name", default=None) or "default"
-    trial = OmegaConf.select(cfg, "trial_name", default=None) or "trial0"
-    return os.path.abspath(str(fileroot)), str(exp), str(trial)
 
 
 def build_script(
@@ -63,8 +54,22 @@ def build_script(
         lines.append(f"#SBATCH --time={time_limit}")
     if os.environ.get("SLURM_CONF"):
         lines.append(f"export SLURM_CONF={shlex.quote(os.environ['SLURM_CONF'])}")
-    lines.append(f"exec {shlex.join(cmd)}")
+    if not _has_post_exit_hook(script_args):
+        lines.append(f"exec {shlex.join(cmd)}")
+    else:  # the controller, then the hook on the same node; the job's code is the controller's
+        hook = [sys.executable, "-m", "areal.infra.launcher.common", *script_args]
+        lines += [shlex.join(cmd), "rc=$?", shlex.join(hook), "exit $rc"]
     return "\n".join(lines) + "\n"
+
+
+def _has_post_exit_hook(script_args: list[str]) -> bool:
+    from omegaconf import OmegaConf
+
+    return bool(
+        str(
+            OmegaConf.select(script_config(script_args), "post_exit_hook", default="") or ""
+        ).strip()
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

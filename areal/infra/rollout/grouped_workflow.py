@@ -33,6 +33,7 @@ __all__ = [
     "GroupedRolloutWorkflow",
     "interactions_to_tensor_dict",
     "is_interaction_dict",
+    "normalize_group_rewards",
     "tag_group_rows",
 ]
 
@@ -85,6 +86,44 @@ def interactions_to_tensor_dict(traj: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
+def _member_reward(result: Any) -> float | None:
+    """One member's scalar reward: its last interaction's, or its last row's."""
+    if is_interaction_dict(result):
+        return getattr(result[next(reversed(result))], "reward", None)
+    rewards = result.get("rewards") if isinstance(result, dict) else None
+    if not isinstance(rewards, torch.Tensor) or rewards.numel() == 0:
+        return None
+    return float(rewards.reshape(-1)[-1])
+
+
+def normalize_group_rewards(results: list[Any], log: Any = None) -> bool:
+    """Replace each member's reward by ``(r - mean) / (std + 1e-8)`` over the group (in
+    place; see :class:`GroupedRolloutWorkflow`). False (nothing changed) when a member has
+    no reward."""
+    rewards = [_member_reward(r) for r in results]
+    if any(r is None for r in rewards):
+        (log or logger).warning(
+            "reward_normalization: dropping a group (%d/%d members without a reward)",
+            sum(r is None for r in rewards),
+            len(rewards),
+        )
+        return False
+    t = torch.tensor(rewards, dtype=torch.float32)
+    std = t.std(unbiased=False) if t.numel() > 1 else torch.tensor(1.0)
+    normed = ((t - t.mean()) / (std + 1e-8)).tolist()
+    for result, value in zip(results, normed):
+        if is_interaction_dict(result):
+            for inter in result.values():
+                if getattr(inter, "reward", None) is not None:
+                    inter.original_reward = inter.reward
+                    inter.reward = value
+        else:
+            raw = result["rewards"]
+            result["original_rewards"] = raw.clone()
+            result["rewards"] = torch.full_like(raw, value, dtype=torch.float32)
+    return True
+
+
 def tag_group_rows(traj: dict[str, Any], group_id: int, first_episode_id: int) -> int:
     """Set ``group_ids`` (all ``group_id``) and batch-unique ``episode_ids`` on a padded
     result in place: its existing ``episode_ids`` (rows of one episode share a value; none:
@@ -111,9 +150,29 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
     position; dicts of interactions (values with ``to_tensor_dict()``) are merged into one
     :class:`GroupInteractions` dict that remembers each interaction's member. An exception
     in any member propagates (the executor counts the whole group as rejected).
+
+    AReaL 2.0's options (``gconfig.drop_incomplete_group``, ``gconfig.reward_normalization``,
+    ``rollout.serialize_group_samples``):
+
+    * ``drop_incomplete_group``: a group with any ``None`` member is rejected whole;
+    * ``reward_normalization``: each member's reward becomes ``(r - mean) / (std + 1e-8)``
+      over the group (population std; members with several rows or interactions: the
+      reward of their last one, applied to all of them); the raw reward is kept as
+      ``original_rewards`` (tensor dicts) / ``interaction.original_reward``. A group with a
+      missing member or reward is rejected (the statistics need the whole group);
+    * ``serialize``: members run one after another (stable submission order) instead of
+      concurrently.
     """
 
-    def __init__(self, workflow: RolloutWorkflow, group_size: int, logger: Any = None):
+    def __init__(
+        self,
+        workflow: RolloutWorkflow,
+        group_size: int,
+        logger: Any = None,
+        reward_normalization: bool = False,
+        drop_incomplete_group: bool = False,
+        serialize: bool = False,
+    ):
         if group_size < 1:
             raise ValueError(f"group_size={group_size}; must be >= 1")
         if not hasattr(workflow, "arun_episode"):
@@ -121,18 +180,42 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
         self.workflow = workflow
         self.group_size = int(group_size)
         self.logger = logger if logger is not None else globals()["logger"]
+        self.reward_normalization = bool(reward_normalization)
+        self.drop_incomplete_group = bool(drop_incomplete_group)
+        self.serialize = bool(serialize)
 
     async def _member(self, engine: InferenceEngine, data: dict[str, Any], index: int) -> Any:
         workflow_context.with_sample_index(index)
         return await self.workflow.arun_episode(engine, data)
 
+    async def _run_members(self, engine: InferenceEngine, data: dict[str, Any]) -> list[Any]:
+        if not self.serialize:
+            return list(
+                await asyncio.gather(
+                    *[self._member(engine, data, i) for i in range(self.group_size)]
+                )
+            )
+        out = []
+        for i in range(self.group_size):  # each in its own task: its own workflow context
+            out.append(await asyncio.create_task(self._member(engine, data, i)))
+        return out
+
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> Any:
-        results = await asyncio.gather(
-            *[self._member(engine, data, i) for i in range(self.group_size)]
-        )
+        results = await self._run_members(engine, data)
         kept = [(i, r) for i, r in enumerate(results) if r is not None]
         if not kept:
             return None
+        if len(kept) < len(results) and (self.drop_incomplete_group or self.reward_normalization):
+            self.logger.warning(
+                "%d/%d episodes of a group returned None; dropping the group (%s)",
+                len(results) - len(kept),
+                len(results),
+                "drop_incomplete_group" if self.drop_incomplete_group else "reward_normalization",
+            )
+            return None
+        if self.reward_normalization and self.group_size > 1:
+            if not normalize_group_rewards([r for _, r in kept], self.logger):
+                return None
         if len(kept) < len(results):
             self.logger.warning(
                 "%d/%d episodes of a group returned None; keeping the other %d",

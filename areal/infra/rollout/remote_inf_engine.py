@@ -301,7 +301,8 @@ class RemoteInfEngine(
             raise ValueError(
                 f"prompt of {len(req.input_ids)} tokens leaves no room under gconfig.max_tokens={g.max_tokens}"
             )
-        seed = req.metadata.get("seed")
+        # gconfig.seed (AReaL 2.0) is sent as it is; else the request's derived seed
+        seed = g.seed if g.seed is not None else req.metadata.get("seed")
         tokens: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -437,9 +438,19 @@ class RemoteInfEngine(
         group_size=1,
         task_id=None,
         is_eval=False,
+        reward_normalization=False,
+        drop_incomplete_group=False,
     ) -> int:
         return self._executor_or_raise().submit(
-            data, workflow, workflow_kwargs, should_accept_fn, group_size, task_id, is_eval
+            data,
+            workflow,
+            workflow_kwargs,
+            should_accept_fn,
+            group_size,
+            task_id,
+            is_eval,
+            reward_normalization=reward_normalization,
+            drop_incomplete_group=drop_incomplete_group,
         )
 
     def wait(self, count: int, timeout: float | None = None, **kwargs):

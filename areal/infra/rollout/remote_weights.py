@@ -1,5 +1,5 @@
 """Weight-update RPCs of ``RemoteInfEngine``: load under a pending version (from disk, or
-one announced bucket of an ``xccl`` broadcast), join the ``xccl`` group, commit the
+one announced bucket of an ``xccl`` broadcast, or a weight delta), join the ``xccl`` group, commit the
 pending version, roll the servers back.
 
 None of them pauses generation or moves a version on its own: pausing and versions
@@ -46,23 +46,47 @@ class WeightUpdateRPCMixin:
                 "update_weights_from_disk needs a WeightUpdateMeta of type 'disk' with a path"
             )
 
-        def _run():
-            t0 = time.monotonic()
-            # each server's answer, e.g. its weight fingerprint (areal.infra.weights)
-            self.disk_update_responses = responses = {}
-            self._call_all(
-                lambda i, a: self.backend.update_disk_call(meta.path, meta.version),
-                idempotent=True,
-                responses=responses,
-            )
-            logger.info(
-                "weights loaded from %s (pending version %s) in %.2fs",
-                meta.path,
-                meta.version,
-                time.monotonic() - t0,
-            )
+        def call():
+            return self.backend.update_disk_call(meta.path, meta.version)
 
-        return self._submit(_run)
+        return self._submit(lambda: self._load_on_all(call, meta, "weights loaded from"))
+
+    def _load_on_all(self, call: Callable[[], Any], meta: WeightUpdateMeta, what: str) -> None:
+        """Every server in rotation answers ``call()`` (a disk load or a delta, pending
+        ``meta.version``); each server's answer, e.g. its weight fingerprint
+        (areal.infra.weights), is kept in ``disk_update_responses``."""
+        t0 = time.monotonic()
+        self.disk_update_responses = responses = {}
+        self._call_all(lambda i, a: call(), idempotent=True, responses=responses)
+        logger.info(
+            "%s %s (pending version %s) in %.2fs",
+            what,
+            meta.path,
+            meta.version,
+            time.monotonic() - t0,
+        )
+
+    def supports_weight_delta(self) -> bool:
+        """Whether this backend's servers apply weight deltas (``update_weights_from_delta``;
+        the built-in server does, vLLM/SGLang do not)."""
+        return self.backend.update_delta_call("", 0) is not None
+
+    def update_weights_from_delta(self, meta: WeightUpdateMeta) -> Future:
+        """Every server in rotation applies the delta written under ``meta.path``
+        (``areal.utils.weight_delta``) as pending ``meta.version``; a server whose current
+        version is not the delta's base answers HTTP 400 (the push fails)."""
+        if meta.type != "disk" or not meta.path or meta.version is None:
+            raise ValueError(
+                "update_weights_from_delta needs a WeightUpdateMeta of type 'disk' with a path "
+                "and a version"
+            )
+        if not self.supports_weight_delta():
+            raise ValueError(f"backend {self.backend.name!r} has no weight delta route")
+
+        def call():
+            return self.backend.update_delta_call(meta.path, meta.version)
+
+        return self._submit(lambda: self._load_on_all(call, meta, "weight delta applied from"))
 
     def _weight_update_http_timeout(self, meta: WeightUpdateMeta) -> float:
         # The server answers within ``meta.timeout_s`` (its join / broadcasts fail then):

@@ -222,6 +222,8 @@ class ResultCollectionMixin:
         should_accept_fn: Callable[[dict[str, Any]], bool] | str | None = None,
         group_size: int = 1,
         timeout: float | None = None,
+        reward_normalization: bool = False,
+        drop_incomplete_group: bool = False,
     ) -> dict[str, Any] | list[Any]:
         """Submit every item of ``data``, wait until all finished, return the accepted ones.
 
@@ -229,7 +231,9 @@ class ResultCollectionMixin:
         result may hold fewer than ``len(data)`` results (``{}`` when none was accepted).
         ``last_submit_versions`` then has one entry per accepted result.
         """
-        wf = self._resolve_workflow(workflow, workflow_kwargs, group_size)
+        wf = self._resolve_workflow(
+            workflow, workflow_kwargs, group_size, reward_normalization, drop_incomplete_group
+        )
         tids = {self.submit(item, wf, None, should_accept_fn) for item in data}
         return self._wait_tasks(tids, timeout)
 
@@ -274,6 +278,8 @@ class ResultCollectionMixin:
         group_size: int = 1,
         timeout: float | None = None,
         dynamic_bs: bool = False,
+        reward_normalization: bool = False,
+        drop_incomplete_group: bool = False,
     ) -> dict[str, Any] | list[Any]:
         """Return ``consumer_batch_size`` accepted results, keeping the pipeline full.
 
@@ -286,7 +292,9 @@ class ResultCollectionMixin:
         no limit) bounds this call; without progress a warning is logged every minute.
         """
         self._require_initialized()
-        wf = self._resolve_workflow(workflow, workflow_kwargs, group_size)
+        wf = self._resolve_workflow(
+            workflow, workflow_kwargs, group_size, reward_normalization, drop_incomplete_group
+        )
         accept_fn = self._resolve_accept_fn(should_accept_fn)
         if self._det is not None:  # rollout_deterministic
             self._det.dynamic_bs = bool(dynamic_bs)

@@ -59,7 +59,12 @@ class SubmissionMixin:
     """
 
     def _resolve_workflow(
-        self, workflow: Any, workflow_kwargs: dict[str, Any] | None, group_size: int
+        self,
+        workflow: Any,
+        workflow_kwargs: dict[str, Any] | None,
+        group_size: int,
+        reward_normalization: bool = False,
+        drop_incomplete_group: bool = False,
     ) -> Any:
         if workflow is None:
             raise ValueError("workflow is required (an instance, a class or an import string)")
@@ -87,7 +92,13 @@ class SubmissionMixin:
         if not hasattr(instance, "arun_episode"):
             raise TypeError(f"workflow {type(instance).__name__} has no arun_episode()")
         if group_size > 1:
-            instance = GroupedRolloutWorkflow(instance, group_size)
+            instance = GroupedRolloutWorkflow(
+                instance,
+                group_size,
+                reward_normalization=reward_normalization,
+                drop_incomplete_group=drop_incomplete_group,
+                serialize=self.config.serialize_group_samples,
+            )
         return instance
 
     @staticmethod
@@ -109,11 +120,18 @@ class SubmissionMixin:
         group_size: int = 1,
         task_id: int | None = None,
         is_eval: bool = False,
+        reward_normalization: bool = False,
+        drop_incomplete_group: bool = False,
     ) -> int:
-        """Enqueue one rollout; returns its task id. It starts when capacity allows."""
+        """Enqueue one rollout; returns its task id. It starts when capacity allows.
+
+        ``reward_normalization`` / ``drop_incomplete_group``: AReaL 2.0's group options
+        (``gconfig``), see :class:`GroupedRolloutWorkflow` (``group_size > 1`` only)."""
         self._require_initialized()
         self._raise_if_dead()
-        wf = self._resolve_workflow(workflow, workflow_kwargs, group_size)
+        wf = self._resolve_workflow(
+            workflow, workflow_kwargs, group_size, reward_normalization, drop_incomplete_group
+        )
         accept_fn = self._resolve_accept_fn(should_accept_fn)
         with self._cv:
             if self.queue_size is not None and len(self._pending) >= self.queue_size:

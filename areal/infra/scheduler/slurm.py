@@ -5,8 +5,8 @@ A role of RPC workers (``distributed_env``: the training ranks) becomes one batc
 other) becomes one single-task batch job per worker, so that the node running one
 server's batch script can die without ending the other servers (a batch job ends with its
 batch host, ``--no-kill`` or not). Each job gets ``--cpus-per-task``, ``--mem-per-cpu``
-from ``SchedulingSpec.mem`` GB, ``--gpus-per-task`` when ``gpu > 0``, ``--exclude`` from
-the spec and ``--partition`` from the scheduler; ``--nodelist`` from the spec for the
+from ``SchedulingSpec.mem`` GB, ``--gpus-per-task`` when ``gpu > 0``, ``--exclude``,
+``--reservation`` and ``--exclusive`` from the spec and ``--partition`` from the scheduler; ``--nodelist`` from the spec for the
 shared job, its ``i mod n``-th node (``scontrol show hostnames``) for command worker ``i``.
 The batch script runs ``srun`` (``--kill-on-bad-exit=1`` for RPC workers) on this module's
 task entry (``python -m areal.infra.scheduler.slurm worker ...``), which on each task:
@@ -239,6 +239,10 @@ class SlurmScheduler(SchedulerBase):
             lines.append(f"#SBATCH --nodelist={nodelist}")
         if exclude:
             lines.append(f"#SBATCH --exclude={exclude}")
+        if spec.reservation:
+            lines.append(f"#SBATCH --reservation={spec.reservation}")
+        if spec.exclusive:
+            lines.append("#SBATCH --exclusive")
         env = worker_base_env()
         env.update(job.env_vars)
         lines += [f"export {k}={shlex.quote(str(v))}" for k, v in env.items()]

@@ -1,7 +1,8 @@
 """PPO-family policy: logprob recomputation, advantages and the clipped-surrogate update.
 
 ``PPOActor(config, engine)`` is algorithm code on top of any :class:`TrainEngine`; every
-algorithm preset (GRPO, PPO, DAPO, Dr.GRPO, LitePPO, RLOO, REINFORCE++, GSPO, SAPO, M2PO)
+algorithm preset (GRPO, PPO, DAPO, Dr.GRPO, LitePPO, RLOO, REINFORCE++, GSPO, SAPO, CISPO,
+M2PO)
 is a configuration of it. :class:`PPOActorHost` is the engine mixin that owns one and
 exposes its worker calls; ``FSDPPPOActor(PPOActorHost, FSDPEngine)`` is what the
 training workers host (the reference model is a frozen ``FSDPPPOActor`` used only for
@@ -15,11 +16,13 @@ Data keys (padded ``[B, T]``, token-aligned, see the shared conventions):
   rollout: group normalisation then groups rows by id and counts every episode once,
   see ``group_normalization``), ``versions``, ``prox_logp`` (recomputed by
   :meth:`PPOActor.compute_logp`; absent with ``prox_logp_method="loglinear"``, which
-  approximates it inside the loss from ``versions``), ``ref_logp`` (reference model),
+  approximates it inside the loss from ``versions``, and ``"reuse_train_logp"``, which
+  takes the training forward pass's own detached logprobs), ``ref_logp`` (reference model),
   ``values`` (critic), ``teacher_logp`` with ``rl_loss_weight`` / ``distill_loss_weight``
   ``[B]`` (on-policy distillation, see :func:`distill_loss`),
   ``no_eos`` ``[B]`` bool (truncated responses; otherwise a response that fills the padded
-  width counts as truncated).
+  width counts as truncated), ``turn_ids`` ``[B, T]`` (turn of each loss token, for
+  ``gae_timestep_unit="turn"``; default: each run of consecutive loss tokens is a turn).
 * out of :meth:`PPOActor.compute_advantages`: ``advantages``, ``old_logp`` (behaviour),
   ``prox_logp`` (the policy the ratio is clipped against; left out in ``loglinear``
   mode), ``returns`` (when ``values``),
@@ -36,11 +39,22 @@ import torch
 from areal.api.actor_config import PPOActorConfig
 from areal.api.engine_api import TrainEngine
 from areal.engine.fsdp_engine import FSDPEngine
+from areal.trainer.ppo.lambda_fn import per_sample_lambda, resolve_gae_lambda
 from areal.utils import logging, stats_tracker
-from areal.utils.advantages import gae, reward_overlong_penalty
+from areal.utils.advantages import (
+    gae,
+    reward_overlong_penalty,
+    turn_gae,
+    turn_ids_from_loss_mask,
+)
 from areal.utils.data import select_sequences
 from areal.utils.off_policy import loglinear_prox_logp, m2po_loss_mask
-from areal.utils.rl_losses import LOSS_AGG_MODES, ppo_actor_loss_fn, sapo_loss_fn
+from areal.utils.rl_losses import (
+    LOSS_AGG_MODES,
+    cispo_loss_fn,
+    ppo_actor_loss_fn,
+    sapo_loss_fn,
+)
 from areal.utils.rl_statistics import group_normalization, kl_estimator, sequence_index
 from areal.utils.seeding import request_seed
 
@@ -58,7 +72,9 @@ __all__ = [
 ]
 
 # keys the loss needs; everything else stays out of the mini-batches
-PROX_LOGP_METHODS = ("recompute", "loglinear", "metrics")
+PROX_LOGP_METHODS = ("recompute", "loglinear", "metrics", "reuse_train_logp")
+# methods without a proximal forward pass: the loss makes prox_logp itself
+_PROX_IN_LOSS = ("loglinear", "reuse_train_logp")
 
 _TRAIN_KEYS = (
     "input_ids",
@@ -144,6 +160,7 @@ class PPOActor:
                 f"actor.prox_logp_method={self.prox_logp_method!r}; allowed: "
                 f"{list(PROX_LOGP_METHODS)}"
             )
+        self._lambda_fn = resolve_gae_lambda(config.gae_lambda)
         # rejection sampling only acts on the decoupled loss (None: no behaviour weight)
         self.rejection_sampling = config.rejection_sampling if config.use_decoupled_loss else None
 
@@ -203,12 +220,13 @@ class PPOActor:
         # ---- logprobs: behaviour (old) and proximal
         behav = torch.where(loss_mask, data["logprobs"].float(), 0.0)
         prox = data.get("prox_logp")
-        # loglinear: approximated inside the loss from the versions (no proximal forward
-        # pass); a recomputed prox_logp, when given anyway, is used as it is (as AReaL)
+        # loglinear: approximated inside the loss from the versions; reuse_train_logp: the
+        # training forward's own logprobs (no proximal forward pass either way); a
+        # recomputed prox_logp, when given anyway, is used by loglinear as it is (as AReaL)
         approx_prox = (
-            cfg.use_decoupled_loss and self.prox_logp_method == "loglinear" and prox is None
+            cfg.use_decoupled_loss and self.prox_logp_method in _PROX_IN_LOSS and prox is None
         )
-        if approx_prox and data.get("versions") is None:
+        if approx_prox and self.prox_logp_method == "loglinear" and data.get("versions") is None:
             raise ValueError(
                 "actor.prox_logp_method='loglinear' needs per-token 'versions' in the batch"
             )
@@ -216,7 +234,7 @@ class PPOActor:
             if prox is None and not approx_prox:
                 raise ValueError(
                     "use_decoupled_loss=True but data has no 'prox_logp'; call compute_logp first "
-                    "(or set actor.prox_logp_method='loglinear')"
+                    "(or set actor.prox_logp_method='loglinear' / 'reuse_train_logp')"
                 )
             old_logp = behav
         elif cfg.recompute_logprob and prox is not None:
@@ -245,11 +263,10 @@ class PPOActor:
         simple = values is None and cfg.discount == 1.0 and not bool(kl_rewards.any())
         if simple:
             # no critic, no discount, no per-token rewards: every token gets its sequence reward
+            # (per token or per turn alike)
             advantages = rewards[:, None] * fmask
         else:
-            v = torch.zeros_like(tot_rewards) if values is None else values.float()
-            lam = cfg.gae_lambda if values is not None else 1.0
-            advantages, returns = gae(tot_rewards, v, loss_mask, cfg.discount, lam)
+            advantages, returns = self._gae(data, tot_rewards, kl_rewards, loss_mask)
             if values is not None:
                 data["returns"] = returns
         advantages = apply_norm(
@@ -264,6 +281,36 @@ class PPOActor:
         data["tot_rewards"] = tot_rewards
         data["task_rewards"] = rewards
         return data
+
+    def _gae(self, data, tot_rewards, kl_rewards, loss_mask):
+        """GAE per token or per turn (``gae_timestep_unit``); lambda (a number or one per
+        sequence from the ``gae_lambda`` function) acts where a critic gives values, as
+        the token-level rule always did (without one: lambda 1, discounted returns)."""
+        cfg = self.config
+        values = data.get("values")
+        v = torch.zeros_like(tot_rewards) if values is None else values.float()
+        turn_ids = data.get("turn_ids")
+        if turn_ids is None:
+            turn_ids = turn_ids_from_loss_mask(loss_mask)
+        lam: float | torch.Tensor = 1.0
+        if values is not None:
+            lam = cfg.gae_lambda
+            if self._lambda_fn is not None:
+                lam = per_sample_lambda(
+                    self._lambda_fn,
+                    cfg.gae_lambda_kwargs,
+                    loss_mask,
+                    turn_ids,
+                    cfg.gae_timestep_unit,
+                )
+        if cfg.gae_timestep_unit == "turn":
+            # as AReaL: the outcome reward goes through turn GAE, the token KL penalty
+            # stays a local per-token term of the advantage
+            adv, returns = turn_gae(
+                tot_rewards - kl_rewards, v, loss_mask, turn_ids, cfg.discount, lam
+            )
+            return adv + kl_rewards, returns
+        return gae(tot_rewards, v, loss_mask, cfg.discount, lam)
 
     # ------------------------------------------------------------------- update
     def _dp_rank(self) -> int:
@@ -299,8 +346,10 @@ class PPOActor:
         perm = torch.randperm(bs, generator=gen).to(data["attention_mask"].device)
         train_data = {k: data[k] for k in _TRAIN_KEYS if k in data}
         prox_method = self.prox_logp_method if cfg.use_decoupled_loss else "recompute"
-        approx_prox = prox_method == "loglinear" and "prox_logp" not in data
-        if approx_prox and current_version is None:
+        approx_prox = prox_method in _PROX_IN_LOSS and (
+            "prox_logp" not in data or prox_method == "reuse_train_logp"
+        )
+        if approx_prox and prox_method == "loglinear" and current_version is None:
             raise ValueError(
                 "actor.prox_logp_method='loglinear' needs the engine's policy version "
                 "(engine.get_version())"
@@ -314,6 +363,7 @@ class PPOActor:
             rejection_sampling=self.rejection_sampling,
             importance_sampling_level=cfg.importance_sampling_level,
             use_sapo_loss=cfg.use_sapo_loss,
+            use_cispo_loss=cfg.use_cispo_loss,
             sapo_tau_pos=cfg.sapo_tau_pos,
             sapo_tau_neg=cfg.sapo_tau_neg,
             use_decoupled_loss=cfg.use_decoupled_loss,
@@ -321,7 +371,7 @@ class PPOActor:
             loss_norm_constant=self.loss_norm_constant,
             current_version=current_version,
             prox_logp_method=prox_method,
-            # loglinear: the M2PO mask needs the approximated prox, made inside the loss
+            # loglinear / reuse: the M2PO mask needs the loss-made prox
             m2_threshold=m2_threshold if approx_prox else None,
         )
         weight_fn = functools.partial(loss_weight, loss_agg_mode=self.loss_agg_mode)
@@ -394,6 +444,7 @@ def grpo_loss_fn(
     rejection_sampling: Any = None,
     importance_sampling_level: str = "token",
     use_sapo_loss: bool = False,
+    use_cispo_loss: bool = False,
     sapo_tau_pos: float = 1.0,
     sapo_tau_neg: float = 1.05,
     use_decoupled_loss: bool = False,
@@ -411,6 +462,10 @@ def grpo_loss_fn(
     ``old_logp``, the current ``logprobs``, ``versions`` and ``current_version`` (the
     version the update started from) advanced by ``update_progress``; ``m2_threshold``
     then builds the M2PO mask from the approximation (per micro-batch).
+    ``"reuse_train_logp"``: the proximal logprobs are this forward pass's own ``logprobs``,
+    detached (any ``prox_logp`` in the batch is ignored, as AReaL; one mini-batch, so the
+    weights are still the update-start ones). ``use_cispo_loss``: :func:`cispo_loss_fn`
+    instead of the clipped surrogate.
     ``"metrics"``: the recomputed ``prox_logp`` is used and the approximation's error
     against it is logged under ``compute_logp/``.
     """
@@ -421,7 +476,11 @@ def grpo_loss_fn(
     keep = input_data.get("m2po_mask")
     prox_gt = input_data.get("prox_logp")
     versions = input_data.get("versions")
-    if prox_logp_method == "loglinear" and prox_gt is None:
+    if prox_logp_method == "reuse_train_logp":
+        prox_logp = logprobs.detach().float()
+        if m2_threshold is not None and keep is None:
+            keep = m2po_loss_mask(old_logp, prox_logp, mask, m2_threshold)
+    elif prox_logp_method == "loglinear" and prox_gt is None:
         if versions is None or current_version is None:
             raise ValueError(
                 "prox_logp_method='loglinear' needs 'versions' in the batch and current_version"
@@ -435,7 +494,24 @@ def grpo_loss_fn(
             keep = m2po_loss_mask(old_logp, prox_logp, mask, m2_threshold)
     else:
         prox_logp = old_logp if prox_gt is None else prox_gt
-    if use_sapo_loss:
+    if use_cispo_loss:
+        if use_sapo_loss:
+            raise ValueError("actor.use_cispo_loss and actor.use_sapo_loss are mutually exclusive")
+        loss, stat = cispo_loss_fn(
+            logprobs,
+            prox_logp,
+            old_logp,
+            advantages,
+            eps_clip,
+            eps_clip_higher,
+            mask,
+            rejection_sampling=rejection_sampling if use_decoupled_loss else None,
+            cu_seqlens=cu,
+            loss_agg_mode=loss_agg_mode,
+            loss_norm_constant=loss_norm_constant,
+            token_keep_mask=keep,
+        )
+    elif use_sapo_loss:
         if use_decoupled_loss:
             raise ValueError(
                 "actor.use_sapo_loss=True is incompatible with actor.use_decoupled_loss=True"

@@ -6,6 +6,7 @@
         --server-addrs 127.0.0.1:8000,127.0.0.1:8001 --tokenizer MODEL_DIR \\
         [--backend local] [--host 127.0.0.1] [--port 0] [--addr-file PATH] \\
         [--chat-template-type hf] [--engine-max-tokens N] [--online]
+        [--start-session-status 201]
 
 The admin key comes from the environment (``AREAL_PROXY_ADMIN_KEY``), never from the
 command line; without it a random key is generated and written to ``--admin-key-file``
@@ -46,6 +47,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--session-timeout-seconds", type=float, default=3600.0)
     p.add_argument("--request-timeout", type=float, default=3600.0)
     p.add_argument("--online", action="store_true", help="online-mode grants (429 without)")
+    p.add_argument(
+        "--start-session-status", type=int, default=200, choices=[200, 201],
+        help="HTTP status of a started session (201: AReaL 2.0's v2 gateway)",
+    )  # fmt: skip
     p.add_argument("--admin-key-file", default=None, help="where a generated admin key goes")
     args = p.parse_args(argv)
 
@@ -80,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         port=args.port,
         session_timeout_seconds=args.session_timeout_seconds,
         capacity_control=args.online,
+        start_session_status=args.start_session_status,
     )
     try:
         serve_until_signalled(server, args.addr_file, "proxy")

@@ -12,8 +12,12 @@ and ``.../v1`` work with the OpenAI SDK; the Anthropic SDK calls ``/v1/messages`
 path                      key        what
 ========================  =========  ==================================================
 ``/health``               none       liveness
-``/rl/start_session``     admin      ``{task_id, api_key?}`` -> ``{session_id, api_key}``
-                                     (a live session's key: refresh, see below)
+``/rl/start_session``     admin      ``{task_id, api_key?}`` -> ``{session_id, api_key,
+                                     group_id, sessions: [{session_id,
+                                     session_api_key}]}`` (the last two: AReaL 2.0's
+                                     v2 gateway shape; HTTP 200, or 201 with
+                                     ``start_session_status=201``, as 2.0's v2
+                                     gateway answers); a live session's key: refresh
 ``/rl/set_reward``        session    ``{interaction_id?, reward}`` (None: the last call)
 ``/rl/end_session``       session    the session is final; its key is revoked
 ``/export_trajectories``  admin      ``{session_id, discount, style}``: waits for the
@@ -96,6 +100,14 @@ class StartSessionRequest(_Strict):
 class StartSessionResponse(BaseModel):
     session_id: str
     api_key: str
+    # AReaL 2.0's v2 inference gateway answers a group of sessions (one here)
+    group_id: str
+    sessions: list[dict[str, str]]
+
+    @classmethod
+    def of(cls, session_id: str, api_key: str) -> "StartSessionResponse":
+        one = {"session_id": session_id, "session_api_key": api_key}
+        return cls(session_id=session_id, api_key=api_key, group_id=session_id, sessions=[one])
 
 
 class SetRewardRequest(_Strict):
@@ -188,9 +200,13 @@ class ProxyState:
         session_timeout_seconds: float = SESSION_TIMEOUT_SECONDS,
         capacity_control: bool = False,
         refresh_timeout: float = REFRESH_TIMEOUT_SECONDS,
+        start_session_status: int = 200,
     ):
         if not admin_api_key or not admin_api_key.strip():
             raise ValueError("admin_api_key must be a non-blank string")
+        if start_session_status not in (200, 201):
+            raise ValueError(f"start_session_status={start_session_status}; allowed: 200, 201")
+        self.start_session_status = start_session_status
         if session_timeout_seconds <= 0:
             raise ValueError(f"session_timeout_seconds={session_timeout_seconds}; must be > 0")
         if refresh_timeout <= 0:
@@ -444,7 +460,8 @@ def create_app(state: ProxyState):
         require(request, auth.ADMIN)
         req = await body(request, StartSessionRequest, allow_empty=True)
         data = await state.start_or_refresh(req.task_id, req.api_key)
-        return StartSessionResponse(session_id=data.session_id, api_key=data.api_key)
+        answer = StartSessionResponse.of(data.session_id, data.api_key)
+        return JSONResponse(answer.model_dump(), status_code=state.start_session_status)
 
     @rl.post(f"/{RL_SET_REWARD_PATHNAME}")
     async def set_reward(request: Request):
@@ -641,9 +658,15 @@ class ProxyServer:
         session_timeout_seconds: float = SESSION_TIMEOUT_SECONDS,
         capacity_control: bool = False,
         refresh_timeout: float = REFRESH_TIMEOUT_SECONDS,
+        start_session_status: int = 200,
     ):
         self.state = ProxyState(
-            client, admin_api_key, session_timeout_seconds, capacity_control, refresh_timeout
+            client,
+            admin_api_key,
+            session_timeout_seconds,
+            capacity_control,
+            refresh_timeout,
+            start_session_status,
         )
         self.host = host
         self._port = port

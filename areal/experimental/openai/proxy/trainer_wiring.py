@@ -9,11 +9,14 @@ the rollout engine) is started on first use, in the trainer's process, and stopp
 processes started by the trainer's scheduler (role ``proxy``) behind one gateway
 (``areal.experimental.openai.proxy.gateway``), whose address the workflows use. In online mode (``rollout.agent.mode='online'``) the training workflow is
 always the online one, and ``online_dataset`` gives the empty rows that stand for the
-episode slots external clients fill.
+episode slots external clients fill. With ``rollout._version='v2'`` (AReaL 2.0's v2
+inference gateway) the proxy behaves as that gateway: ``/rl/start_session`` answers 201
+and the admin key is ``rollout.admin_api_key``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from areal.experimental.openai.proxy.gateway import start_proxy_gateway
@@ -63,6 +66,18 @@ class TrainerAgentProxy:
         self.server: Any = None
 
     @property
+    def v2(self) -> bool:
+        """AReaL 2.0's v2 inference gateway is named (``rollout._version='v2'``)."""
+        return self.rollout_config._version == "v2"
+
+    def agent_config(self) -> Any:
+        """``rollout.agent``; under v2 with ``rollout.admin_api_key`` as its admin key."""
+        cfg = self.rollout_config.agent
+        if self.v2:
+            cfg = dataclasses.replace(cfg, admin_api_key=self.rollout_config.admin_api_key)
+        return cfg
+
+    @property
     def base_url(self) -> str | None:
         """The proxy's base URL (None until an agent workflow starts it)."""
         return None if self.server is None else self.server.base_url
@@ -72,7 +87,7 @@ class TrainerAgentProxy:
     ) -> tuple[Any, dict[str, Any] | None]:
         """``(workflow, kwargs)`` to run: an agent wrapped in ``OpenAIProxyWorkflow`` (the
         agent class instantiated with ``workflow_kwargs``), anything else unchanged."""
-        cfg = self.rollout_config.agent
+        cfg = self.agent_config()
         online = cfg.mode == "online" and not for_eval
         agent = None
         if not online:
@@ -98,7 +113,8 @@ class TrainerAgentProxy:
     def ensure_started(self) -> str:
         """Start the proxy (once) in this process, in front of the rollout engine; with
         ``agent.proxy_workers > 0``, that many proxy workers behind a gateway instead."""
-        cfg = self.rollout_config.agent
+        cfg = self.agent_config()
+        status = 201 if self.v2 else 200
         if self.server is None and cfg.proxy_workers > 0:
             self.server = start_proxy_gateway(
                 self.scheduler,
@@ -107,13 +123,13 @@ class TrainerAgentProxy:
                 self.tokenizer.name_or_path,
                 request_timeout=self.rollout_config.request_timeout,
                 setup_timeout=self.rollout_config.setup_timeout,
+                start_session_status=status,
             )
         if self.server is None:
             # the OpenAI SDK and FastAPI/uvicorn: heavy, only for agent runs
             from areal.experimental.openai.client import ArealOpenAI
             from areal.experimental.openai.proxy.server import ProxyServer
 
-            cfg = self.rollout_config.agent
             client = ArealOpenAI(
                 self.rollout,
                 self.tokenizer,
@@ -129,8 +145,11 @@ class TrainerAgentProxy:
                 port=cfg.proxy_port,
                 session_timeout_seconds=cfg.session_timeout_seconds,
                 capacity_control=cfg.mode == "online",
+                start_session_status=status,
             ).start()
             logger.info(f"OpenAI-compatible proxy ({cfg.mode} mode) at {self.server.base_url}")
+            if self.v2:  # the line AReaL 2.0's examples/hermes README tells users to look for
+                logger.info(f"Proxy gateway available at {self.server.base_url}")
         return self.server.base_url
 
     def stop(self) -> None:

@@ -183,7 +183,7 @@ class Gateway:
                     for w in self.router.workers
                 ):
                     continue
-            if status == 200:
+            if status in (200, 201):  # 201: AReaL 2.0's v2 answer
                 answer = _json(data)
                 self.router.bind(answer["session_id"], answer["api_key"], worker)
             return web.Response(body=data, status=status, content_type=ctype)

@@ -39,6 +39,7 @@ def proxy_worker_command(
     agent_config: Any,
     request_timeout: float = 3600.0,
     python: str = sys.executable,
+    start_session_status: int = 200,
 ) -> str:
     """The command (``{host}``/``{port}`` placeholders) of one proxy worker.
 
@@ -72,6 +73,8 @@ def proxy_worker_command(
         argv += ["--engine-max-tokens", str(cfg.engine_max_tokens)]
     if cfg.mode == "online":
         argv.append("--online")
+    if start_session_status != 200:
+        argv += ["--start-session-status", str(start_session_status)]
     return shlex.join(argv)
 
 
@@ -98,6 +101,7 @@ def start_proxy_gateway(
     tokenizer_path: str,
     request_timeout: float = 3600.0,
     setup_timeout: float = 300.0,
+    start_session_status: int = 200,
 ) -> GatewayServer:
     """Proxy workers plus their gateway (module docstring); returns the started gateway."""
     cfg = agent_config
@@ -106,7 +110,13 @@ def start_proxy_gateway(
     auth.refuse_default_key_off_loopback(
         cfg.proxy_host, cfg.admin_api_key, "the proxy gateway", HOW_TO_SET_KEY
     )
-    command = proxy_worker_command(server_addrs, tokenizer_path, cfg, request_timeout)
+    command = proxy_worker_command(
+        server_addrs,
+        tokenizer_path,
+        cfg,
+        request_timeout,
+        start_session_status=start_session_status,
+    )
     urls = start_proxy_workers(
         scheduler, cfg.proxy_workers, command, cfg.admin_api_key, timeout=setup_timeout
     )

@@ -1,0 +1,3 @@
+from areal.cli.main import cli
+
+cli()
