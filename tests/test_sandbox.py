@@ -30,10 +30,21 @@ CAP = 64 * 1024
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux namespaces")
 
 
+# A uid of this file's own: other test files run sandboxes as nobody (65534) at the same
+# time, and RLIMIT_NPROC counts per uid across the host, so the fork bomb here would starve
+# them and their processes would blur the process counts here.
+UID = 64990
+
+
 @pytest.fixture(scope="module")
 def sandbox():
     config = SandboxConfig(
-        wall_time_s=30, cpu_time_s=1, memory_mb=512, max_processes=16, max_output_bytes=CAP
+        wall_time_s=30,
+        cpu_time_s=1,
+        memory_mb=512,
+        max_processes=16,
+        max_output_bytes=CAP,
+        uid=UID,
     )
     return Sandbox(config)
 
@@ -42,14 +53,14 @@ def run(sandbox, code, **kw):
     return sandbox.run_python_sync(code, **kw)
 
 
-def _sandbox_uid_processes(uid=65534):
+def _sandbox_uid_processes(uid=UID):
     return [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"].real == uid]
 
 
 def test_sandbox_normal_snippet_returns_stdout_as_unprivileged_uid(sandbox):
     r = run(sandbox, "import os\nprint(6 * 7)\nprint(os.getuid(), os.getgid(), os.getcwd())")
     assert r.ok and r.error is None and r.exit_code == 0, r
-    assert r.stdout.split() == ["42", "65534", "65534", "/tmp/sandbox"]
+    assert r.stdout.split() == ["42", str(UID), "65534", "/tmp/sandbox"]
 
 
 def test_sandbox_infinite_loop_cpu_time_limit(sandbox):
@@ -69,17 +80,54 @@ def test_sandbox_sleeping_snippet_wall_timeout(sandbox):
     assert 1.4 < r.duration_s < 30
 
 
+def _descendants() -> dict[int, psutil.Process]:
+    return {c.pid: c for c in psutil.Process().children(recursive=True)}
+
+
+def _is_sandbox_uid(p: psutil.Process, config: SandboxConfig) -> bool:
+    try:
+        return config.uid <= p.uids().real < config.uid + config.uid_pool_size
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _still_running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_sandbox_cancelled_run_leaves_no_process(sandbox):
-    nobody_before = len(_sandbox_uid_processes())
+    # The processes this run starts (unshare, PID 1, the snippet), found as descendants of
+    # this test process: other test files run sandboxes as the same uid at the same time.
+    before = set(_descendants())
 
     async def main():
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(sandbox.run_python("import time\ntime.sleep(60)"), 1.0)
+        task = asyncio.create_task(sandbox.run_python("import time\ntime.sleep(60)"))
+        started: dict[int, psutil.Process] = {}
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            started = {pid: p for pid, p in _descendants().items() if pid not in before}
+            if any(_is_sandbox_uid(p, sandbox.config) for p in started.values()):
+                break
+        assert any(_is_sandbox_uid(p, sandbox.config) for p in started.values()), started
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return started
 
     start = time.monotonic()
-    asyncio.run(main())
+    started = asyncio.run(main())
     assert time.monotonic() - start < 30  # killed at the cancellation, not after its 60 s
-    assert len(_sandbox_uid_processes()) <= nobody_before
+    # Every one of them is gone (a zombie waiting for its reaper counts as gone).
+    deadline = time.monotonic() + 10
+    alive = list(started.values())
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _still_running(p)]
+        time.sleep(0.05)
+    assert not alive, alive
 
 
 def test_sandbox_fork_bomb_process_limit_and_host_unaffected(sandbox):
