@@ -263,3 +263,22 @@ def test_online_grants_route_external_sessions_to_the_granting_worker():
     finally:
         w1.stop()
         w2.stop()
+
+
+def test_starts_in_flight_count_as_open_sessions_when_choosing():
+    """Sessions still starting count as open (CI: 16 concurrent episodes split 3 / 13 when
+    a worker with 0 bound but 5 starting sessions still looked the least loaded)."""
+    from areal.experimental.openai.proxy.gateway.routing import Router
+
+    router = Router(["http://a", "http://b"], admin_key="k")
+    a, b = router.workers
+    a.starting, a.inflight = 3, 3
+    b.open_sessions = 1
+    assert router.pick() is b
+    # every start picks, then the worker counts it until the answer binds or fails
+    chosen = []
+    for _ in range(8):
+        w = router.pick()
+        w.starting += 1
+        chosen.append(w.url)
+    assert chosen.count("http://a") == 3 and chosen.count("http://b") == 5

@@ -167,15 +167,21 @@ class Gateway:
                     self.router.record_failure("no live proxy worker")
                     return _error(503, str(e), _FAILED)
             tried.add(worker.url)
+            worker.starting += 1  # counted as open until bound (no await between)
             try:
                 status, data, ctype = await self._call(request, worker, body)
             except WorkerUnreachable as e:
+                worker.starting -= 1
                 if previous is None and any(
                     w.alive and w.url not in tried for w in self.router.workers
                 ):
                     continue  # a new session: route it around the dead worker
                 self.router.record_failure(str(e))
                 return _error(502, f"starting a session failed: {e}", _FAILED)
+            except BaseException:  # cancelled (the client went away) or a bug
+                worker.starting -= 1
+                raise
+            worker.starting -= 1
             if status == 429 and previous is None:
                 worker.open_grants = 0  # no open grant there after all; try another
                 if any(

@@ -38,6 +38,9 @@ class ProxyWorker:
     url: str
     alive: bool = True
     open_sessions: int = 0
+    #: sessions whose ``/rl/start_session`` is on its way to the worker: they count as
+    #: open while choosing, or concurrent starts would all pile onto one worker
+    starting: int = 0
     inflight: int = 0
     sessions_total: int = 0
     open_grants: int = 0
@@ -49,6 +52,7 @@ class ProxyWorker:
             "url": self.url,
             "alive": self.alive,
             "open_sessions": self.open_sessions,
+            "starting": self.starting,
             "inflight": self.inflight,
             "sessions_total": self.sessions_total,
             "open_grants": self.open_grants,
@@ -114,7 +118,10 @@ class Router:
             raise NoLiveWorker(f"no live proxy worker behind the gateway ({reasons})")
         granted = [w for w in live if w.open_grants > 0]
         # ties (e.g. sessions that start after the previous one ended) rotate by total
-        return min(granted or live, key=lambda w: (w.open_sessions, w.inflight, w.sessions_total))
+        return min(
+            granted or live,
+            key=lambda w: (w.open_sessions + w.starting, w.inflight, w.sessions_total),
+        )
 
     def route_of_key(self, key: str | None) -> Route | None:
         sid = self.keys.session_of(key)
