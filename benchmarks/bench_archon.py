@@ -127,7 +127,7 @@ def _worker(rank, world, port, path, backend, steps, rows, seqlen, q):
         if backend.startswith("archon"):
             from areal.engine.archon import ArchonEngine as cls
         else:
-            from areal.engine.fsdp_engine import FSDPEngine as cls
+            from areal.engine.fsdp import FSDPEngine as cls
         eng = cls(cfg)
         eng.create_process_group()
         eng.initialize(None, FinetuneSpec(1, 100, 1))

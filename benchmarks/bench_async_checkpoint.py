@@ -65,7 +65,7 @@ def loss_weight_fn(d):
 def run(model: str, root: str, mode: str, steps: int, interval: int) -> dict:
     from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, RecoverConfig, TrainEngineConfig
     from areal.api.io_struct import FinetuneSpec, StepInfo
-    from areal.engine.fsdp_engine import FSDPEngine
+    from areal.engine.fsdp import FSDPEngine
     from areal.utils.recover import RecoverHandler, list_complete_checkpoints
 
     shutil.rmtree(root, ignore_errors=True)

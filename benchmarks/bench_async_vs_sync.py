@@ -39,7 +39,7 @@ from areal.utils.hf_utils import load_hf_tokenizer  # noqa: E402
 def _server_threads(n: int):
     """The built-in server's torch threads (its ``--threads`` flag, default 1): the
     trainer has no config field for it, so the benchmark wraps the flag builder."""
-    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.inference.clients.local import RemoteLocalEngine
 
     orig = RemoteLocalEngine.__dict__["build_server_args"]
 

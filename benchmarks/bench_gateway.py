@@ -222,12 +222,12 @@ def main() -> None:
     from conftest import build_tiny_lm_with_tokenizer
 
     from areal.api.cli_args import AgentConfig, InferenceEngineConfig
-    from areal.engine.local_remote import RemoteLocalEngine
     from areal.experimental.openai.proxy.gateway import (
         PROXY_ROLE,
         proxy_worker_command,
         start_proxy_workers,
     )
+    from areal.inference.clients.local import RemoteLocalEngine
     from areal.infra.scheduler.local import LocalScheduler
 
     tmp = tempfile.mkdtemp(prefix="bench_gateway_")

@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig  # noqa: E402
 from areal.api.io_struct import ModelRequest, ParamSpec, WeightUpdateMeta  # noqa: E402
-from areal.engine.local_remote import RemoteLocalEngine  # noqa: E402
-from areal.engine.local_server.launch import launch_local_server  # noqa: E402
+from areal.inference.clients.local import RemoteLocalEngine  # noqa: E402
+from areal.inference.server.launch import launch_local_server  # noqa: E402
 from areal.utils.cpu_info import cpu_kind  # noqa: E402
 
 
@@ -187,7 +187,7 @@ def bench_vllm(python, model_dir, prompts, samples, max_new, stop_ids):
 
     vLLM's CPU worker takes its thread count from OpenMP (``VLLM_CPU_OMP_THREADS_BIND``);
     it is pinned to one core here, like the other two."""
-    from areal.engine.vllm_remote import RemotevLLMEngine
+    from areal.inference.clients.vllm import RemotevLLMEngine
 
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
     eng = RemotevLLMEngine(InferenceEngineConfig(setup_timeout=900, request_timeout=3600))
@@ -324,7 +324,7 @@ def side_by_side(
     """The built-in server and vLLM's CPU build, one size after the other, the same prompts
     and answer lengths, each server on one core, both through areal's HTTP clients; with
     ``with_hf`` also transformers ``generate`` in this process (one thread)."""
-    from areal.engine.vllm_remote import RemotevLLMEngine
+    from areal.inference.clients.vllm import RemotevLLMEngine
 
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
     rows = []
@@ -387,7 +387,7 @@ def profile_core(model_dir, prompts, samples, max_new, fast_decode):
     sampling, prefill/admission, the rest; thread CPU time, so less sensitive to load."""
     from transformers import AutoModelForCausalLM
 
-    from areal.engine.local_server import core as core_mod
+    from areal.inference.server import core as core_mod
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     core = core_mod.GenerationCore(model, max_batch_size=128, fast_decode=fast_decode)

@@ -61,9 +61,9 @@ def main() -> None:
 
     from areal.api.cli_args import OptimizerConfig, TrainEngineConfig
     from areal.api.io_struct import FinetuneSpec, WeightUpdateMeta
-    from areal.engine.fsdp_engine import FSDPEngine
-    from areal.engine.local_server.weights import load_weights_from_disk
-    from areal.engine.lora import apply_adapter
+    from areal.engine.fsdp import FSDPEngine
+    from areal.inference.server.weights import load_weights_from_disk
+    from areal.models.lora_adapter import apply_adapter
 
     tmp = tempfile.mkdtemp(prefix="bench_lora_")
     try:

@@ -106,8 +106,8 @@ def measure_point(point: dict) -> dict:
     import transformers
 
     from areal.engine.fsdp.logprob_head import chunked_logprobs_entropy
-    from areal.engine.local_server.core import GenerationCore
-    from areal.engine.local_server.requests import SamplingParams
+    from areal.inference.server.core import GenerationCore
+    from areal.inference.server.requests import SamplingParams
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -132,8 +132,8 @@ def _train_rank(rank, world, path, tokens, sync, wu_port, q_specs, q_ack) -> dic
     import transformers
 
     from areal.api.io_struct import FinetuneSpec, WeightUpdateMeta
+    from areal.engine.fsdp import FSDPEngine
     from areal.engine.fsdp.logprob_head import chunked_logprobs_entropy
-    from areal.engine.fsdp_engine import FSDPEngine
 
     bp._warm_up(torch, transformers, chunked_logprobs_entropy)
     base = bp._rss_bytes()
@@ -163,7 +163,7 @@ def _train_rank(rank, world, path, tokens, sync, wu_port, q_specs, q_ack) -> dic
     if not sync:
         eng.destroy()
         return res
-    from areal.engine.local_server.weights import load_weights_from_disk
+    from areal.inference.server.weights import load_weights_from_disk
 
     if rank == 0:
         eng.connect_engine(_FakeServer(q_specs, q_ack), None)
@@ -266,7 +266,7 @@ def _demo_train_rank(rank, world, path, points) -> list[dict]:
     import torch
 
     from areal.api.io_struct import FinetuneSpec
-    from areal.engine.fsdp_engine import FSDPEngine
+    from areal.engine.fsdp import FSDPEngine
 
     eng = FSDPEngine(bte._config(path, 16384))
     eng.create_process_group()
@@ -322,8 +322,8 @@ def serve_point(point: dict) -> dict:
     import torch
     import transformers
 
-    from areal.engine.local_server.core import GenerationCore
-    from areal.engine.local_server.requests import SamplingParams
+    from areal.inference.server.core import GenerationCore
+    from areal.inference.server.requests import SamplingParams
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -116,7 +116,7 @@ def _padded_step(eng, batch, n_mbs: int) -> None:
 
 def _train_bench(rank: int, out_dir: str, args) -> dict:
     from areal.api.io_struct import FinetuneSpec
-    from areal.engine.fsdp_engine import FSDPEngine
+    from areal.engine.fsdp import FSDPEngine
 
     path = _save_model(os.path.join(out_dir, "small"), 256, 4, 688, 4000, 4, 2)
     lens = torch.tensor(_lengths(args.batch))
@@ -167,7 +167,7 @@ def _export_rank(rank: int, world_size: int, out_dir: str, wu_port: int, q_specs
     from concurrent.futures import Future
 
     from areal.api.io_struct import WeightUpdateMeta
-    from areal.engine.fsdp_engine import FSDPEngine
+    from areal.engine.fsdp import FSDPEngine
 
     path = os.path.join(out_dir, "big")
     eng = FSDPEngine(_config(path, None, train=False))

@@ -96,7 +96,7 @@ def main() -> None:
 
     from areal.api.cli_args import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
     from areal.api.io_struct import FinetuneSpec
-    from areal.engine.fsdp_engine import FSDPEngine
+    from areal.engine.fsdp import FSDPEngine
     from areal.models.tiny import get_tiny_base_path
     from areal.trainer.ppo.actor import grpo_loss_fn, loss_weight
 

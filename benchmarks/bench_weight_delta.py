@@ -131,8 +131,8 @@ def run(model: str, root: str, steps: int, lr: float) -> dict:
         TrainEngineConfig,
     )
     from areal.api.io_struct import FinetuneSpec, SaveLoadMeta, WeightUpdateMeta
-    from areal.engine.fsdp_engine import FSDPEngine
-    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.engine.fsdp import FSDPEngine
+    from areal.inference.clients.local import RemoteLocalEngine
     from areal.infra.weights.weight_sync import WeightSynchronizer
     from areal.infra.weights.weight_verify import WeightFingerprintHook
 

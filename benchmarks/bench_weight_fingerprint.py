@@ -75,7 +75,7 @@ def _stack(root: str, model_dir: str):
 
     from areal.api.cli_args import InferenceEngineConfig
     from areal.api.io_struct import FinetuneSpec, WeightUpdateMeta
-    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.inference.clients.local import RemoteLocalEngine
     from areal.infra.controller.train_controller import TrainController
     from areal.infra.scheduler.local import LocalScheduler
 
@@ -154,8 +154,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from areal.infra.weight_sync import WeightSynchronizer
-    from areal.infra.weight_verify import WeightFingerprintHook
+    from areal.infra.weights.weight_sync import WeightSynchronizer
+    from areal.infra.weights.weight_verify import WeightFingerprintHook
 
     root = tempfile.mkdtemp(prefix="bench-wfp-")
     if args.model:

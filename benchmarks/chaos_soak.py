@@ -144,7 +144,7 @@ class Soak:
         out = []
         for c in self.children():
             try:
-                if "areal.engine.local_server" in " ".join(c.cmdline()):
+                if "areal.inference.server" in " ".join(c.cmdline()):
                     out.append(c)
             except psutil.Error:
                 pass

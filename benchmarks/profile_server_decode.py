@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_generation import make_prompts, side_by_side_model  # noqa: E402
 
-from areal.engine.local_server import core as core_mod  # noqa: E402
+from areal.inference.server import core as core_mod  # noqa: E402
 
 
 def _timed(acc: dict, key: str, fn):

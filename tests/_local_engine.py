@@ -14,7 +14,7 @@ def local_engine(
 ) -> Iterator[object]:
     """``RemoteLocalEngine`` connected to one built-in server serving ``model_dir``
     (``config``: more ``InferenceEngineConfig`` fields)."""
-    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.inference.clients.local import RemoteLocalEngine
 
     eng = RemoteLocalEngine(InferenceEngineConfig(setup_timeout=setup_timeout, **config))
     eng.launch_server({"model_path": model_dir})

@@ -19,7 +19,7 @@ import torch
 from _hf_reference import hf_greedy, hf_logprobs, hf_model
 from _local_engine import local_engine
 
-from areal.engine.local_server.core import GenerationCore, SamplingParams
+from areal.inference.server.core import GenerationCore, SamplingParams
 from areal.models.tiny_moe import get_tiny_moe_path
 
 ATOL = 1e-5
@@ -204,7 +204,7 @@ def test_splice_routing_keeps_each_position_from_the_chunk_that_generated_it():
 
 def test_vllm_with_return_routed_experts_is_refused():
     from areal.api.cli_args import InferenceEngineConfig
-    from areal.engine.vllm_remote import RemotevLLMEngine
+    from areal.inference.clients.vllm import RemotevLLMEngine
 
     with pytest.raises(ValueError, match="vLLM does not return MoE routing"):
         RemotevLLMEngine(InferenceEngineConfig(return_routed_experts=True))
@@ -216,7 +216,7 @@ def test_server_loads_per_expert_checkpoint_tensors_into_fused_experts(moe_dir, 
     every slice, names by checkpoint name, and refuses a directory missing one expert."""
     from safetensors.torch import load_file, save_file
 
-    from areal.engine.local_server.weights import checkpoint_tensors, load_weights_from_disk
+    from areal.inference.server.weights import checkpoint_tensors, load_weights_from_disk
 
     disk = load_file(os.path.join(moe_dir, "model.safetensors"))
     model = hf_model(moe_dir)
@@ -245,7 +245,7 @@ def test_staged_load_fills_fused_experts_only_at_commit(moe_dir):
     """An in-flight update (``StagedWeights``) of an MoE model: the per-expert checkpoint
     tensors land in a staging copy of the fused parameters; the live ones move only at
     commit, then equal the checkpoint."""
-    from areal.engine.local_server.weights import StagedWeights, load_weights_from_disk
+    from areal.inference.server.weights import StagedWeights, load_weights_from_disk
 
     model = hf_model(moe_dir)
     want = {n: p.detach().clone() for n, p in model.named_parameters()}

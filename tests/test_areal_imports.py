@@ -76,8 +76,8 @@ EXPECTED = [
     # engines
     ("areal.engine", "RemoteSGLangEngine"),
     ("areal.engine", "RemotevLLMEngine"),
-    ("areal.engine.sglang_remote", "RemoteSGLangEngine"),
-    ("areal.engine.vllm_remote", "RemotevLLMEngine"),
+    ("areal.inference.clients.sglang", "RemoteSGLangEngine"),
+    ("areal.inference.clients.vllm", "RemotevLLMEngine"),
     # infra
     ("areal.infra", "LocalScheduler"),
     ("areal.infra", "RayScheduler"),

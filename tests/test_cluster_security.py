@@ -110,7 +110,7 @@ def test_cluster_other_node_without_secret_gets_401_nothing_runs(netns_cluster, 
         procs.append(
             c.popen(
                 "a",
-                [sys.executable, "-m", "areal.engine.local_server", "--model-path", model,
+                [sys.executable, "-m", "areal.inference.server", "--model-path", model,
                  "--host", a, "--port", str(SERVER_PORT)],
                 env=env_a, stdout=logs["server"], stderr=subprocess.STDOUT,
             )

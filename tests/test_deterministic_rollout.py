@@ -209,7 +209,7 @@ def test_executor_wait_for_pinned_waves_refuses_when_paused():
 def test_core_deterministic_request_same_result_alone_or_among_others(tiny_model_dir):
     from _hf_reference import hf_model
 
-    from areal.engine.local_server.core import GenerationCore, SamplingParams
+    from areal.inference.server.core import GenerationCore, SamplingParams
 
     rng = random.Random(0)
     prompt = [rng.randrange(3, 400) for _ in range(11)]

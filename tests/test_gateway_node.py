@@ -69,7 +69,7 @@ def test_gateway_on_own_node_serves_episode_binds_node_address_refuses_without_k
         procs.append(
             c.popen(
                 "b",
-                [sys.executable, "-m", "areal.engine.local_server", "--model-path", model,
+                [sys.executable, "-m", "areal.inference.server", "--model-path", model,
                  "--host", b, "--port", str(SERVER_PORT)],
                 env=env, stdout=logs["server"], stderr=subprocess.STDOUT,
             )

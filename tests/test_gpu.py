@@ -39,7 +39,7 @@ def _hf_logprobs(model, prompt, output):
 def test_generation_core_cuda_greedy_tokens_and_logprobs_match_hf(tiny_model_dir):
     from concurrent.futures import Future
 
-    from areal.engine.local_server.core import GenerationCore, SamplingParams
+    from areal.inference.server.core import GenerationCore, SamplingParams
 
     model = _hf_cuda(tiny_model_dir)
     core = GenerationCore(_hf_cuda(tiny_model_dir), max_batch_size=16)
@@ -79,7 +79,7 @@ def test_generation_core_cuda_greedy_tokens_and_logprobs_match_hf(tiny_model_dir
 def test_generation_core_cuda_seeded_sampling_reproducible(tiny_model_dir):
     from concurrent.futures import Future
 
-    from areal.engine.local_server.core import GenerationCore, SamplingParams
+    from areal.inference.server.core import GenerationCore, SamplingParams
 
     def run_once():
         core = GenerationCore(_hf_cuda(tiny_model_dir), max_batch_size=4)
@@ -101,7 +101,7 @@ def test_generation_core_cuda_seeded_sampling_reproducible(tiny_model_dir):
 def test_http_server_on_cuda_serves_completions(tiny_model_dir):
     import requests
 
-    from areal.engine.local_server.launch import launch_local_server
+    from areal.inference.server.launch import launch_local_server
 
     group = launch_local_server(tiny_model_dir, num_servers=1, timeout=300)
     try:

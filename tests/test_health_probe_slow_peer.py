@@ -47,7 +47,7 @@ def _serve(can_go_silent: bool) -> http.server.ThreadingHTTPServer:
 
 @pytest.mark.slow  # ~15 s: import + a few 1 s probe rounds
 def test_health_loop_silent_peer_marked_hung_answering_server_stays_healthy():
-    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.inference.clients.local import RemoteLocalEngine
 
     fast, cut = _serve(False), _serve(True)
     addrs = [f"127.0.0.1:{s.server_address[1]}" for s in (fast, cut)]

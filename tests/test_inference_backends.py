@@ -21,10 +21,10 @@ from _jsonl import read_jsonl
 from areal.api.alloc_mode import AllocationMode
 from areal.api.cli_args import GenerationHyperparameters, PPOConfig
 from areal.api.io_struct import ModelRequest, WeightUpdateMeta
-from areal.engine import inference_backends as ib
-from areal.engine.local_remote import LocalBackend, RemoteLocalEngine
-from areal.engine.sglang_remote import RemoteSGLangEngine, SGLangBackend
-from areal.engine.vllm_remote import RemotevLLMEngine, VLLMBackend
+from areal.inference import backends as ib
+from areal.inference.clients.local import LocalBackend, RemoteLocalEngine
+from areal.inference.clients.sglang import RemoteSGLangEngine, SGLangBackend
+from areal.inference.clients.vllm import RemotevLLMEngine, VLLMBackend
 from areal.infra.remote_inf_engine import RemoteInfEngine
 
 FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fake_inference_server.py")
@@ -95,7 +95,7 @@ def test_server_command_vllm_flags_from_config_fields(monkeypatch):
     assert "--block-size 32" in joined  # n_gpus_per_node=0: vLLM CPU needs multiples of 32
     assert "--no-enable-chunked-prefill" in argv  # seeded requests + chunked prefill crash it
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
-    assert env["PYTHONPATH"].split(os.pathsep)[0].endswith(os.path.join("engine", "vllm_ext"))
+    assert env["PYTHONPATH"].split(os.pathsep)[0].endswith(os.path.join("inference", "vllm_ext"))
 
 
 def test_server_command_sglang_flags_from_config_fields():
@@ -116,7 +116,7 @@ def test_server_command_local_uses_actor_model_dtype_seed():
     c = _config()
     c.actor.dtype = "float32"
     cmd, env = ib.server_command("local", c)
-    assert _flags(cmd)[:3] == ["python", "-m", "areal.engine.local_server"]
+    assert _flags(cmd)[:3] == ["python", "-m", "areal.inference.server"]
     assert "--model-path /models/m --dtype float32 --seed 7" in cmd
     with pytest.raises(ValueError, match="tp_size=2"):
         ib.server_command("local", c, tp_size=2)

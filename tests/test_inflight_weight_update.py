@@ -21,7 +21,7 @@ import torch
 
 from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
 from areal.api.io_struct import ModelRequest, WeightUpdateMeta
-from areal.engine.local_server.weights import StagedWeights, load_weights_from_disk
+from areal.inference.server.weights import StagedWeights, load_weights_from_disk
 
 PROMPT = [11, 52, 7, 300, 41]
 
@@ -52,7 +52,7 @@ def _hf_logprobs(model_dir: str, prompt: list[int], output: list[int]) -> torch.
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.inference.clients.local import RemoteLocalEngine
 
     eng = RemoteLocalEngine(InferenceEngineConfig(setup_timeout=180, request_timeout=60))
     try:

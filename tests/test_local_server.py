@@ -12,8 +12,8 @@ import requests
 import torch
 from _hf_reference import hf_greedy, hf_logprobs, hf_model
 
-from areal.engine.local_server.core import GenerationCore, RequestError, SamplingParams
-from areal.engine.local_server.launch import launch_local_server
+from areal.inference.server.core import GenerationCore, RequestError, SamplingParams
+from areal.inference.server.launch import launch_local_server
 from areal.infra.launcher.server_process import launch_server_process
 from areal.utils.auth import SERVER_API_KEY_ENV, auth_headers, get_run_secret
 
@@ -335,7 +335,7 @@ async def test_chat_and_text_completions_with_tokenizer_in_process():
     """OpenAI endpoints on the shipped tiny base (tokenizer + chat template), in process."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from areal.engine.local_server.app import LocalInferenceServer
+    from areal.inference.server.app import LocalInferenceServer
     from areal.models.tiny import get_tiny_base_path
 
     path = get_tiny_base_path()
@@ -405,7 +405,7 @@ async def test_server_api_key_guards_generation_run_secret_guards_control(
 ):
     from aiohttp.test_utils import TestClient, TestServer
 
-    from areal.engine.local_server.app import LocalInferenceServer
+    from areal.inference.server.app import LocalInferenceServer
 
     torch.set_num_threads(1)
     monkeypatch.setenv(SERVER_API_KEY_ENV, "sk-gen-key")

@@ -10,10 +10,10 @@ import pytest
 import torch
 from _hf_reference import hf_greedy, hf_logprobs, hf_model
 
-from areal.engine.local_server.core import GenerationCore, SamplingParams
-from areal.engine.local_server.decode import FastDecoder
-from areal.engine.local_server.requests import Request
-from areal.engine.local_server.sampling import draw, sample_tokens, seeded_uniforms
+from areal.inference.server.core import GenerationCore, SamplingParams
+from areal.inference.server.decode import FastDecoder
+from areal.inference.server.requests import Request
+from areal.inference.server.sampling import draw, sample_tokens, seeded_uniforms
 
 
 def _run(core, jobs, timeout=180):
@@ -326,7 +326,7 @@ def test_prompt_cache_reused_across_admissions_and_emptied_by_weight_updates(tin
 
 @pytest.mark.parametrize("cpu_kernel", [True, False])
 def test_attend_matches_plain_softmax_attention_with_padding_bias(cpu_kernel, monkeypatch):
-    from areal.engine.local_server import decode
+    from areal.inference.server import decode
 
     if not cpu_kernel:  # the formula other devices use
         monkeypatch.setattr(decode, "_CPU_FLASH", None)
@@ -343,7 +343,7 @@ def test_attend_matches_plain_softmax_attention_with_padding_bias(cpu_kernel, mo
 
 
 def test_slot_chunks_cover_all_slots_and_split_where_prompts_get_much_shorter():
-    from areal.engine.local_server.kv_batch import chunks_cost, slot_chunks
+    from areal.inference.server.kv_batch import chunks_cost, slot_chunks
 
     lens = [300, 280, 0, 250, 150, 140, 60, 50, 40]
     chunks = slot_chunks(lens)
@@ -378,7 +378,7 @@ def test_shared_prompt_slots_with_mixed_group_sizes_match_hf(
     batch (rows refilled, slots freed and reused, slots re-sorted): greedy tokens equal HF
     generate's and logprobs HF forward's (atol 1e-4); samples of one prompt share a slot.
     Also with the plain attention formula that devices other than the CPU use."""
-    from areal.engine.local_server import decode
+    from areal.inference.server import decode
 
     if not cpu_kernel:
         monkeypatch.setattr(decode, "_CPU_FLASH", None)

@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-from areal.engine.lora import (
-    LoRASyncHook,
+from areal.engine.lora import LoRASyncHook
+from areal.models.lora_adapter import (
     adapter_deltas,
     apply_adapter,
     merge_adapter_into_checkpoint,
@@ -110,7 +110,7 @@ def test_lora_hf_save_is_the_merged_model_and_keeps_the_adapter(lora_engine, tmp
 def test_apply_adapter_replaces_previous_adapter_instead_of_accumulating(tmp_path, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from areal.engine.lora import write_adapter
+    from areal.models.lora_adapter import write_adapter
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     w0 = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
@@ -152,9 +152,9 @@ def test_lora_sync_hook_sends_adapter_under_versioned_names():
 
 def test_vllm_backend_loads_adapter_with_v1_load_lora_adapter(tmp_path):
     """Request format only: not run against a real vLLM server here."""
-    from areal.engine.lora import write_adapter
-    from areal.engine.vllm_remote import VLLMBackend
+    from areal.inference.clients.vllm import VLLMBackend
     from areal.infra.remote_inf_engine import GenParams
+    from areal.models.lora_adapter import write_adapter
 
     def params():
         return GenParams(2, 0, 1.0, 1.0, -1, False, [], False)

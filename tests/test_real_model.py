@@ -129,7 +129,7 @@ def test_real_model_hub_id_resolves_offline_loads_and_second_call_is_instant(
 def test_builtin_server_by_hub_id_greedy_equals_hf_generate(real_model, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from areal.engine.local_server.launch import launch_local_server
+    from areal.inference.server.launch import launch_local_server
 
     real_model.apply_env(monkeypatch)  # for the server process: it gets the hub id
     torch.set_num_threads(1)

@@ -17,9 +17,9 @@ from conftest import build_tiny_qwen2
 
 from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
 from areal.api.io_struct import ModelRequest, ParamSpec, WeightUpdateMeta
-from areal.engine.local_remote import RemoteLocalEngine
-from areal.engine.local_server.launch import launch_local_server
-from areal.engine.local_server.weights import init_custom_process_group
+from areal.inference.clients.local import RemoteLocalEngine
+from areal.inference.server.launch import launch_local_server
+from areal.inference.server.weights import init_custom_process_group
 from areal.infra.remote_inf_engine import NoHealthyServerError
 from areal.utils.network import find_free_ports
 

@@ -232,7 +232,7 @@ def test_every_model_call_refused_stops_prepare_batch_within_the_window(tiny_lm_
     """The server answers 400 (prompt longer than the context) to every call: the wait
     raises RolloutFailureError after 8 failed episodes (plus those already running),
     quoting the server's answer, instead of resubmitting forever."""
-    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.inference.clients.local import RemoteLocalEngine
 
     cfg = InferenceEngineConfig(
         setup_timeout=120,

@@ -122,13 +122,13 @@ def _hf_logprobs(model_dir, prompt, output):
 
 @pytest.mark.slow
 def test_watchdog_killed_server_restarted_with_current_disk_weights(tmp_path):
-    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.inference.clients.local import RemoteLocalEngine
     from areal.infra.server_watchdog import ServerWatchdog
 
     v0 = build_tiny_qwen2(str(tmp_path / "model"), seed=0)
     meta = WeightUpdateMeta.from_disk("exp", "trial", str(tmp_path))
     build_tiny_qwen2(meta.with_version(3).path, seed=1)  # "the trainer's" version 3
-    cmd = f"python -m areal.engine.local_server --model-path {v0} --host {{host}} --port {{port}}"
+    cmd = f"python -m areal.inference.server --model-path {v0} --host {{host}} --port {{port}}"
     spec = SchedulingSpec(cmd=cmd, port_count=1, env_vars={"OMP_NUM_THREADS": "1"})
     job = Job(
         replicas=2, role="rollout", tasks=[spec], health_path="/health", distributed_env=False
@@ -229,7 +229,7 @@ def _servers(pid: int) -> list[psutil.Process]:
     out = []
     for c in psutil.Process(pid).children(recursive=True):
         try:
-            if "areal.engine.local_server" in " ".join(c.cmdline()):
+            if "areal.inference.server" in " ".join(c.cmdline()):
                 out.append(c)
         except psutil.Error:
             pass

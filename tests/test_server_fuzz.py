@@ -16,7 +16,7 @@ import math
 import pytest
 import requests
 
-from areal.engine.local_server.launch import launch_local_server
+from areal.inference.server.launch import launch_local_server
 from areal.utils.auth import auth_headers, get_run_secret
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

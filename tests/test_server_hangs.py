@@ -84,12 +84,10 @@ def _generate(eng, prompts: list[list[int]]) -> list[list[int]]:
 @pytest.fixture
 def two_servers(tmp_path):
     """(scheduler, engine, addresses, model dir): two built-in servers of a tiny model."""
-    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.inference.clients.local import RemoteLocalEngine
 
     model = build_tiny_qwen2(str(tmp_path / "model"), seed=0)
-    cmd = (
-        f"python -m areal.engine.local_server --model-path {model} --host {{host}} --port {{port}}"
-    )
+    cmd = f"python -m areal.inference.server --model-path {model} --host {{host}} --port {{port}}"
     spec = SchedulingSpec(cmd=cmd, port_count=1, env_vars={"OMP_NUM_THREADS": "1"})
     job = Job(
         replicas=2, role="rollout", tasks=[spec], health_path="/health", distributed_env=False
@@ -277,7 +275,7 @@ def dropping_server():
 
 
 def test_dropped_connections_retried_beyond_request_retries_server_stays(dropping_server):
-    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.inference.clients.local import RemoteLocalEngine
 
     addr, state = dropping_server
     eng = RemoteLocalEngine(
@@ -297,7 +295,7 @@ def test_dropped_connections_retried_beyond_request_retries_server_stays(droppin
 def test_dropped_connection_on_continue_retried_once_server_stays(dropping_server, drops):
     """A dropped connection during ``/continue`` (the chaos soak's one unplanned exit: every
     server left the rotation) is retried once when the server still answers its probe."""
-    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.inference.clients.local import RemoteLocalEngine
     from areal.infra.remote_inf_engine import NoHealthyServerError
 
     addr, state = dropping_server

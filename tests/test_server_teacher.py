@@ -9,8 +9,8 @@ import torch
 from _dist_helpers import run_ranks
 
 from areal.api.cli_args import TeacherConfig
-from areal.engine.local_server.launch import launch_local_server
-from areal.engine.server_teacher import ServerTeacher, uses_server_teacher
+from areal.inference.server.launch import launch_local_server
+from areal.inference.teacher import ServerTeacher, uses_server_teacher
 
 
 def _batch() -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ from conftest import build_tiny_qwen2
 
 from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
 from areal.api.io_struct import ModelRequest, WeightUpdateMeta
-from areal.engine.vllm_remote import ENV_VLLM_PYTHON, RemotevLLMEngine
+from areal.inference.clients.vllm import ENV_VLLM_PYTHON, RemotevLLMEngine
 
 
 def _vllm_unavailable() -> str | None:
@@ -65,7 +65,7 @@ def _hf_greedy(model_dir: str, prompt: list[int], n: int) -> tuple[list[int], to
 def test_vllm_greedy_pause_reload_matches_hf(tmp_path, tie):
     # vLLM's CPU attention supports head dims 32, 64, 80, ... (not the default tiny model's 16).
     # Tied: vLLM's own reload leaves the CPU-packed lm_head stale; areal's worker extension
-    # (areal.engine.vllm_ext, on by default) re-packs it, so both must match HF.
+    # (areal.inference.vllm_ext, on by default) re-packs it, so both must match HF.
     v0 = build_tiny_qwen2(
         str(tmp_path / "v0"), seed=0, tie=tie, num_attention_heads=2, num_key_value_heads=1
     )

@@ -222,8 +222,8 @@ def _call():
 
 
 def test_local_and_sglang_image_requests_carry_base64_image_data():
-    from areal.engine.local_remote import LocalBackend
-    from areal.engine.sglang_remote import SGLangBackend
+    from areal.inference.clients.local import LocalBackend
+    from areal.inference.clients.sglang import SGLangBackend
     from areal.utils.vlm import load_image
 
     png = _png()
@@ -237,7 +237,7 @@ def test_local_and_sglang_image_requests_carry_base64_image_data():
 
 def test_vllm_image_request_is_chat_completion_with_data_urls():
     from areal.api.inference_protocol import GenParams
-    from areal.engine.vllm_remote import VLLMBackend, parse_chat_completion
+    from areal.inference.clients.vllm import VLLMBackend, parse_chat_completion
 
     be = VLLMBackend()
     call = be.generate_call(

@@ -58,7 +58,7 @@ async def test_vlm_server_image_and_text_requests_logprobs_match_hf(vlm_dir):
     from aiohttp.test_utils import TestClient, TestServer
     from transformers import Qwen2VLForConditionalGeneration
 
-    from areal.engine.local_server.app import LocalInferenceServer
+    from areal.inference.server.app import LocalInferenceServer
 
     torch.set_num_threads(1)
     srv = LocalInferenceServer.from_pretrained(vlm_dir, seed=0)

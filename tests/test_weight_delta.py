@@ -129,9 +129,9 @@ def test_weight_delta_transport_full_for_backends_without_route_and_xccl_lora_ke
 
     from areal.api.cli_args import InferenceEngineConfig, TrainEngineConfig
     from areal.api.io_struct import WeightUpdateMeta
-    from areal.engine.local_remote import RemoteLocalEngine
-    from areal.engine.sglang_remote import RemoteSGLangEngine
-    from areal.engine.vllm_remote import RemotevLLMEngine
+    from areal.inference.clients.local import RemoteLocalEngine
+    from areal.inference.clients.sglang import RemoteSGLangEngine
+    from areal.inference.clients.vllm import RemotevLLMEngine
     from areal.infra.weights.transports import (
         DeltaTransport,
         DiskTransport,

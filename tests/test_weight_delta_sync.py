@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 @contextlib.contextmanager
 def _stack(root: str, model_dir: str):
-    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.inference.clients.local import RemoteLocalEngine
     from areal.infra.controller.train_controller import TrainController
     from areal.infra.scheduler.local import LocalScheduler
 

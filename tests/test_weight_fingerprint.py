@@ -195,7 +195,7 @@ def server_app(tiny_model_dir):
     the test's event loop: a real socket on 127.0.0.1)."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from areal.engine.local_server.app import LocalInferenceServer
+    from areal.inference.server.app import LocalInferenceServer
 
     torch.set_num_threads(1)
     srv = LocalInferenceServer.from_pretrained(tiny_model_dir)
@@ -320,7 +320,7 @@ def _fault(kind, real_load, model, path, **kw):
     between versions (``noise``)."""
     import safetensors.torch as st
 
-    import areal.engine.local_server.weights as weights
+    import areal.inference.server.weights as weights
 
     old = dict(model.named_parameters())[_FAULTY].detach().clone()
     real_load_file = st.load_file
@@ -353,7 +353,7 @@ def _fault(kind, real_load, model, path, **kw):
 def _inject(monkeypatch, kind):
     import functools
 
-    import areal.engine.local_server.weights as weights
+    import areal.inference.server.weights as weights
 
     monkeypatch.setattr(
         weights,
@@ -750,7 +750,7 @@ async def test_fingerprint_in_update_response_bf16_server_learns_dtypes_then_no_
     and digests later exports in them; the next checks need no request and pass."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from areal.engine.local_server.app import LocalInferenceServer
+    from areal.inference.server.app import LocalInferenceServer
 
     torch.set_num_threads(1)
     srv = LocalInferenceServer.from_pretrained(tiny_model_dir, dtype="bfloat16", device="cpu")

@@ -71,7 +71,7 @@ class _RecordingHook(WeightSyncHook):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, tiny_model_dir):
-    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.inference.clients.local import RemoteLocalEngine
 
     root = tmp_path_factory.mktemp("wsync")
     with actor_stack(str(root), tiny_model_dir, "ws", timeout=180) as actor:

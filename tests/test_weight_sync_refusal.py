@@ -53,7 +53,7 @@ def _odd_model(path: str, like: str) -> str:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, tiny_model_dir):
-    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.inference.clients.local import RemoteLocalEngine
 
     root = tmp_path_factory.mktemp("refusal")
     odd = _odd_model(str(root / "odd"), tiny_model_dir)

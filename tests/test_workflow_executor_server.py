@@ -1,7 +1,7 @@
 """WorkflowExecutor + RLVRWorkflow against the REAL built-in inference server (tiny model).
 
 Needs ``areal.infra.remote_inf_engine.RemoteInfEngine`` and
-``areal.engine.local_server.launch.launch_local_server``; skipped only when those modules
+``areal.inference.server.launch.launch_local_server``; skipped only when those modules
 are missing.
 """
 
@@ -65,7 +65,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    from areal.engine.local_remote import RemoteLocalEngine
+    from areal.inference.clients.local import RemoteLocalEngine
 
     eng = RemoteLocalEngine(InferenceEngineConfig(setup_timeout=120))
     eng.launch_server({"model_path": model_dir, "num_servers": 1})

@@ -1,7 +1,7 @@
 """The inference protocol: the types the remote client and the backend adapters share.
 
-``areal.infra.rollout.remote_inf_engine.RemoteInfEngine`` (the client) speaks to a server
-only through a ``BackendAdapter`` (``areal.engine.{local,vllm,sglang}_remote``); both sides
+``areal.inference.remote.engine.RemoteInfEngine`` (the client) speaks to a server
+only through a ``BackendAdapter`` (``areal.inference.clients.{local,vllm,sglang}``); both sides
 use the types defined here and nothing of each other:
 
 - ``GenParams``: the sampling parameters of one chunk of a request;

@@ -63,7 +63,7 @@ def launch(args: argparse.Namespace) -> list:
     """Start the servers (module docstring); returns their ``ServerProcess`` objects."""
     from areal.api.alloc_mode import ParallelStrategy
     from areal.api.cli_args import GRPOConfig
-    from areal.engine.inference_backends import available_backends, engine_class, make_adapter
+    from areal.inference.backends import available_backends, engine_class, make_adapter
     from areal.infra.launcher.server_process import launch_server_process, wait_for_servers
     from areal.utils.network import find_free_ports
 

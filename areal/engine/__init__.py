@@ -1,14 +1,10 @@
-"""Training engines and everything inference.
+"""Training engines: ``FSDPEngine`` (FSDP2, ``areal.engine.fsdp``) and ``ArchonEngine``
+(FSDP2 x tensor x context x expert x pipeline, ``areal.engine.archon``), LoRA on them
+(``lora``). Everything that serves or calls an inference server is in ``areal.inference``.
 
-``from areal.engine import RemotevLLMEngine`` (AReaL's import path) works; names are
-imported lazily so that ``import areal.engine`` stays light:
-
-- ``RemoteLocalEngine`` / ``RemotevLLMEngine`` / ``RemoteSGLangEngine``: clients of the
-  built-in / vLLM / SGLang servers (``as_controller(config, scheduler)`` starts servers
-  through a scheduler);
-- ``FSDPEngine``: the FSDP2 training engine;
-- ``ArchonEngine``: the parallel (FSDP2 x tensor x context) training engine;
-- ``inference_backends``: the registry backend name -> engine, adapter, server command.
+``from areal.engine import RemotevLLMEngine`` (AReaL's import path) still works: the
+client engines are re-exported from ``areal.inference.clients``. Names are imported lazily
+so that ``import areal.engine`` stays light.
 """
 
 from __future__ import annotations
@@ -16,14 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 _LAZY = {
-    "RemoteLocalEngine": "areal.engine.local_remote",
-    "RemotevLLMEngine": "areal.engine.vllm_remote",
-    "RemoteSGLangEngine": "areal.engine.sglang_remote",
-    "FSDPEngine": "areal.engine.fsdp_engine",
+    "FSDPEngine": "areal.engine.fsdp",
     "ArchonEngine": "areal.engine.archon",
+    # AReaL's paths of the inference clients
+    "RemoteLocalEngine": "areal.inference.clients.local",
+    "RemotevLLMEngine": "areal.inference.clients.vllm",
+    "RemoteSGLangEngine": "areal.inference.clients.sglang",
 }
 
-__all__ = [*_LAZY, "inference_backends"]
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
@@ -31,6 +28,4 @@ def __getattr__(name: str) -> Any:
 
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    if name == "inference_backends":
-        return importlib.import_module("areal.engine.inference_backends")
     raise AttributeError(f"module 'areal.engine' has no attribute {name!r}")

@@ -3,7 +3,7 @@
 The inference part of an allocation (``local:d2``, ``vllm:d1``, ``sglang:d4t2``) names a
 backend; everything that starts or talks to inference servers looks it up here::
 
-    from areal.engine import inference_backends as ib
+    from areal.inference import backends as ib
 
     ib.available_backends()                     # ["local", "sglang", "vllm"]
     engine = ib.make_inference_engine("vllm", config.rollout)  # RemotevLLMEngine
@@ -54,16 +54,16 @@ def register_inference_backend(name: str, engine: str, description: str = "") ->
 
 register_inference_backend(
     "local",
-    "areal.engine.local_remote.RemoteLocalEngine",
-    "built-in PyTorch server (python -m areal.engine.local_server)",
+    "areal.inference.clients.local.RemoteLocalEngine",
+    "built-in PyTorch server (python -m areal.inference.server)",
 )
 register_inference_backend(
     "vllm",
-    "areal.engine.vllm_remote.RemotevLLMEngine",
+    "areal.inference.clients.vllm.RemotevLLMEngine",
     "vLLM OpenAI-compatible server in dev mode (AREAL_VLLM_PYTHON selects its interpreter)",
 )
 register_inference_backend(
-    "sglang", "areal.engine.sglang_remote.RemoteSGLangEngine", "SGLang native server"
+    "sglang", "areal.inference.clients.sglang.RemoteSGLangEngine", "SGLang native server"
 )
 
 

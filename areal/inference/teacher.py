@@ -56,7 +56,7 @@ class ServerTeacher:
     @classmethod
     def launch(cls, teacher_config: Any, timeout: float = 300.0) -> ServerTeacher:
         from areal.api.alloc_mode import ParallelStrategy
-        from areal.engine.local_server.launch import launch_local_server
+        from areal.inference.server.launch import launch_local_server
 
         backend = teacher_backend(teacher_config)
         alloc = ParallelStrategy.parse_backend(backend, "teacher.rollout.backend")

@@ -21,7 +21,7 @@ _LAZY = {
     "LocalScheduler": "areal.infra.scheduler.local",
     "RayScheduler": "areal.infra.scheduler.ray",
     "SlurmScheduler": "areal.infra.scheduler.slurm",
-    "RemoteInfEngine": "areal.infra.rollout.remote_inf_engine",
+    "RemoteInfEngine": "areal.inference.remote.engine",
     "RolloutController": "areal.infra.controller.rollout_controller",
     "TrainController": "areal.infra.controller.train_controller",
     "StalenessManager": "areal.infra.rollout.staleness_manager",

@@ -1,6 +1,6 @@
 """Old path of ``RemoteInfEngine`` (AReaL's import path), kept as a re-export.
 
-The client now lives in ``areal.infra.rollout.remote_inf_engine`` (assembled from
+The client now lives in ``areal.inference.remote.engine`` (assembled from
 ``remote_http``, ``server_rotation``, ``server_launch`` and ``remote_weights`` beside it);
 the types it shares with the backend adapters are in ``areal.api.inference_protocol``.
 """
@@ -14,7 +14,7 @@ from areal.api.inference_protocol import (
     NoHealthyServerError,
     ServerLeftRotationError,
 )
-from areal.infra.rollout.remote_inf_engine import ENV_SERVER_ADDRS, RemoteInfEngine
+from areal.inference.remote.engine import ENV_SERVER_ADDRS, RemoteInfEngine
 
 __all__ = [
     "ENV_SERVER_ADDRS",

@@ -53,16 +53,17 @@ from areal.api.alloc_mode import AllocationMode
 from areal.api.cli_args import BaseExperimentConfig, PPOConfig
 from areal.api.io_struct import StepInfo, WeightUpdateMeta
 from areal.api.workflow_api import RolloutWorkflow
-from areal.engine.server_teacher import ServerTeacher, uses_server_teacher
 from areal.experimental.openai.proxy.trainer_wiring import TrainerAgentProxy, online_dataset
-from areal.infra import stack_dump, workflow_context
+from areal.inference.teacher import ServerTeacher, uses_server_teacher
+from areal.infra import stack_dump
 from areal.infra.controller.train_controller import start_train_controller
-from areal.infra.grouped_workflow import (
+from areal.infra.rollout import workflow_context
+from areal.infra.rollout.failure_monitor import EpisodeFailureMonitor
+from areal.infra.rollout.grouped_workflow import (
     GroupedRolloutWorkflow,
     interactions_to_tensor_dict,
     is_interaction_dict,
 )
-from areal.infra.rollout.failure_monitor import EpisodeFailureMonitor
 from areal.infra.rollout.rollout_results import WaitInterrupted
 from areal.trainer.common import flush_perf_tracer, make_scheduler, setup_run, teardown_run
 from areal.trainer.cpu_handoff import CpuThreadHandoff
@@ -174,7 +175,7 @@ class PPOTrainer:
             self.actor.connect_engine(self.rollout, self.weight_update_meta)
             self.weight_sync = self._make_weight_sync()
             if config.rollout.verify_weights and not config.actor.use_lora:
-                from areal.infra.weight_verify import WeightFingerprintHook
+                from areal.infra.weights.weight_verify import WeightFingerprintHook
 
                 # every server's weights are checked against the trainer's after each push
                 self.weight_sync.add_hook(
@@ -227,10 +228,10 @@ class PPOTrainer:
         """Start the servers of the allocation's inference backend and connect its client.
 
         The backend name (``local``/``vllm``/``sglang``) picks, from the registry
-        ``areal.engine.inference_backends``, both the server command (flags from
+        ``areal.inference.backends``, both the server command (flags from
         ``config.vllm`` / ``config.sglang``) and the client engine speaking its protocol.
         """
-        from areal.engine import inference_backends
+        from areal.inference import backends as inference_backends
         from areal.infra.scheduler.servers import launch_inference_servers
 
         backend = self.alloc_mode.gen_backend
@@ -263,7 +264,7 @@ class PPOTrainer:
     def _make_weight_sync(self):
         """The one object that pauses, pushes weights, sets versions and resumes
         (``areal.infra.weight_sync``); add hooks with ``trainer.weight_sync.add_hook``."""
-        from areal.infra.weight_sync import WeightSynchronizer
+        from areal.infra.weights.weight_sync import WeightSynchronizer
 
         c = self.config
         scratch = os.path.join(
@@ -287,7 +288,7 @@ class PPOTrainer:
         )
 
     def _make_server_watchdog(self):
-        from areal.infra.server_watchdog import ServerWatchdog
+        from areal.infra.weights.server_watchdog import ServerWatchdog
 
         return ServerWatchdog(self.scheduler, self.rollout, weight_sync=self.weight_sync)
 

@@ -36,7 +36,7 @@ import torch
 
 from areal.api.io_struct import ModelRequest
 from areal.api.workflow_api import RolloutWorkflow
-from areal.infra import workflow_context
+from areal.infra.rollout import workflow_context
 from areal.utils import logging
 from areal.utils.moe_routing import splice_routing
 from areal.utils.seeding import request_seed

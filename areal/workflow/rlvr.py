@@ -43,7 +43,7 @@ import torch
 
 from areal.api.io_struct import ModelRequest
 from areal.api.workflow_api import RolloutWorkflow
-from areal.infra import workflow_context
+from areal.infra.rollout import workflow_context
 from areal.utils import logging
 from areal.utils.hf_utils import load_hf_tokenizer
 from areal.utils.seeding import request_seed

@@ -40,7 +40,7 @@ import math
 import threading
 from typing import Any
 
-from areal.infra import workflow_context
+from areal.infra.rollout import workflow_context
 from areal.utils import logging, stats_tracker
 
 logger = logging.getLogger("VerifiersAgent")

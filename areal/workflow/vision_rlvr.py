@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from areal.api.io_struct import ModelRequest
-from areal.infra import workflow_context
+from areal.infra.rollout import workflow_context
 from areal.utils import logging
 from areal.utils.seeding import request_seed
 from areal.utils.vlm import image_to_base64, load_images

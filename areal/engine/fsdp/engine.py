@@ -248,7 +248,7 @@ class FSDPEngine(
             ):
                 if hasattr(hf_config, k):
                     setattr(hf_config, k, 0.0)
-        from areal.engine import multimodal as mm
+        from areal.models import multimodal as mm
 
         self.is_vlm = mm.is_qwen_vl_config(hf_config)
         if self.is_critic:
@@ -297,7 +297,8 @@ class FSDPEngine(
             model.set_output_embeddings(self._head)
         model.config.use_cache = False
         if self.config.use_lora:
-            from areal.engine.lora import lora_scale, wrap_lora
+            from areal.engine.lora import wrap_lora
+            from areal.models.lora_adapter import lora_scale
 
             if self.is_critic:
                 raise ValueError("TrainEngineConfig.use_lora=True is not supported for critics")
@@ -431,7 +432,7 @@ class FSDPEngine(
         extra: dict[str, Any] = {"position_ids": pos[None]}
         images = None  # the fast VLM path's distinct images (vision_inputs.pack_images)
         if self.is_vlm:
-            from areal.engine.multimodal import MM_KEY, packed_multimodal_kwargs
+            from areal.models.multimodal import MM_KEY, packed_multimodal_kwargs
 
             entries = mb.get(MM_KEY) or [{}] * (cu.numel() - 1)
             if self.dedup_images and not self.is_critic:

@@ -142,7 +142,7 @@ class FSDPWeightExportMixin:
     def save_lora_adapter(self, path: str) -> int:
         """Write only the LoRA adapter (peft layout) to ``path`` on rank 0; collective.
         Returns the adapter's bytes (0 on other ranks)."""
-        from areal.engine.lora import adapter_tensors, write_adapter
+        from areal.models.lora_adapter import adapter_tensors, write_adapter
 
         self._export_digests = None  # the merged weights were not exported this time
         named = adapter_tensors(dict(self._require_model().named_parameters()))

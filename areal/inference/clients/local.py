@@ -1,4 +1,4 @@
-"""``RemoteLocalEngine``: ``RemoteInfEngine`` for the built-in server (``areal.engine.local_server``).
+"""``RemoteLocalEngine``: ``RemoteInfEngine`` for the built-in server (``areal.inference.server``).
 
 ``LocalBackend`` is its protocol adapter: native ``/generate`` with per-token weight
 versions, ``/pause`` / ``/continue``, ``/update_weights_from_disk`` (with the version), ``/update_weights_from_delta``,
@@ -14,12 +14,12 @@ from typing import Any
 
 from areal.api.cli_args import InferenceEngineConfig, PPOConfig
 from areal.api.inference_protocol import BackendAdapter, GenChunk, HttpCall, stop_reason
-from areal.engine.image_payloads import as_base64
-from areal.engine.inference_backends import server_command_line
-from areal.engine.local_server.launch import launch_local_server
-from areal.infra.rollout.remote_inf_engine import RemoteInfEngine
+from areal.inference.backends import server_command_line
+from areal.inference.clients.image_payloads import as_base64
+from areal.inference.remote.engine import RemoteInfEngine
+from areal.inference.server.launch import launch_local_server
 
-SERVER_MODULE = "areal.engine.local_server"
+SERVER_MODULE = "areal.inference.server"
 
 
 class LocalBackend(BackendAdapter):
@@ -105,7 +105,7 @@ class LocalBackend(BackendAdapter):
 
 
 class RemoteLocalEngine(RemoteInfEngine):
-    """Client of built-in servers (``python -m areal.engine.local_server``)."""
+    """Client of built-in servers (``python -m areal.inference.server``)."""
 
     def __init__(self, config: InferenceEngineConfig | None = None):
         super().__init__(config, backend=LocalBackend())

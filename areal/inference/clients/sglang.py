@@ -27,9 +27,9 @@ from areal.api.cli_args import (
     SGLangConfig,
 )
 from areal.api.inference_protocol import BackendAdapter, GenChunk, HttpCall, stop_reason
-from areal.engine.image_payloads import as_base64
-from areal.engine.inference_backends import server_command_line
-from areal.infra.rollout.remote_inf_engine import RemoteInfEngine
+from areal.inference.backends import server_command_line
+from areal.inference.clients.image_payloads import as_base64
+from areal.inference.remote.engine import RemoteInfEngine
 
 
 class SGLangBackend(BackendAdapter):

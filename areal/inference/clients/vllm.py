@@ -9,7 +9,7 @@ started with ``VLLM_SERVER_DEV_MODE=1``: ``POST /pause?mode=abort``, ``POST /res
 Logprobs: vLLM returns logprobs of the raw logits by default; start it with
 ``--logprobs-mode processed_logprobs`` to get them after temperature scaling (the
 convention of the rest of areal). Reloads go through areal's worker extension
-(``areal.engine.vllm_ext``), which also refreshes pre-packed output layers on CPU.
+(``areal.inference.vllm_ext``), which also refreshes pre-packed output layers on CPU.
 Distributed (xccl) weight updates are not supported by this adapter. vLLM does not track weight versions;
 the client stamps each chunk with its own version.
 
@@ -33,10 +33,10 @@ from typing import Any
 
 from areal.api.cli_args import VLLM_SERVER_MODULE, InferenceEngineConfig, PPOConfig, vLLMConfig
 from areal.api.inference_protocol import BackendAdapter, GenChunk, HttpCall, stop_reason
-from areal.engine import vllm_ext
-from areal.engine.image_payloads import as_data_url
-from areal.engine.inference_backends import server_command_line
-from areal.infra.rollout.remote_inf_engine import RemoteInfEngine
+from areal.inference import vllm_ext
+from areal.inference.backends import server_command_line
+from areal.inference.clients.image_payloads import as_data_url
+from areal.inference.remote.engine import RemoteInfEngine
 from areal.utils import logging
 
 logger = logging.getLogger("RemotevLLMEngine")
@@ -185,7 +185,7 @@ class RemotevLLMEngine(RemoteInfEngine):
         The interpreter is ``server_args["python"]``, else the env var ``AREAL_VLLM_PYTHON``,
         else ``python`` (vLLM can live in its own venv). Unless the caller names one, the
         server gets areal's worker extension (``--worker-extension-cls``; it reloads weights
-        and refreshes tied/pre-packed output layers, see ``areal.engine.vllm_ext``) and
+        and refreshes tied/pre-packed output layers, see ``areal.inference.vllm_ext``) and
         ``--logprobs-mode processed_logprobs`` (logprobs after temperature, the convention
         of the rest of areal); ``max_model_len`` is clamped to the model's
         ``max_position_embeddings`` (vLLM refuses a longer one)."""

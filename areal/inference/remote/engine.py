@@ -3,7 +3,7 @@
 Backend differences (endpoint names, payloads, response shapes) live in small adapter
 objects (``BackendAdapter``) that the caller passes in: this module knows no server.
 The adapters and the engines bound to them (``RemoteLocalEngine``, ``RemotevLLMEngine``,
-``RemoteSGLangEngine``) live in ``areal.engine``; ``areal.engine.inference_backends``
+``RemoteSGLangEngine``) live in ``areal.engine``; ``areal.inference.backends``
 maps a backend name to them and to its server command.
 
 What the engine does on top of the adapters:
@@ -45,11 +45,11 @@ Where each part lives (this module assembles them):
 
 - ``areal.api.inference_protocol``: the types shared with the adapters (``GenParams``,
   ``GenChunk``, ``HttpCall``, ``BackendAdapter``, ``stop_reason``, the errors);
-- ``areal.infra.rollout.remote_http``: HTTP plumbing (sessions, one call, every server);
-- ``areal.infra.rollout.server_rotation``: health deadlines, choosing a server,
+- ``areal.inference.remote.http``: HTTP plumbing (sessions, one call, every server);
+- ``areal.inference.remote.server_rotation``: health deadlines, choosing a server,
   exclusion and readmission;
-- ``areal.infra.rollout.server_launch``: starting servers;
-- ``areal.infra.rollout.remote_weights``: the weight-update RPCs;
+- ``areal.inference.remote.server_launch``: starting servers;
+- ``areal.inference.remote.weights``: the weight-update RPCs;
 - this module: lifecycle, ``agenerate`` (interruptible generation), pause and version,
   rollout delegation.
 """
@@ -74,11 +74,11 @@ from areal.api.inference_protocol import (
     ServerLeftRotationError,
 )
 from areal.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
+from areal.inference.remote.http import RemoteHttpMixin
+from areal.inference.remote.server_launch import ServerLaunchMixin
+from areal.inference.remote.server_rotation import ServerRotationMixin
+from areal.inference.remote.weights import WeightUpdateRPCMixin
 from areal.infra.rollout import workflow_context
-from areal.infra.rollout.remote_http import RemoteHttpMixin
-from areal.infra.rollout.remote_weights import WeightUpdateRPCMixin
-from areal.infra.rollout.server_launch import ServerLaunchMixin
-from areal.infra.rollout.server_rotation import ServerRotationMixin
 from areal.infra.rollout.workflow_executor import WorkflowExecutor
 from areal.utils import logging, stats_tracker
 from areal.utils.moe_routing import splice_routing
@@ -105,7 +105,7 @@ class RemoteInfEngine(
             raise TypeError(
                 f"RemoteInfEngine needs a BackendAdapter (got {backend!r}); use RemoteLocalEngine, "
                 "RemotevLLMEngine or RemoteSGLangEngine from areal.engine, or "
-                "areal.engine.inference_backends.make_inference_engine(name, config)"
+                "areal.inference.backends.make_inference_engine(name, config)"
             )
         self.backend = backend
         if self.config.return_routed_experts and backend.name == "vllm":

@@ -35,7 +35,7 @@ class RemoteHttpMixin:
 
     Uses the engine's ``config``, ``backend``, ``_sessions`` (event loop -> aiohttp
     session), ``_lock``, ``_last_ok`` and the rotation (``healthy_addresses``,
-    ``_is_healthy``, ``_mark_unhealthy``: ``areal.infra.rollout.server_rotation``).
+    ``_is_healthy``, ``_mark_unhealthy``: ``areal.inference.remote.server_rotation``).
     """
 
     def _session(self):

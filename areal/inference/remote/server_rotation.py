@@ -27,7 +27,7 @@ class ServerRotationMixin:
 
     Uses the engine's ``config``, ``backend``, ``addresses``, ``_healthy``, ``_inflight``,
     ``_rid_server``, ``_lock``, ``_last_ok``, ``_hung``, ``_health_stop``, ``_paused``,
-    ``_version``, ``_initialized`` and ``_post`` (``areal.infra.rollout.remote_http``).
+    ``_version``, ``_initialized`` and ``_post`` (``areal.inference.remote.http``).
     """
 
     def _wait_healthy(self, addrs: list[str], timeout: float) -> None:

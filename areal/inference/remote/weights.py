@@ -31,7 +31,7 @@ class WeightUpdateRPCMixin:
 
     Uses the engine's ``config``, ``backend``, ``_executor`` (thread pool), ``_version``,
     ``disk_update_responses``, ``healthy_addresses``, ``_mark_unhealthy`` and
-    ``_post``/``_post_idempotent``/``_call_all`` (``areal.infra.rollout.remote_http``).
+    ``_post``/``_post_idempotent``/``_call_all`` (``areal.inference.remote.http``).
     """
 
     def _submit(self, fn: Callable[[], Any]) -> Future:

@@ -1,4 +1,4 @@
-"""Command line of the built-in server: ``python -m areal.engine.local_server --model-path DIR``."""
+"""Command line of the built-in server: ``python -m areal.inference.server --model-path DIR``."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from areal.infra import stack_dump
 
     stack_dump.install_process_handler("server")  # the controller's hang dumps reach us
-    from areal.engine.local_server.app import LocalInferenceServer
+    from areal.inference.server.app import LocalInferenceServer
 
     server = LocalInferenceServer.from_pretrained(
         args.model_path,

@@ -4,7 +4,7 @@
 (health, metrics, version, ``/generate``, pause/continue, weight updates); the
 OpenAI-compatible endpoints come from ``openai_api.OpenAIRoutes``, the weight and version
 endpoints (pending weights, commit, rollback) from ``weight_routes.WeightRoutes``. The full HTTP surface
-is documented in ``docs/inference.md``. Start it with ``python -m areal.engine.local_server``.
+is documented in ``docs/inference.md``. Start it with ``python -m areal.inference.server``.
 
 Framework: aiohttp (already a dependency of the client). Request bodies are validated by
 hand in each handler and errors use one shape (``error_response``); there is no generated
@@ -18,9 +18,9 @@ import os
 import uuid
 from typing import Any
 
-from areal.engine.local_server.openai_api import OpenAIRoutes, error_response
-from areal.engine.local_server.vision import ImageInputCache
-from areal.engine.local_server.weight_routes import WeightRoutes
+from areal.inference.server.openai_api import OpenAIRoutes, error_response
+from areal.inference.server.vision import ImageInputCache
+from areal.inference.server.weight_routes import WeightRoutes
 from areal.utils import logging
 
 logger = logging.getLogger("LocalServer")
@@ -98,7 +98,7 @@ class LocalInferenceServer(OpenAIRoutes, WeightRoutes):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from areal.engine.local_server.core import GenerationCore
+        from areal.inference.server.core import GenerationCore
         from areal.utils.hf_utils import resolve_model_path
 
         # a hub id -> its snapshot in the HF cache (downloaded when the hub is reachable), so
@@ -112,7 +112,7 @@ class LocalInferenceServer(OpenAIRoutes, WeightRoutes):
 
         is_vlm = is_qwen_vl_config(AutoConfig.from_pretrained(model_path))
         if is_vlm:
-            from areal.engine.multimodal import model_class_for
+            from areal.models.multimodal import model_class_for
 
             model_cls = model_class_for(AutoConfig.from_pretrained(model_path))
             model = model_cls.from_pretrained(model_path, dtype=getattr(torch, dtype))
@@ -237,7 +237,7 @@ class LocalInferenceServer(OpenAIRoutes, WeightRoutes):
     async def _image_inputs(self, image_data: Any) -> dict[str, Any]:
         """Decode + preprocess a request's images in a worker thread (never on the loop),
         once per distinct image list (``ImageInputCache``)."""
-        from areal.engine.local_server.core import RequestError
+        from areal.inference.server.core import RequestError
 
         image_processor = getattr(self, "image_processor", None)
         if image_processor is None:
@@ -297,7 +297,7 @@ class LocalInferenceServer(OpenAIRoutes, WeightRoutes):
         (``scoring.py``); answers ``{"logprobs": [[...], ...], "version": v}``."""
         from aiohttp import web
 
-        from areal.engine.local_server.scoring import check_score_request, score_tokens
+        from areal.inference.server.scoring import check_score_request, score_tokens
 
         body = await self._json(request)
         try:
@@ -330,7 +330,7 @@ class LocalInferenceServer(OpenAIRoutes, WeightRoutes):
     async def generate(self, request):
         from aiohttp import web
 
-        from areal.engine.local_server.core import RequestError, SamplingParams
+        from areal.inference.server.core import RequestError, SamplingParams
 
         body = await self._json(request)
         input_ids = body.get("input_ids")

@@ -45,17 +45,17 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicCache
 
-from areal.engine.local_server.decode import FastDecoder
-from areal.engine.local_server.kv_batch import KVBatch
-from areal.engine.local_server.requests import (
+from areal.inference.server.decode import FastDecoder
+from areal.inference.server.kv_batch import KVBatch
+from areal.inference.server.requests import (
     GREEDY_TEMPERATURE_EPS,
     Request,
     RequestError,
     SamplingParams,
 )
-from areal.engine.local_server.routing import RoutingRecorder
-from areal.engine.local_server.sampling import sample_tokens
-from areal.engine.local_server.vision import check_mm_request, prefill_mm_kwargs
+from areal.inference.server.routing import RoutingRecorder
+from areal.inference.server.sampling import sample_tokens
+from areal.inference.server.vision import check_mm_request, prefill_mm_kwargs
 from areal.utils import logging
 
 logger = logging.getLogger("LocalGenerationCore")
@@ -81,7 +81,7 @@ class GenerationCore:
     ):
         self.model = model.eval()
         # Decode steps skip the HF forward's per-step machinery for known decoder-only
-        # structures (areal.engine.local_server.decode); checked once against the forward.
+        # structures (areal.inference.server.decode); checked once against the forward.
         self._fast = None
         if fast_decode:
             self._fast = FastDecoder.build(model)
@@ -114,7 +114,7 @@ class GenerationCore:
             context_length or getattr(cfg, "max_position_embeddings", None) or 1 << 30
         )
         self.vocab_size = int(getattr(cfg, "vocab_size", 0) or cfg.get_text_config().vocab_size)
-        # Qwen2-VL family: image prefill with M-RoPE positions (areal.engine.local_server.vision)
+        # Qwen2-VL family: image prefill with M-RoPE positions (areal.inference.server.vision)
         self.is_vlm = getattr(cfg, "model_type", None) in ("qwen2_vl", "qwen2_5_vl")
         # Fast decode keeps each distinct prompt's cache once, shared by its samples.
         self._shared = bool(shared_prompts) and self._fast is not None and not self.is_vlm

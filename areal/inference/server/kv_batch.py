@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from areal.engine.local_server.decode import SharedPrefix
-from areal.engine.local_server.requests import Request
+from areal.inference.server.decode import SharedPrefix
+from areal.inference.server.requests import Request
 
 __all__ = ["BufferLayer", "KVBatch", "PromptSlots", "chunks_cost", "slot_chunks"]
 

@@ -4,7 +4,7 @@
     group.addresses  # ["127.0.0.1:PORT", ...]
     group.shutdown()
 
-Trainers start servers through a scheduler instead (``areal.engine.inference_backends``).
+Trainers start servers through a scheduler instead (``areal.inference.backends``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from areal.utils import logging
 
 logger = logging.getLogger("LocalServer")
 
-SERVER_MODULE = "areal.engine.local_server"
+SERVER_MODULE = "areal.inference.server"
 
 
 @dataclasses.dataclass

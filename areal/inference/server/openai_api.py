@@ -38,7 +38,7 @@ class OpenAIRoutes:
         )
 
     def _openai_params(self, body: dict[str, Any]):
-        from areal.engine.local_server.requests import RequestError, SamplingParams
+        from areal.inference.server.requests import RequestError, SamplingParams
 
         max_tokens = body.get("max_tokens", body.get("max_completion_tokens", 16))
         d = {
@@ -79,7 +79,7 @@ class OpenAIRoutes:
     async def completions(self, request):
         from aiohttp import web
 
-        from areal.engine.local_server.requests import RequestError
+        from areal.inference.server.requests import RequestError
 
         body = await self._json(request)
         prompt = body.get("prompt")
@@ -152,7 +152,7 @@ class OpenAIRoutes:
     async def chat_completions(self, request):
         from aiohttp import web
 
-        from areal.engine.local_server.requests import RequestError
+        from areal.inference.server.requests import RequestError
 
         body = await self._json(request)
         messages = body.get("messages")

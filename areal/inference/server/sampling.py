@@ -9,7 +9,7 @@ A seeded request's uniform number for its n-th token is a hash of (seed, n)
 tokens whatever else is in the batch, and a whole batch of seeded rows is drawn together
 (a ``torch.Generator`` per request meant one ``torch.multinomial`` call per row and step).
 
-The logprob convention is the core's (``areal.engine.local_server.core``):
+The logprob convention is the core's (``areal.inference.server.core``):
 ``log_softmax(logits / temperature)`` of the sampled token before truncation and
 masking, ``log_softmax(logits)`` under greedy decoding.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from areal.engine.local_server.requests import Request
+from areal.inference.server.requests import Request
 
 __all__ = ["draw", "sample_tokens", "seeded_uniforms"]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from areal.engine.local_server.requests import RequestError
+from areal.inference.server.requests import RequestError
 
 
 def _request_error(msg: str) -> Exception:

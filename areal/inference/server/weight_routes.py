@@ -38,8 +38,8 @@ import os
 import time
 from typing import Any
 
-from areal.engine.local_server.openai_api import error_response
-from areal.engine.local_server.weights import PendingWeights, StagedWeights
+from areal.inference.server.openai_api import error_response
+from areal.inference.server.weights import PendingWeights, StagedWeights
 from areal.utils import logging
 
 logger = logging.getLogger("LocalServerWeights")
@@ -164,7 +164,7 @@ class WeightRoutes:
         """(``LiveFingerprints`` of the tensors the server will serve: the staged ones
         while an in-flight update is pending, else the model's; their dtypes), looked up
         once per set of tensors: every loader of this server updates them in place."""
-        from areal.engine.local_server.weights import checkpoint_tensors, tied_names
+        from areal.inference.server.weights import checkpoint_tensors, tied_names
         from areal.utils.weight_fingerprint import LiveFingerprints
 
         model = self.core.model
@@ -227,7 +227,7 @@ class WeightRoutes:
 
     async def update_weights_from_disk(self, request):
 
-        from areal.engine.local_server.weights import load_weights_from_disk
+        from areal.inference.server.weights import load_weights_from_disk
 
         body = await self._json(request)
         path = body.get("model_path", body.get("path"))
@@ -258,7 +258,7 @@ class WeightRoutes:
             self._begin_pending(version)
             if adapter:
                 # LoRA adapter only: merged into the base weights (W0 kept aside)
-                from areal.engine.lora import apply_adapter
+                from areal.models.lora_adapter import apply_adapter
 
                 cache = self.__dict__.setdefault("_lora_base_weights", {})
                 n = apply_adapter(self.core.model, path, cache)
@@ -349,7 +349,7 @@ class WeightRoutes:
     async def init_weights_update_group(self, request):
         from aiohttp import web
 
-        from areal.engine.local_server.weights import init_custom_process_group
+        from areal.inference.server.weights import init_custom_process_group
 
         body = await self._json(request)
         try:
@@ -395,7 +395,7 @@ class WeightRoutes:
         from aiohttp import web
 
         from areal.api.io_struct import ParamSpec
-        from areal.engine.local_server.weights import receive_bucket
+        from areal.inference.server.weights import receive_bucket
 
         body = await self._json(request)
         group_name = body.get("group_name", "areal_weight_update")

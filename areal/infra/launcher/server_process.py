@@ -3,7 +3,7 @@
 ``launch_server_process(cmd, address)`` starts a command in its own process group, waits
 for its health endpoint and returns a ``ServerProcess``; every process started here is
 killed at interpreter exit. Which command starts which server is decided by the caller
-(the backend registry ``areal.engine.inference_backends``): this module knows no backend.
+(the backend registry ``areal.inference.backends``): this module knows no backend.
 """
 
 from __future__ import annotations

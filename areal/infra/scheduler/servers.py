@@ -4,7 +4,7 @@ The inference part of the allocation mode (``local:d2``, ``vllm:d2t2``, ``sglang
 becomes ``dp`` server processes of role ``rollout``, each a *command worker* of the
 scheduler (same logging, health check and teardown as training workers). The command of
 one server is given by the caller (the backend registry
-``areal.engine.inference_backends.server_command``); this module knows no backend.
+``areal.inference.backends.server_command``); this module knows no backend.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from areal.engine.fsdp_engine import FSDPEngine
+from areal.engine.fsdp import FSDPEngine
 from areal.trainer.pairs import (
     PairController,
     pair_loss_weight,

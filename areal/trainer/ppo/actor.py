@@ -38,7 +38,7 @@ import torch
 
 from areal.api.actor_config import PPOActorConfig
 from areal.api.engine_api import TrainEngine
-from areal.engine.fsdp_engine import FSDPEngine
+from areal.engine.fsdp import FSDPEngine
 from areal.trainer.ppo.lambda_fn import per_sample_lambda, resolve_gae_lambda
 from areal.utils import logging, stats_tracker
 from areal.utils.advantages import (

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from areal.api.engine_api import TrainEngine
-from areal.engine.fsdp_engine import FSDPEngine
+from areal.engine.fsdp import FSDPEngine
 from areal.utils import logging, stats_tracker
 from areal.utils.data import select_sequences
 from areal.utils.rl_losses import ppo_critic_loss_fn

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from areal.api.engine_api import TrainEngine
-from areal.engine.fsdp_engine import FSDPEngine
+from areal.engine.fsdp import FSDPEngine
 
 __all__ = [
     "LM_ENGINE",

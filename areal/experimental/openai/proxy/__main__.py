@@ -12,7 +12,7 @@ The admin key comes from the environment (``AREAL_PROXY_ADMIN_KEY``), never from
 command line; without it a random key is generated and written to ``--admin-key-file``
 (default under ``~/.cache/areal``, mode 0600; the path is logged). The well-known
 ``areal-admin-key`` is refused on a non-loopback ``--host``. The process connects a client engine
-of ``--backend`` (the registry in ``areal.engine.inference_backends``) to the servers,
+of ``--backend`` (the registry in ``areal.inference.backends``) to the servers,
 serves the proxy app (see ``server.py``) and, with ``--addr-file``, writes its base URL
 there once it accepts requests. ``--online`` enables online-mode grants. SIGTERM / Ctrl-C
 stop it.
@@ -58,9 +58,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     torch.set_num_threads(1)
     from areal.api.cli_args import InferenceEngineConfig
-    from areal.engine import inference_backends
     from areal.experimental.openai import ArealOpenAI
     from areal.experimental.openai.proxy.server import ProxyServer
+    from areal.inference import backends as inference_backends
     from areal.utils.hf_utils import load_hf_tokenizer
 
     admin_key = os.environ.get(ADMIN_KEY_ENV) or None

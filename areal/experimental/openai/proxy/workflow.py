@@ -44,7 +44,7 @@ from areal.experimental.openai.proxy.client_session import (
     wait_for_session,
 )
 from areal.experimental.openai.proxy.server import DEFAULT_ADMIN_API_KEY
-from areal.infra import workflow_context
+from areal.infra.rollout import workflow_context
 from areal.utils import logging, stats_tracker
 
 logger = logging.getLogger("OpenAIProxyWorkflow")
