@@ -8,7 +8,7 @@
 2. No import cycle among the modules under ``areal/`` (function-level imports count).
 3. No use of another module's private (``_name``) names; a module whose own name starts
    with ``_`` may be imported inside its own package only.
-4. No module longer than 800 lines.
+4. No module longer than 800 lines; no function longer than 100 lines (issue 54).
 5. No ``except ImportError`` around an import of areal's own modules.
 6. No ``getattr(<typed config>, "field", default)``: the dataclass has the field.
 
@@ -159,6 +159,7 @@ def test_import_rules_table_names_existing_packages(pkg):
 # ---------------------------------------------------------------------------------------
 
 MAX_LINES = 800
+MAX_FUNCTION_LINES = 100
 
 KNOWN_VIOLATIONS_TO_FIX: dict[str, set] = {
     # Import edges (importer, imported) lying on a cycle. Every edge of each cycle is
@@ -170,6 +171,9 @@ KNOWN_VIOLATIONS_TO_FIX: dict[str, set] = {
     },
     # files longer than MAX_LINES
     "long_modules": {},
+    # "file:function" longer than MAX_FUNCTION_LINES (issue 54 Build 4: each to become a
+    # short orchestration over named pieces)
+    "long_functions": set(),
     # (file, imported areal module) inside a try whose handler catches ImportError
     "except_importerror": {},
     # (file, call source) of getattr(<typed config>, "field", default)
@@ -476,6 +480,30 @@ def _long_modules(root: pathlib.Path = ROOT) -> dict[str, str]:
     return found
 
 
+def _long_functions(root: pathlib.Path = ROOT) -> dict[str, str]:
+    """``file:Class.function`` of every function (nested ones count on their own) longer
+    than MAX_FUNCTION_LINES, decorators and docstring included."""
+    found = {}
+
+    def visit(node: ast.AST, rel: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                n = child.end_lineno - start + 1
+                key = f"{rel}:{prefix}{child.name}"
+                if n > MAX_FUNCTION_LINES:
+                    found[key] = f"{key}: {n} lines (> {MAX_FUNCTION_LINES})"
+                visit(child, rel, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, rel, f"{prefix}{child.name}.")
+            else:
+                visit(child, rel, prefix)
+
+    for path in _modules(root).values():
+        visit(ast.parse(path.read_text()), _rel(path, root), "")
+    return found
+
+
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError"}
 
 
@@ -569,6 +597,31 @@ def test_import_rules_no_private_name_of_another_module():
 
 def test_import_rules_no_module_longer_than_800_lines():
     _check("long_modules", _long_modules())
+
+
+def test_import_rules_no_function_longer_than_100_lines():
+    _check("long_functions", _long_functions())
+
+
+def test_import_rules_function_length_scanner_counts_methods_and_nested(tmp_path):
+    body = "    x = 1\n" * MAX_FUNCTION_LINES
+    root = _fake_tree(
+        tmp_path,
+        {
+            "areal/p/a.py": f"def long():\n{body}"
+            f"def ok():\n{'    x = 1' + chr(10)}"
+            "class C:\n    @staticmethod\n    def m():\n"
+            + body.replace("    ", "        ")
+            + "def outer():\n    def inner():\n"
+            + body.replace("    ", "        "),
+        },
+    )
+    assert sorted(_long_functions(root)) == [
+        "areal/p/a.py:C.m",
+        "areal/p/a.py:long",
+        "areal/p/a.py:outer",
+        "areal/p/a.py:outer.inner",
+    ]
 
 
 def test_import_rules_no_except_importerror_around_areal_imports():

@@ -64,8 +64,8 @@ from areal.infra.rollout.grouped_workflow import (
     interactions_to_tensor_dict,
     is_interaction_dict,
 )
-from areal.infra.rollout.rollout_results import WaitInterrupted
-from areal.trainer.common import flush_perf_tracer, make_scheduler, setup_run, teardown_run
+from areal.trainer import rl_run
+from areal.trainer.common import make_scheduler, setup_run, teardown_run
 from areal.trainer.cpu_handoff import CpuThreadHandoff
 from areal.trainer.engine_select import select_engine
 from areal.trainer.health import TrainerHealth
@@ -74,7 +74,7 @@ from areal.trainer.rl_step import PPORoles, train_on_batch
 from areal.utils import logging, perf_tracer, stats_tracker
 from areal.utils.dynamic_import import import_from_string
 from areal.utils.evaluator import Evaluator, run_evaluation
-from areal.utils.recover import RecoverHandler, RecoverInfo
+from areal.utils.recover import RecoverHandler
 from areal.utils.saver import Saver
 from areal.utils.stats_logger import StatsLogger
 
@@ -355,181 +355,29 @@ class PPOTrainer:
         (callable or import string) drops whole groups; rejected groups are replaced, or,
         with ``config.dynamic_bs``, the batch shrinks instead. ``should_accept_fn`` is the
         older name of ``dynamic_filter_fn``; ``actor.dynamic_sampling`` without a filter
-        uses ``areal.utils.functional.dynamic_sampling_accept`` (drop all-equal groups).
+        uses ``areal.utils.dynamic_sampling.dynamic_sampling_accept`` (drop all-equal groups).
         ``total_epochs`` overrides ``config.total_train_epochs``. ``max_seconds``
         (optional, for benchmarks) also stops after that much training wall time,
         measured from the first step, evaluation excluded (see :meth:`training_seconds`).
+
+        The call runs the pieces of ``areal.trainer.rl_run`` in order: plan, resume,
+        evaluate before training, the step loop, finish.
         """
-        config = self.config
-        online = config.rollout.agent.mode == "online"
-        if workflow is None and not online:
-            raise ValueError(
-                "train(workflow=...) is required: an instance, a class or an import string "
-                "(or rollout.agent.mode='online', where external clients drive the episodes)"
-            )
-        # Agents (objects with `async def run(data, **extra_kwargs)`) run through the proxy.
-        workflow, workflow_kwargs = self._agents.wrap(workflow, workflow_kwargs)
-        if eval_workflow is not None:
-            eval_workflow, eval_workflow_kwargs = self._agents.wrap(
-                eval_workflow, eval_workflow_kwargs, for_eval=True
-            )
-        if dynamic_filter_fn is not None and should_accept_fn is not None:
-            raise ValueError(
-                "train(): give dynamic_filter_fn or its old name should_accept_fn, not both"
-            )
-        dynamic_filter_fn = dynamic_filter_fn if dynamic_filter_fn is not None else should_accept_fn
-        if dynamic_filter_fn is None and config.actor.dynamic_sampling:
-            dynamic_filter_fn = "areal.utils.functional.dynamic_sampling_accept"
-        total_steps = self.ft_spec.total_train_steps
-        steps_per_epoch = self.ft_spec.steps_per_epoch
-        if total_epochs is not None:
-            if total_epochs <= 0:
-                raise ValueError(f"train(total_epochs={total_epochs}): must be positive")
-            total_steps = total_epochs * steps_per_epoch
-            if config.total_train_steps is not None:
-                total_steps = min(total_steps, config.total_train_steps)
-
-        recover_info: RecoverInfo | None = self.recover_handler.load(
-            self.actor,
-            self.saver,
-            self.evaluator,
-            self.stats_logger,
-            self.train_dataloader,
-            inference_engine=self.rollout,
-            weight_sync=self.weight_sync,
+        plan = rl_run.plan_run(
+            self,
+            workflow,
+            eval_workflow,
+            workflow_kwargs,
+            eval_workflow_kwargs,
+            dynamic_filter_fn,
+            should_accept_fn,
+            total_epochs,
         )
-        if recover_info is not None:
-            self.start_step = recover_info.last_step_info.next().global_step
-            logger.info(f"Resumed from recover checkpoint: continuing at step {self.start_step}")
-            self.health.on_resume(self.start_step - 1)
-
+        recover_info = rl_run.resume(self)
         result: dict[str, Any] = {"start_step": self.start_step}
-        if (
-            self.start_step == 0
-            and config.evaluator.eval_before_train
-            and self.valid_dataset is not None
-            and eval_workflow is not None
-        ):
-            result["initial_eval"] = self._evaluate(
-                eval_workflow, eval_workflow_kwargs, global_step=0
-            )
-            # Logged as step -1: the accuracy before the first update.
-            self.stats_logger.commit(0, -1, -1, dict(result["initial_eval"]))
-            self.health.add_eval(-1, result["initial_eval"])
-
-        from tqdm import tqdm
-
-        pbar = tqdm(total=total_steps, initial=self.start_step, desc="train", dynamic_ncols=True)
-        t_run = time.monotonic()
-        self._t_run, self._eval_seconds = t_run, 0.0
-        from areal.utils.stop_signals import StopOnSignal
-
-        # SIGTERM/SIGINT: a wait for a batch ends at once (WaitInterrupted), a step past its
-        # rollout finishes; the recover checkpoint of the last completed step is written and
-        # the run stops (exit 128+sig)
-        self._stop = StopOnSignal().install()
-        self.rollout.workflow_executor.interrupt_waits_on(self._stop.event)
-        last_dumped = self.start_step - 1 if recover_info is not None else None
-        global_step = self.start_step - 1
-        while global_step + 1 < total_steps:
-            global_step += 1
-            epoch = global_step // steps_per_epoch
-            step = global_step % steps_per_epoch
-            step_info = StepInfo(
-                epoch=epoch,
-                epoch_step=step,
-                global_step=global_step,
-                steps_per_epoch=steps_per_epoch,
-            )
-            try:
-                with perf_tracer.trace_scope("trainer.train_step", perf_tracer.Category.COMPUTE):
-                    stats = self._train_step(
-                        step_info,
-                        workflow,
-                        workflow_kwargs,
-                        dynamic_filter_fn,
-                        final=global_step == total_steps - 1,
-                    )
-            except WaitInterrupted:
-                self._stop_during_wait(global_step, last_dumped)
-                break
-            # run health: alarms on this step's stats, before its recover checkpoint
-            verdict = self.health.check(global_step, stats)
-            if verdict.kind == "rolled_back":
-                global_step = last_dumped = verdict.next_step - 1
-                pbar.n = verdict.next_step
-                pbar.refresh()
-                result.setdefault("health_rollbacks", []).append(verdict.event)
-                continue
-            if verdict.kind == "stop":
-                self.stats_logger.commit(epoch, step, global_step, stats)
-                result["steps_done"] = global_step + 1 - self.start_step
-                result["health_stop"] = verdict.message
-                break
-
-            with stats_tracker.record_timing("checkpoint_for_recover"):
-                dumped = self._dump_recover(step_info, force=self._stop.requested)
-            if dumped is not None:
-                last_dumped = global_step
-            self.rollout.resume()
-
-            evaluated = None
-            t_eval = time.monotonic()
-            if self.valid_dataset is not None and eval_workflow is not None:
-                evaluated = self.evaluator.evaluate(
-                    lambda gs=global_step: self._evaluate(
-                        eval_workflow, eval_workflow_kwargs, gs + 1
-                    ),
-                    epoch,
-                    step,
-                    global_step,
-                )
-            self._eval_seconds += time.monotonic() - t_eval
-            if evaluated:
-                stats.update(evaluated)
-                self.health.add_eval(global_step, evaluated)
-            with stats_tracker.record_timing("save"):
-                self.saver.save(self.actor, epoch, step, global_step, tokenizer=self.tokenizer)
-            stats["time/elapsed"] = time.monotonic() - t_run
-            stats["time/train_elapsed"] = self.training_seconds()
-            self.stats_logger.commit(epoch, step, global_step, stats)
-            flush_perf_tracer(config, global_step)
-            pbar.set_postfix(reward=f"{stats.get('batch/reward', float('nan')):.3f}")
-            pbar.update(1)
-            result["steps_done"] = global_step + 1 - self.start_step
-            if self._stop.requested:
-                if dumped is None:  # the signal came after this step's (skipped) dump
-                    self._dump_recover(step_info, force=True)
-                logger.warning(
-                    f"Stopped by {self._stop.name} after step {global_step} "
-                    "(recover checkpoint written; a rerun resumes from it)"
-                )
-                break
-            if max_seconds is not None and self.training_seconds() >= max_seconds:
-                logger.info(
-                    f"Stopping after {global_step + 1} steps: max_seconds={max_seconds} reached"
-                )
-                break
-        pbar.close()
-        self.weight_sync.flush()  # hooks' work left running after the last sync
-        self._stop.uninstall()
-        if self._stop.requested:  # close() (the caller's with-block) tears children down
-            raise SystemExit(128 + self._stop.signum)
-        result["train_seconds"] = self.training_seconds()
-        result["eval_seconds"] = self._eval_seconds
-
-        if self.valid_dataset is not None and eval_workflow is not None:
-            last = self.eval_history[-1] if self.eval_history else None
-            done = self.start_step + result.get("steps_done", 0)
-            if last is not None and last["global_step"] == done:
-                result["final_eval"] = {k: v for k, v in last.items() if k != "global_step"}
-            else:
-                result["final_eval"] = self._evaluate(
-                    eval_workflow, eval_workflow_kwargs, global_step=done
-                )
-        result["total_steps"] = self.start_step + result.get("steps_done", 0)
-        result["log_dir"] = self.log_dir
-        return result
+        rl_run.evaluate_before(self, plan, result)
+        rl_run.run_steps(self, plan, result, recover_info is not None, max_seconds)
+        return rl_run.finish(self, plan, result)
 
     def _dump_recover(self, step_info: StepInfo, force: bool) -> Any:
         """The recover checkpoint of ``step_info`` (actor, saver, evaluator, stats logger,

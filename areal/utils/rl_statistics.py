@@ -8,6 +8,8 @@ Per-token tensors are padded ``[B, T]`` or packed 1-D ``[n_tokens]`` with ``cu_s
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 
@@ -178,6 +180,81 @@ def regular_group_size(
 
 
 @torch.no_grad()
+@dataclasses.dataclass
+class _NormUnits:
+    """The statistics units of one :func:`group_normalization` call: its values ``xd``
+    and mask ``m`` (high precision), episodes (``first``: episode -> its first row,
+    ``ep_of_row``: row -> its episode) or rows, groups by id or by ``group_size``."""
+
+    xd: torch.Tensor
+    m: torch.Tensor
+    first: torch.Tensor | None
+    ep_of_row: torch.Tensor | None
+    group_ids: torch.Tensor | None
+    group_size: int
+    dim: int | tuple[int, ...] | None
+    reduce_group: dist.ProcessGroup | None
+
+    def unit_stats(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(sum, sumsq, count) per statistics unit: episodes (their first row) or rows."""
+        if self.first is not None:
+            v, mv = self.xd[self.first], self.m[self.first]
+            return v, v.square(), mv
+        rows = self.xd.shape[0]
+        flat, mflat = self.xd.reshape(rows, -1), self.m.reshape(rows, -1)
+        return flat.sum(1), flat.square().sum(1), mflat.sum(1)
+
+    def stats(self, level: str, all_reduce: bool) -> tuple[torch.Tensor, ...]:
+        """Broadcastable (sum, sumsq, count) for a level."""
+        xd, m = self.xd, self.m
+        if level == "group" and self.group_ids is None and self.first is not None:
+            raise ValueError("episode_ids without group_ids cannot form groups")
+        if level == "group" and self.group_ids is not None:
+            return self._by_group_id()
+        if level == "group":
+            return self._by_group_size()
+        if self.first is not None:  # every episode once
+            v, vsq, mv = self.unit_stats()
+            s, sq, c = (t.sum().reshape(1) for t in (v, vsq, mv))  # x is [B]
+        else:
+            dims = tuple(range(xd.dim())) if self.dim is None else self.dim
+            s = xd.sum(dims, keepdim=True)
+            sq = xd.square().sum(dims, keepdim=True)
+            c = m.sum(dims, keepdim=True)
+        if all_reduce:
+            _all_reduce_sum([s, sq, c], self.reduce_group)
+        return s, sq, c
+
+    def _expand(self) -> tuple[int, ...]:
+        return (self.xd.shape[0], *([1] * (self.xd.dim() - 1)))
+
+    def _by_group_id(self) -> tuple[torch.Tensor, ...]:
+        _, g_of_row = torch.unique(self.group_ids, return_inverse=True)
+        n_groups = int(g_of_row.max()) + 1 if g_of_row.numel() else 0
+        owner = g_of_row
+        if self.first is not None:
+            owner = g_of_row[self.first]
+            if not torch.equal(owner[self.ep_of_row], g_of_row):
+                raise ValueError("rows of one episode carry different group_ids")
+        out = []
+        for u in self.unit_stats():
+            acc = torch.zeros(n_groups, dtype=self.xd.dtype, device=self.xd.device)
+            out.append(acc.index_add_(0, owner, u)[g_of_row].reshape(self._expand()))
+        return out[0], out[1], out[2]
+
+    def _by_group_size(self) -> tuple[torch.Tensor, ...]:
+        xd, m, gs = self.xd, self.m, self.group_size
+        if xd.shape[0] % gs != 0:
+            raise ValueError(f"group_size={gs} does not divide the batch size {xd.shape[0]}")
+        shape = (xd.shape[0] // gs, gs, *xd.shape[1:])
+        xg, mg = xd.reshape(shape), m.reshape(shape)
+        dims = tuple(range(1, xg.dim()))
+        sums = (xg.sum(dims, keepdim=True), xg.square().sum(dims, keepdim=True))
+        count = mg.sum(dims, keepdim=True)
+        expand = self._expand()
+        return tuple(t.repeat_interleave(gs, 0).reshape(expand) for t in (*sums, count))
+
+
 def group_normalization(
     x: torch.Tensor,
     mask: torch.Tensor | None = None,
@@ -245,65 +322,12 @@ def group_normalization(
     # an entry's own contribution to the statistics (its episode's, with episode_ids)
     own_x = xd if first is None else xd[first][ep_of_row]
     own_m = m if first is None else m[first][ep_of_row]
-
-    def unit_stats() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(sum, sumsq, count) per statistics unit: episodes (their first row) or rows."""
-        if first is not None:
-            v, mv = xd[first], m[first]
-            return v, v.square(), mv
-        flat, mflat = xd.reshape(x.shape[0], -1), m.reshape(x.shape[0], -1)
-        return flat.sum(1), flat.square().sum(1), mflat.sum(1)
-
-    def stats(level: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Broadcastable (sum, sumsq, count) for a level."""
-        expand = (x.shape[0], *([1] * (x.dim() - 1)))
-        if level == "group" and group_ids is None and first is not None:
-            raise ValueError("episode_ids without group_ids cannot form groups")
-        if level == "group" and group_ids is not None:
-            _, g_of_row = torch.unique(group_ids, return_inverse=True)
-            n_groups = int(g_of_row.max()) + 1 if g_of_row.numel() else 0
-            owner = g_of_row
-            if first is not None:
-                owner = g_of_row[first]
-                if not torch.equal(owner[ep_of_row], g_of_row):
-                    raise ValueError("rows of one episode carry different group_ids")
-            out = []
-            for u in unit_stats():
-                acc = torch.zeros(n_groups, dtype=dtype, device=x.device)
-                out.append(acc.index_add_(0, owner, u)[g_of_row].reshape(expand))
-            return out[0], out[1], out[2]
-        if level == "group":
-            if x.shape[0] % group_size != 0:
-                raise ValueError(
-                    f"group_size={group_size} does not divide the batch size {x.shape[0]}"
-                )
-            shape = (x.shape[0] // group_size, group_size, *x.shape[1:])
-            xg, mg = xd.reshape(shape), m.reshape(shape)
-            dims = tuple(range(1, xg.dim()))
-            s = xg.sum(dims, keepdim=True)
-            sq = xg.square().sum(dims, keepdim=True)
-            c = mg.sum(dims, keepdim=True)
-            rep = lambda t: t.repeat_interleave(group_size, 0).reshape(expand)  # noqa: E731
-            return rep(s), rep(sq), rep(c)
-        if first is not None:  # every episode once
-            v, vsq, mv = unit_stats()
-            s, sq, c = (t.sum().reshape(1) for t in (v, vsq, mv))  # x is [B]
-            if all_reduce:
-                _all_reduce_sum([s, sq, c], reduce_group)
-            return s, sq, c
-        dims = tuple(range(x.dim())) if dim is None else dim
-        s = xd.sum(dims, keepdim=True)
-        sq = xd.square().sum(dims, keepdim=True)
-        c = m.sum(dims, keepdim=True)
-        if all_reduce:
-            _all_reduce_sum([s, sq, c], reduce_group)
-        return s, sq, c
-
+    units = _NormUnits(xd, m, first, ep_of_row, group_ids, group_size, dim, reduce_group)
     cache: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def get(level: str):
         if level not in cache:
-            cache[level] = stats(level)
+            cache[level] = units.stats(level, all_reduce)
         return cache[level]
 
     y = xd

@@ -116,9 +116,37 @@ def plan_shared_prefixes(
     """
     cu = cu_seqlens.long().cpu()
     lens = (cu[1:] - cu[:-1]).tolist()
-    b = len(lens)
-    if b < 2:
+    if len(lens) < 2:
         return None
+    groups = _prefix_groups(input_ids, cu, lens, min_shared)
+    n = int(cu[-1])
+    saved = sum((len(m) - 1) * p for m, p in groups)
+    if saved < min_saving * n:
+        return None
+    src, back, seg, prefixes, branches = _compressed_layout(cu, groups, n)
+    out_idx, prefix_k, rows_k, keys_k, mask_k = _attention_buckets(
+        prefixes, branches, int(src.numel())
+    )
+    dev = input_ids.device
+    return SharedPrefixPlan(
+        src=src.to(dev),
+        back=back.to(dev),
+        seg_cu=tuple(seg),
+        seg_len=max(e - s for s, e in zip(seg[:-1], seg[1:])),
+        prefix_rows=[t.to(dev) for t in prefix_k],
+        member_rows=[t.to(dev) for t in rows_k],
+        member_keys=[t.to(dev) for t in keys_k],
+        member_mask=[t.to(dev) for t in mask_k],
+        out_index=out_idx.to(dev),
+    )
+
+
+def _prefix_groups(
+    input_ids: torch.Tensor, cu: torch.Tensor, lens: list[int], min_shared: int
+) -> list[tuple[list[int], int]]:
+    """Greedy groups of sequences by shared leading tokens: (members, shared length) each
+    (a group of one shares 0)."""
+    b = len(lens)
     ids = input_ids.cpu()
     length = max(lens)
     pad = torch.full((b, length), -1, dtype=ids.dtype)
@@ -149,10 +177,14 @@ def plan_shared_prefixes(
         for j in members:
             assigned[j] = True
         groups.append((members, best_p if best_m else 0))
-    n = int(cu[-1])
-    saved = sum((len(m) - 1) * p for m, p in groups)
-    if saved < min_saving * n:
-        return None
+    return groups
+
+
+def _compressed_layout(cu: torch.Tensor, groups: list[tuple[list[int], int]], n: int):
+    """The compressed token order (each group's prefix once, then every member's own
+    tokens): ``src`` (compressed row -> packed row), ``back`` (packed row -> compressed
+    row), segment bounds, (first row, length) per prefix and (first row, length, group)
+    per member."""
     src_parts: list[torch.Tensor] = []
     back = torch.empty(n, dtype=torch.long)
     seg = [0]
@@ -174,8 +206,15 @@ def plan_shared_prefixes(
             branches.append((off, e - s - p, g))
             off += e - s - p
         seg.append(off)
-    src = torch.cat(src_parts)
-    nc = int(src.numel())  # row nc: an all-zero row for padding
+    return torch.cat(src_parts), back, seg, prefixes, branches
+
+
+def _attention_buckets(
+    prefixes: list[tuple[int, int]], branches: list[tuple[int, int, int]], nc: int
+):
+    """The batched SDPA calls' rows: prefix buckets (causal) and member buckets (own
+    tokens against [the group's prefix, own earlier tokens]), their keys and masks, and
+    where each compressed row's output lands (``out_idx``). Row ``nc`` is padding."""
     pmax = max(p for _, p in prefixes)
     t_p = torch.arange(pmax)
     p_start = torch.tensor([r for r, _ in prefixes])
@@ -221,18 +260,7 @@ def plan_shared_prefixes(
         rows_k.append(bq)
         keys_k.append(bkv)
         mask_k.append(bmask[:, None])
-    dev = input_ids.device
-    return SharedPrefixPlan(
-        src=src.to(dev),
-        back=back.to(dev),
-        seg_cu=tuple(seg),
-        seg_len=max(e - s for s, e in zip(seg[:-1], seg[1:])),
-        prefix_rows=[t.to(dev) for t in prefix_k],
-        member_rows=[t.to(dev) for t in rows_k],
-        member_keys=[t.to(dev) for t in keys_k],
-        member_mask=[t.to(dev) for t in mask_k],
-        out_index=out_idx.to(dev),
-    )
+    return out_idx, prefix_k, rows_k, keys_k, mask_k
 
 
 def _shared_prefix_attention(

@@ -225,18 +225,17 @@ class FSDPEngine(
             return cpu_compute_dtype(self.config.cpu_compute_dtype, requested=name)
         return dtype
 
-    def _build_model(self) -> nn.Module:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy
+    def _hf_config_and_class(self, path: str) -> tuple[Any, type]:
+        """The model's HF config (dropout off when ``disable_dropout``; one label for a
+        critic) and the transformers class that builds it (sets ``is_vlm``)."""
         from transformers import (
             AutoConfig,
             AutoModelForCausalLM,
             AutoModelForTokenClassification,
         )
 
-        path = self._check_model_path()
-        self.dtype = self._resolve_dtype()
-        attn = self._attn_impl = self._resolve_attn_impl()
+        from areal.models import multimodal as mm
+
         hf_config = AutoConfig.from_pretrained(path)
         if self.config.disable_dropout:
             for k in (
@@ -248,16 +247,24 @@ class FSDPEngine(
             ):
                 if hasattr(hf_config, k):
                     setattr(hf_config, k, 0.0)
-        from areal.models import multimodal as mm
-
         self.is_vlm = mm.is_qwen_vl_config(hf_config)
         if self.is_critic:
             hf_config.num_labels = 1
-            cls = AutoModelForTokenClassification
-        elif self.is_vlm:
-            cls = mm.model_class_for(hf_config)
-        else:
-            cls = AutoModelForCausalLM
+            return hf_config, AutoModelForTokenClassification
+        if self.is_vlm:
+            return hf_config, mm.model_class_for(hf_config)
+        return hf_config, AutoModelForCausalLM
+
+    def _build_model(self) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        from areal.models import multimodal as mm
+
+        path = self._check_model_path()
+        self.dtype = self._resolve_dtype()
+        attn = self._attn_impl = self._resolve_attn_impl()
+        hf_config, cls = self._hf_config_and_class(path)
         load_kwargs = dict(dtype=torch.float32, attn_implementation=attn)
         t0 = time.perf_counter()
         if self.config.init_from_scratch:

@@ -443,9 +443,27 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin, DeterministicMixi
             self._wake.set()
 
     async def _run_one(self, task: RolloutTask, submit_version: int) -> None:
-        reason: str | None = None
-        failure: BaseException | None = None  # the episode failed (not merely rejected)
-        traj = None
+        """One episode: run it (:meth:`_episode`), judge it (:meth:`_judge`: dump,
+        format, filter, staleness; the failure monitor), file the result or the
+        rejection (:meth:`_file`)."""
+        traj, reason, failure = await self._episode(task)
+        if traj is not None and self._dumper is not None:
+            await self._dumper.dump(traj, task.task_id, task.is_eval)
+        reason, version = self._judge(task, traj, reason, failure, submit_version)
+        early_warning = self._file(task, traj, reason, submit_version, version)
+        if early_warning is not None:
+            self.logger.warning(early_warning)
+        if self._tracing:
+            self.logger.info(
+                "Finish rollout %d: %s (%s)",
+                task.task_id,
+                reason or "accepted",
+                self.staleness_manager.get_stats(),
+            )
+
+    async def _episode(self, task: RolloutTask) -> tuple[Any, str | None, BaseException | None]:
+        """(trajectory, rejection reason, failure) of running the task's workflow once;
+        a row batch gets its group id and episode ids here."""
         workflow_context.set(
             workflow_context.WorkflowContext(
                 is_eval=task.is_eval, task_id=task.task_id, data_index=task.data_index
@@ -464,28 +482,37 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin, DeterministicMixi
                     self._next_episode_id += tag_group_rows(
                         traj, task.task_id, self._next_episode_id
                     )
+            return traj, None, None
         except asyncio.CancelledError:
-            reason = "cancelled"
+            return None, "cancelled", None
         except Exception as e:
             if isinstance(e, NoHealthyServerError) and not task.is_eval:
                 # No server in rotation for a moment (all restarting or being probed): not
-                # the row's fault, so it is generated again (below) instead of lost; the
+                # the row's fault, so it is generated again (in _file) instead of lost; the
                 # pause keeps a retry loop from spinning while servers come back.
-                reason = "no_server"
                 self.logger.warning(
                     "Rollout %d: %s; its row is re-queued", task.task_id, str(e)[:300]
                 )
                 await asyncio.sleep(1.0)
-            else:
-                reason, failure = "error", e
-                self.logger.error(
-                    "Rollout %d: workflow %s raised; counted as rejected:\n%s",
-                    task.task_id,
-                    type(task.workflow).__name__,
-                    traceback.format_exc(),
-                )
-        if traj is not None and self._dumper is not None:
-            await self._dumper.dump(traj, task.task_id, task.is_eval)
+                return None, "no_server", None
+            self.logger.error(
+                "Rollout %d: workflow %s raised; counted as rejected:\n%s",
+                task.task_id,
+                type(task.workflow).__name__,
+                traceback.format_exc(),
+            )
+            return None, "error", e
+
+    def _judge(
+        self,
+        task: RolloutTask,
+        traj: Any,
+        reason: str | None,
+        failure: BaseException | None,
+        submit_version: int,
+    ) -> tuple[str | None, int]:
+        """(rejection reason or None, the current version): no trajectory, a malformed
+        one, the group filter, staleness; the failure monitor counts the outcome."""
         if reason is None and traj is None:
             reason = "none"
         if reason is None and self._check_format:
@@ -520,6 +547,19 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin, DeterministicMixi
                 "No more rollouts start; the waits raise RolloutFailureError: %s",
                 monitor.error,
             )
+        return reason, version
+
+    def _file(
+        self,
+        task: RolloutTask,
+        traj: Any,
+        reason: str | None,
+        submit_version: int,
+        version: int,
+    ) -> str | None:
+        """File the result (accepted) or the rejection under the lock: counters, the
+        generation bound, deterministic waves, rows re-queued for no server or
+        staleness. Returns the generation bound's early warning, if any."""
         sm = self.staleness_manager
         early_warning = None
 
@@ -560,26 +600,26 @@ class WorkflowExecutor(SubmissionMixin, ResultCollectionMixin, DeterministicMixi
                 self._results.append(result_of(task.is_eval))
             else:
                 self._reject_locked(reason, task.is_eval)
-                if reason == "no_server":
-                    self._replay.append(task.data)
-                elif reason == "stale" and not task.is_eval:
-                    # Too old to train on, through no fault of the row (e.g. retries after a
-                    # dropped connection): generate it again instead of losing it.
-                    self._replay.append(task.data)
-                    self.logger.info(
-                        "Rollout %d finished stale (submitted at version %d, now %d, max %d); "
-                        "its row is re-queued",
-                        task.task_id,
-                        submit_version,
-                        version,
-                        self.max_staleness,
-                    )
+                self._requeue_locked(task, reason, submit_version, version)
             self._cv.notify_all()
-        if early_warning is not None:
-            self.logger.warning(early_warning)
-        if self._tracing:
+        return early_warning
+
+    def _requeue_locked(
+        self, task: RolloutTask, reason: str, submit_version: int, version: int
+    ) -> None:
+        """A row rejected through no fault of its own is generated again, not lost."""
+        if reason == "no_server":
+            self._replay.append(task.data)
+        elif reason == "stale" and not task.is_eval:
+            # Too old to train on (e.g. retries after a dropped connection).
+            self._replay.append(task.data)
             self.logger.info(
-                "Finish rollout %d: %s (%s)", task.task_id, reason or "accepted", sm.get_stats()
+                "Rollout %d finished stale (submitted at version %d, now %d, max %d); "
+                "its row is re-queued",
+                task.task_id,
+                submit_version,
+                version,
+                self.max_staleness,
             )
 
 

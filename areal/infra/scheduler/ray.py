@@ -239,11 +239,14 @@ class RayScheduler(SchedulerBase):
             ) from None
 
     def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
-        """Start the workers of ``job`` as actors and wait until all are healthy; returns their ids."""
-        import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        """Start the workers of ``job`` as actors and wait until all are healthy; returns their ids.
 
+        1. a placement group with one bundle per replica (pinned to ``nodelist`` nodes);
+        2. one actor per bundle (:meth:`_spawn_actors`), each reporting its node, ip and
+           free ports (:meth:`_collect_workers`);
+        3. the workers started with their environment (rank, master address) and waited
+           for until healthy (:meth:`_start_workers`); their addresses registered.
+        """
         role = job.role
         self._claim_role(role)
         colocated = self._colocate(job)
@@ -252,113 +255,15 @@ class RayScheduler(SchedulerBase):
 
         self._ensure_ray()
         self._closed = False
-        spec = job.worker_spec
-        is_rpc = spec.cmd is None
-        n_ports = max(spec.port_count, 2 if is_rpc else 1)
-        distributed = job.distributed_env
+        is_rpc = job.worker_spec.cmd is None
         workers: list[_RayWorker] = []
         with self._lock:
             self._roles[role] = workers
             self._jobs_spec[role] = job
         try:
-            bundle = self._bundle(spec)
-            pins = self._node_pins(spec, job.replicas)
-            pg = placement_group(
-                [dict(bundle, **pin) for pin in pins],
-                strategy=self.placement_strategy,
-                name=f"{self.experiment_name}/{self.trial_name}/{role}",
-            )
-            self._pgs[role] = pg
-            where = f" on {sorted({k for p in pins for k in p})}" if spec.nodelist else ""
-            self._wait(
-                pg.ready(),
-                f"Placement group of role {role!r} ({job.replicas} x {bundle}{where})",
-            )
-            env_vars = worker_base_env()
-            env_vars.update(job.env_vars)
-            pending = []
-            for i in range(job.replicas):
-                wid = f"{role}/{i}"
-                actor = (
-                    ray.remote(RPCWorkerActor if is_rpc else CommandWorkerActor)
-                    .options(
-                        num_cpus=bundle.get("CPU", 0),
-                        num_gpus=spec.gpu,
-                        max_concurrency=4,
-                        max_restarts=0,
-                        name=f"{self.experiment_name}/{self.trial_name}/{wid}",
-                        namespace=self.namespace,
-                        runtime_env={"env_vars": dict(env_vars, AREAL_WORKER_ID=wid)},
-                        scheduling_strategy=PlacementGroupSchedulingStrategy(
-                            placement_group=pg,
-                            placement_group_bundle_index=i,
-                            placement_group_capture_child_tasks=True,
-                        ),
-                    )
-                    .remote(wid, os.path.join(self.log_dir, f"{role}-{i}.log"))
-                )
-                pending.append((actor, actor.node_info.remote(n_ports)))
-            infos = []
-            for i, (actor, ref) in enumerate(pending):
-                info = self._wait_actor(ref, f"{role}/{i}", "start-up (node_info)")
-                infos.append(info)
-                w = Worker(
-                    id=f"{role}/{i}",
-                    ip=info["ip"],
-                    worker_ports=[str(p) for p in info["ports"]],
-                )
-                workers.append(
-                    _RayWorker(
-                        worker=w,
-                        role=role,
-                        index=i,
-                        actor=actor,
-                        sentinel=actor.run_until_stopped.remote(),
-                        log_path=info["log_path"],
-                        node_id=info["node_id"],
-                        client=RPCClient(w.address, worker_id=w.id) if is_rpc else None,
-                    )
-                )
-                logger.info(
-                    f"Actor {w.id} pid {info['pid']} on node {info['ip']} ports {info['ports']}; "
-                    f"log {info['log_path']}"
-                )
-            master_addr = infos[0]["ip"]
-            dist_env = distributed if distributed is not None else is_rpc
-            master_port = None
-            if dist_env:
-                ports0 = infos[0]["ports"]
-                master_port = (
-                    ports0[1]
-                    if len(ports0) > 1
-                    else self._wait_actor(
-                        workers[0].actor.node_info.remote(1), workers[0].worker.id, "node_info"
-                    )["ports"][0]
-                )
-            starts = []
-            for i, w in enumerate(workers):
-                # Ray workers do not inherit our environment: the run secret travels with
-                # the (Ray-internal) start call
-                env = {RUN_SECRET_ENV: ensure_run_secret()}
-                if dist_env:
-                    same_node = sum(1 for j in range(i) if infos[j]["ip"] == infos[i]["ip"])
-                    env.update(
-                        RANK=str(i),
-                        WORLD_SIZE=str(job.replicas),
-                        LOCAL_RANK="0" if spec.gpu > 0 else str(same_node),
-                        MASTER_ADDR=master_addr,
-                        MASTER_PORT=str(master_port),
-                    )
-                w.env = env
-                if is_rpc:
-                    starts.append(w.actor.start.remote(int(w.worker.serve_port), env))
-                else:
-                    w.cmd = format_command(
-                        spec.cmd, w.worker.ip, [int(p) for p in w.worker.worker_ports]
-                    )
-                    starts.append(w.actor.start.remote(w.cmd, env, os.getcwd()))
-            for w, ref in zip(workers, starts, strict=True):
-                self._wait_actor(ref, w.worker.id, "start", w)
+            pending = self._spawn_actors(job, is_rpc)
+            infos = self._collect_workers(role, pending, is_rpc, workers)
+            self._start_workers(job, workers, infos, is_rpc)
             self._wait_healthy(job, workers)
             for w in workers:
                 self.name_resolve.add(self._key(role, w.index), w.worker.address, replace=True)
@@ -366,6 +271,126 @@ class RayScheduler(SchedulerBase):
             self.delete_workers(role, _shutdown=False)
             raise
         return [w.worker.id for w in workers]
+
+    def _spawn_actors(self, job: Job, is_rpc: bool) -> list[tuple[Any, Any]]:
+        """The role's placement group and one actor per bundle: (actor, node_info ref)."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        role, spec = job.role, job.worker_spec
+        n_ports = max(spec.port_count, 2 if is_rpc else 1)
+        bundle = self._bundle(spec)
+        pins = self._node_pins(spec, job.replicas)
+        pg = placement_group(
+            [dict(bundle, **pin) for pin in pins],
+            strategy=self.placement_strategy,
+            name=f"{self.experiment_name}/{self.trial_name}/{role}",
+        )
+        self._pgs[role] = pg
+        where = f" on {sorted({k for p in pins for k in p})}" if spec.nodelist else ""
+        self._wait(
+            pg.ready(),
+            f"Placement group of role {role!r} ({job.replicas} x {bundle}{where})",
+        )
+        env_vars = worker_base_env()
+        env_vars.update(job.env_vars)
+        pending = []
+        for i in range(job.replicas):
+            wid = f"{role}/{i}"
+            actor = (
+                ray.remote(RPCWorkerActor if is_rpc else CommandWorkerActor)
+                .options(
+                    num_cpus=bundle.get("CPU", 0),
+                    num_gpus=spec.gpu,
+                    max_concurrency=4,
+                    max_restarts=0,
+                    name=f"{self.experiment_name}/{self.trial_name}/{wid}",
+                    namespace=self.namespace,
+                    runtime_env={"env_vars": dict(env_vars, AREAL_WORKER_ID=wid)},
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=pg,
+                        placement_group_bundle_index=i,
+                        placement_group_capture_child_tasks=True,
+                    ),
+                )
+                .remote(wid, os.path.join(self.log_dir, f"{role}-{i}.log"))
+            )
+            pending.append((actor, actor.node_info.remote(n_ports)))
+        return pending
+
+    def _collect_workers(
+        self, role: str, pending: list[tuple[Any, Any]], is_rpc: bool, workers: list[_RayWorker]
+    ) -> list[dict[str, Any]]:
+        """Wait for every actor's node info; append its ``_RayWorker`` to ``workers``."""
+        infos = []
+        for i, (actor, ref) in enumerate(pending):
+            info = self._wait_actor(ref, f"{role}/{i}", "start-up (node_info)")
+            infos.append(info)
+            w = Worker(
+                id=f"{role}/{i}",
+                ip=info["ip"],
+                worker_ports=[str(p) for p in info["ports"]],
+            )
+            workers.append(
+                _RayWorker(
+                    worker=w,
+                    role=role,
+                    index=i,
+                    actor=actor,
+                    sentinel=actor.run_until_stopped.remote(),
+                    log_path=info["log_path"],
+                    node_id=info["node_id"],
+                    client=RPCClient(w.address, worker_id=w.id) if is_rpc else None,
+                )
+            )
+            logger.info(
+                f"Actor {w.id} pid {info['pid']} on node {info['ip']} ports {info['ports']}; "
+                f"log {info['log_path']}"
+            )
+        return infos
+
+    def _start_workers(
+        self, job: Job, workers: list[_RayWorker], infos: list[dict[str, Any]], is_rpc: bool
+    ) -> None:
+        """Start each worker (RPC server or command) with its environment; the ranks of a
+        distributed role get RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT."""
+        spec = job.worker_spec
+        dist_env = job.distributed_env if job.distributed_env is not None else is_rpc
+        master_addr, master_port = infos[0]["ip"], None
+        if dist_env:
+            ports0 = infos[0]["ports"]
+            master_port = (
+                ports0[1]
+                if len(ports0) > 1
+                else self._wait_actor(
+                    workers[0].actor.node_info.remote(1), workers[0].worker.id, "node_info"
+                )["ports"][0]
+            )
+        starts = []
+        for i, w in enumerate(workers):
+            # Ray workers do not inherit our environment: the run secret travels with
+            # the (Ray-internal) start call
+            env = {RUN_SECRET_ENV: ensure_run_secret()}
+            if dist_env:
+                same_node = sum(1 for j in range(i) if infos[j]["ip"] == infos[i]["ip"])
+                env.update(
+                    RANK=str(i),
+                    WORLD_SIZE=str(job.replicas),
+                    LOCAL_RANK="0" if spec.gpu > 0 else str(same_node),
+                    MASTER_ADDR=master_addr,
+                    MASTER_PORT=str(master_port),
+                )
+            w.env = env
+            if is_rpc:
+                starts.append(w.actor.start.remote(int(w.worker.serve_port), env))
+            else:
+                w.cmd = format_command(
+                    spec.cmd, w.worker.ip, [int(p) for p in w.worker.worker_ports]
+                )
+                starts.append(w.actor.start.remote(w.cmd, env, os.getcwd()))
+        for w, ref in zip(workers, starts, strict=True):
+            self._wait_actor(ref, w.worker.id, "start", w)
 
     def _wait_actor(self, ref, worker_id: str, what: str, w: _RayWorker | None = None) -> Any:
         import ray

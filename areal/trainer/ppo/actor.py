@@ -188,34 +188,8 @@ class PPOActor:
         group = dp_group_of(self.engine)
 
         # ---- sequence rewards
-        rewards = data["rewards"].float().reshape(bs)
-        resp_len = loss_mask.sum(-1)
-        if cfg.overlong_reward_penalty:
-            rewards = reward_overlong_penalty(
-                rewards,
-                resp_len,
-                overlong_tokens=cfg.overlong_tokens,
-                overlong_penalty_factor=cfg.overlong_penalty_factor,
-                max_response_length=cfg.max_new_tokens,
-            )
-        rewards = ((rewards + cfg.reward_bias) * cfg.reward_scaling).clamp(
-            -cfg.reward_clip, cfg.reward_clip
-        )
-        # groups by id when the rollout tagged them (an agent episode may span several
-        # rows, one per call): statistics over the episodes of a group, not its rows
-        group_ids, episode_ids = data.get("group_ids"), data.get("episode_ids")
-        rewards = apply_norm(
-            rewards,
-            cfg.reward_norm,
-            reduce_group=group,
-            group_ids=group_ids,
-            episode_ids=episode_ids,
-        )
-        if cfg.mask_no_eos_with_zero:
-            no_eos = data.get("no_eos")
-            if no_eos is None:
-                no_eos = attn.sum(-1) == seqlen
-            rewards = torch.where(no_eos.bool().reshape(bs), 0.0, rewards)
+        rewards = self._sequence_rewards(data, loss_mask, attn, group)
+        group_ids = data.get("group_ids")
 
         # ---- logprobs: behaviour (old) and proximal
         behav = torch.where(loss_mask, data["logprobs"].float(), 0.0)
@@ -281,6 +255,42 @@ class PPOActor:
         data["tot_rewards"] = tot_rewards
         data["task_rewards"] = rewards
         return data
+
+    def _sequence_rewards(self, data, loss_mask, attn, group) -> torch.Tensor:
+        """One reward per sequence: overlong penalty, bias / scale / clip, the reward
+        normalisation (over groups of episodes), zero for a sequence without EOS when
+        ``mask_no_eos_with_zero``."""
+        cfg = self.config
+        bs, seqlen = loss_mask.shape
+        rewards = data["rewards"].float().reshape(bs)
+        resp_len = loss_mask.sum(-1)
+        if cfg.overlong_reward_penalty:
+            rewards = reward_overlong_penalty(
+                rewards,
+                resp_len,
+                overlong_tokens=cfg.overlong_tokens,
+                overlong_penalty_factor=cfg.overlong_penalty_factor,
+                max_response_length=cfg.max_new_tokens,
+            )
+        rewards = ((rewards + cfg.reward_bias) * cfg.reward_scaling).clamp(
+            -cfg.reward_clip, cfg.reward_clip
+        )
+        # groups by id when the rollout tagged them (an agent episode may span several
+        # rows, one per call): statistics over the episodes of a group, not its rows
+        group_ids, episode_ids = data.get("group_ids"), data.get("episode_ids")
+        rewards = apply_norm(
+            rewards,
+            cfg.reward_norm,
+            reduce_group=group,
+            group_ids=group_ids,
+            episode_ids=episode_ids,
+        )
+        if cfg.mask_no_eos_with_zero:
+            no_eos = data.get("no_eos")
+            if no_eos is None:
+                no_eos = attn.sum(-1) == seqlen
+            rewards = torch.where(no_eos.bool().reshape(bs), 0.0, rewards)
+        return rewards
 
     def _gae(self, data, tot_rewards, kl_rewards, loss_mask):
         """GAE per token or per turn (``gae_timestep_unit``); lambda (a number or one per
@@ -471,82 +481,41 @@ def grpo_loss_fn(
     """
     mask = input_data["loss_mask"].bool()
     old_logp = input_data["old_logp"]
-    advantages = input_data["advantages"]
-    cu = input_data.get("cu_seqlens")
-    keep = input_data.get("m2po_mask")
-    prox_gt = input_data.get("prox_logp")
     versions = input_data.get("versions")
-    if prox_logp_method == "reuse_train_logp":
-        prox_logp = logprobs.detach().float()
-        if m2_threshold is not None and keep is None:
-            keep = m2po_loss_mask(old_logp, prox_logp, mask, m2_threshold)
-    elif prox_logp_method == "loglinear" and prox_gt is None:
-        if versions is None or current_version is None:
-            raise ValueError(
-                "prox_logp_method='loglinear' needs 'versions' in the batch and current_version"
-            )
-        prox_logp = loglinear_prox_logp(
-            old_logp, logprobs, versions, current_version, update_progress
-        )
-        if not bool(torch.isfinite(torch.where(mask, prox_logp, 0.0)).all()):
-            raise ValueError("loglinear proximal logprobs are not finite (check 'logprobs')")
-        if m2_threshold is not None and keep is None:
-            keep = m2po_loss_mask(old_logp, prox_logp, mask, m2_threshold)
-    else:
-        prox_logp = old_logp if prox_gt is None else prox_gt
-    if use_cispo_loss:
-        if use_sapo_loss:
-            raise ValueError("actor.use_cispo_loss and actor.use_sapo_loss are mutually exclusive")
-        loss, stat = cispo_loss_fn(
-            logprobs,
-            prox_logp,
-            old_logp,
-            advantages,
-            eps_clip,
-            eps_clip_higher,
-            mask,
-            rejection_sampling=rejection_sampling if use_decoupled_loss else None,
-            cu_seqlens=cu,
-            loss_agg_mode=loss_agg_mode,
-            loss_norm_constant=loss_norm_constant,
-            token_keep_mask=keep,
-        )
-    elif use_sapo_loss:
-        if use_decoupled_loss:
-            raise ValueError(
-                "actor.use_sapo_loss=True is incompatible with actor.use_decoupled_loss=True"
-            )
-        loss, stat = sapo_loss_fn(
-            logprobs,
-            prox_logp,
-            advantages,
-            sapo_tau_pos,
-            sapo_tau_neg,
-            mask,
-            importance_sampling_level=importance_sampling_level,
-            cu_seqlens=cu,
-            loss_agg_mode=loss_agg_mode,
-            loss_norm_constant=loss_norm_constant,
-            token_keep_mask=keep,
-        )
-    else:
-        loss, stat = ppo_actor_loss_fn(
-            logprobs,
-            prox_logp,
-            old_logp,
-            advantages,
-            eps_clip,
-            mask,
-            eps_clip_higher=eps_clip_higher,
-            c_clip=c_clip,
-            rejection_sampling=rejection_sampling if use_decoupled_loss else None,
-            importance_sampling_level=importance_sampling_level,
-            cu_seqlens=cu,
-            loss_agg_mode=loss_agg_mode,
-            loss_norm_constant=loss_norm_constant,
-            token_keep_mask=keep,
-        )
-
+    prox_gt = input_data.get("prox_logp")
+    prox_logp, keep = _proximal_logp(
+        logprobs,
+        old_logp,
+        mask,
+        prox_gt,
+        versions,
+        input_data.get("m2po_mask"),
+        prox_logp_method,
+        current_version,
+        update_progress,
+        m2_threshold,
+    )
+    loss, stat = _policy_loss(
+        logprobs,
+        prox_logp,
+        old_logp,
+        input_data["advantages"],
+        mask,
+        keep,
+        cu_seqlens=input_data.get("cu_seqlens"),
+        eps_clip=eps_clip,
+        eps_clip_higher=eps_clip_higher,
+        c_clip=c_clip,
+        rejection_sampling=rejection_sampling if use_decoupled_loss else None,
+        importance_sampling_level=importance_sampling_level,
+        use_sapo_loss=use_sapo_loss,
+        use_cispo_loss=use_cispo_loss,
+        use_decoupled_loss=use_decoupled_loss,
+        sapo_tau_pos=sapo_tau_pos,
+        sapo_tau_neg=sapo_tau_neg,
+        loss_agg_mode=loss_agg_mode,
+        loss_norm_constant=loss_norm_constant,
+    )
     teacher_logp = input_data.get("teacher_logp")
     rkl = None
     if teacher_logp is not None:
@@ -559,8 +528,124 @@ def grpo_loss_fn(
             _first(input_data.get("rl_loss_weight"), 1.0),
             _first(input_data.get("distill_loss_weight"), 0.005),
         )
+    _record_actor_stats(
+        stat, logprobs, entropy, old_logp, mask, keep, rkl, versions, current_version
+    )
+    if prox_logp_method in ("loglinear", "metrics") and versions is not None:
+        _log_prox_approx_stats(
+            prox_logp_method,
+            prox_gt,
+            old_logp,
+            logprobs,
+            prox_logp,
+            versions,
+            current_version,
+            update_progress,
+            mask,
+        )
+    return loss
 
-    # ---- statistics (recorded lazily; reduced at export)
+
+def _proximal_logp(
+    logprobs, old_logp, mask, prox_gt, versions, keep, method, current_version, progress, m2
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(proximal logprobs, M2PO keep mask) of one micro-batch (``grpo_loss_fn``'s
+    docstring): this pass's own detached logprobs, the log-linear approximation, or the
+    batch's recomputed ``prox_logp`` (the behaviour logprobs without one)."""
+    if method == "reuse_train_logp":
+        prox_logp = logprobs.detach().float()
+    elif method == "loglinear" and prox_gt is None:
+        if versions is None or current_version is None:
+            raise ValueError(
+                "prox_logp_method='loglinear' needs 'versions' in the batch and current_version"
+            )
+        prox_logp = loglinear_prox_logp(old_logp, logprobs, versions, current_version, progress)
+        if not bool(torch.isfinite(torch.where(mask, prox_logp, 0.0)).all()):
+            raise ValueError("loglinear proximal logprobs are not finite (check 'logprobs')")
+    else:
+        return (old_logp if prox_gt is None else prox_gt), keep
+    if m2 is not None and keep is None:
+        keep = m2po_loss_mask(old_logp, prox_logp, mask, m2)
+    return prox_logp, keep
+
+
+def _policy_loss(
+    logprobs,
+    prox_logp,
+    old_logp,
+    advantages,
+    mask,
+    keep,
+    *,
+    cu_seqlens,
+    eps_clip,
+    eps_clip_higher,
+    c_clip,
+    rejection_sampling,
+    importance_sampling_level,
+    use_sapo_loss,
+    use_cispo_loss,
+    use_decoupled_loss,
+    sapo_tau_pos,
+    sapo_tau_neg,
+    loss_agg_mode,
+    loss_norm_constant,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The policy loss the config names: CISPO, SAPO or the clipped PPO surrogate."""
+    agg = dict(
+        cu_seqlens=cu_seqlens,
+        loss_agg_mode=loss_agg_mode,
+        loss_norm_constant=loss_norm_constant,
+        token_keep_mask=keep,
+    )
+    if use_cispo_loss:
+        if use_sapo_loss:
+            raise ValueError("actor.use_cispo_loss and actor.use_sapo_loss are mutually exclusive")
+        return cispo_loss_fn(
+            logprobs,
+            prox_logp,
+            old_logp,
+            advantages,
+            eps_clip,
+            eps_clip_higher,
+            mask,
+            rejection_sampling=rejection_sampling,
+            **agg,
+        )
+    if use_sapo_loss:
+        if use_decoupled_loss:
+            raise ValueError(
+                "actor.use_sapo_loss=True is incompatible with actor.use_decoupled_loss=True"
+            )
+        return sapo_loss_fn(
+            logprobs,
+            prox_logp,
+            advantages,
+            sapo_tau_pos,
+            sapo_tau_neg,
+            mask,
+            importance_sampling_level=importance_sampling_level,
+            **agg,
+        )
+    return ppo_actor_loss_fn(
+        logprobs,
+        prox_logp,
+        old_logp,
+        advantages,
+        eps_clip,
+        mask,
+        eps_clip_higher=eps_clip_higher,
+        c_clip=c_clip,
+        rejection_sampling=rejection_sampling,
+        importance_sampling_level=importance_sampling_level,
+        **agg,
+    )
+
+
+def _record_actor_stats(
+    stat, logprobs, entropy, old_logp, mask, keep, rkl, versions, current_version
+) -> None:
+    """The micro-batch's per-token statistics (recorded lazily; reduced at export)."""
     stats_tracker.denominator(
         n_valid_tokens=mask,
         clipped_tokens=stat["clip_mask"],
@@ -596,19 +681,6 @@ def grpo_loss_fn(
             behave_approx_kl=stat["behave_approx_kl"].float(),
             denominator="unclipped_behave_tokens",
         )
-    if prox_logp_method in ("loglinear", "metrics") and versions is not None:
-        _log_prox_approx_stats(
-            prox_logp_method,
-            prox_gt,
-            old_logp,
-            logprobs,
-            prox_logp,
-            versions,
-            current_version,
-            update_progress,
-            mask,
-        )
-    return loss
 
 
 def _first(value: Any, default: float) -> float:

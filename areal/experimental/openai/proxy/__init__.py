@@ -1,7 +1,10 @@
 """OpenAI-compatible proxy for agent programs (AReaL's ``areal.experimental.openai.proxy``).
 
-- ``server.py``: the FastAPI app (session API, Chat Completions, Responses, Anthropic
-  Messages, online-mode grants) and :class:`ProxyServer` (uvicorn in a thread).
+- ``state.py``: request models, sessions, online grants (:class:`ProxyState`), the
+  serialized interactions;
+- ``routes.py``: the FastAPI app, its handlers grouped by route family (session API,
+  online-mode grants, Chat Completions and Responses, Anthropic Messages);
+- ``server.py``: :class:`ProxyServer` (uvicorn in a thread) and the endpoint table.
 - ``__main__.py``: ``python -m areal.experimental.openai.proxy``, the proxy as its own
   process in front of running inference servers.
 - ``gateway/``: the gateway in front of several proxy workers (session-affine routing,
@@ -21,11 +24,11 @@ from typing import Any
 
 _EXPORTS = {
     "ProxyServer": "areal.experimental.openai.proxy.server",
-    "ProxyState": "areal.experimental.openai.proxy.server",
-    "create_app": "areal.experimental.openai.proxy.server",
-    "serialize_interactions": "areal.experimental.openai.proxy.server",
-    "deserialize_interactions": "areal.experimental.openai.proxy.server",
-    "DEFAULT_ADMIN_API_KEY": "areal.experimental.openai.proxy.server",
+    "ProxyState": "areal.experimental.openai.proxy.state",
+    "create_app": "areal.experimental.openai.proxy.routes",
+    "serialize_interactions": "areal.experimental.openai.proxy.state",
+    "deserialize_interactions": "areal.experimental.openai.proxy.state",
+    "DEFAULT_ADMIN_API_KEY": "areal.experimental.openai.proxy.state",
     "OpenAIProxyClient": "areal.experimental.openai.proxy.client_session",
     "OpenAIProxyWorkflow": "areal.experimental.openai.proxy.workflow",
     "is_agent": "areal.experimental.openai.proxy.workflow",

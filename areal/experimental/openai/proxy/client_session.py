@@ -20,7 +20,7 @@ import asyncio
 from types import TracebackType
 from typing import Any
 
-from areal.experimental.openai.proxy.server import (
+from areal.experimental.openai.proxy.state import (
     EXPORT_TRAJECTORIES_PATHNAME,
     GRANT_CAPACITY_PATHNAME,
     INTERNAL_WAIT_FOR_SESSION_PATHNAME,

@@ -43,7 +43,7 @@ from areal.experimental.openai.proxy.client_session import (
     import_httpx,
     wait_for_session,
 )
-from areal.experimental.openai.proxy.server import DEFAULT_ADMIN_API_KEY
+from areal.experimental.openai.proxy.state import DEFAULT_ADMIN_API_KEY
 from areal.infra.rollout import workflow_context
 from areal.utils import logging, stats_tracker
 
