@@ -179,7 +179,6 @@ def regular_group_size(
     return runs.shape[1]
 
 
-@torch.no_grad()
 @dataclasses.dataclass
 class _NormUnits:
     """The statistics units of one :func:`group_normalization` call: its values ``xd``
@@ -255,6 +254,7 @@ class _NormUnits:
         return tuple(t.repeat_interleave(gs, 0).reshape(expand) for t in (*sums, count))
 
 
+@torch.no_grad()
 def group_normalization(
     x: torch.Tensor,
     mask: torch.Tensor | None = None,
