@@ -218,12 +218,14 @@ def test_ppo_step_each_role_receives_batch_once_same_stats_as_shipped(roles):
 
 def test_ppo_step_failure_still_frees_held_batches(roles, sched):
     b = _batch([5, 6, 7, 8])
-    roles.actor.configure({"fail_update": True})
+    roles.actor.custom_function_call("configure", {"fail_update": True})
     try:
         with pytest.raises(RemoteCallError, match="update failed on purpose"):
             train_on_batch(roles, b, _config(), 0, _timed)
     finally:
-        roles.actor.configure({"needs": ["prox_logp", "ref_logp", "values"]})
+        roles.actor.custom_function_call(
+            "configure", {"needs": ["prox_logp", "ref_logp", "values"]}
+        )
     for c in (roles.actor, roles.critic):
         assert all(h["n_batches"] == 0 for h in c.stored_batches()), c.role
 
@@ -233,13 +235,17 @@ def test_ppo_step_teacher_receives_batch_once_actor_gets_its_logp(roles):
     teacher_roles = PPORoles(roles.actor, teacher=roles.ref)  # the stub scores like a teacher
     config = _config()
     config.teacher = TeacherConfig(rl_loss_weight=1.0, distill_loss_weight=0.5)
-    roles.actor.configure({"needs": ["prox_logp", "teacher_logp", "distill_loss_weight"]})
+    roles.actor.custom_function_call(
+        "configure", {"needs": ["prox_logp", "teacher_logp", "distill_loss_weight"]}
+    )
     try:
         shipped = train_on_batch(teacher_roles, b, config, 0, _timed, held=False)
         RPC_TRAFFIC.reset()
         held = train_on_batch(teacher_roles, b, config, 0, _timed)
     finally:
-        roles.actor.configure({"needs": ["prox_logp", "ref_logp", "values"]})
+        roles.actor.custom_function_call(
+            "configure", {"needs": ["prox_logp", "ref_logp", "values"]}
+        )
     assert held == pytest.approx(shipped)
     calls = {m: t.calls for (w, m), t in RPC_TRAFFIC.snapshot().items() if w == "ref/0"}
     assert calls == {"compute_logp": 1}  # the teacher's workers: the batch, once

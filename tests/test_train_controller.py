@@ -207,7 +207,7 @@ def test_forward_batch_two_ranks_merged_in_original_order(ctrl):
 def test_custom_call_split_balanced_by_tokens(ctrl):
     lens = [12, 1, 7, 3, 9, 2, 5, 11]
     batch = _batch(lens)
-    ranks = ctrl.rank_of_each_sequence(batch)  # forwarded via __getattr__
+    ranks = ctrl.custom_function_call("rank_of_each_sequence", batch)
     assert ranks.shape == (8,) and set(ranks.tolist()) == {0, 1}
     loads = [sum(n for n, r in zip(lens, ranks.tolist()) if r == k) for k in (0, 1)]
     assert abs(loads[0] - loads[1]) <= 1, loads
@@ -238,14 +238,45 @@ def test_broadcast_methods_set_get_version_and_collective(ctrl):
     ctrl.set_version(7)
     assert ctrl.get_version() == 7
     assert ctrl.custom_function_call("get_version", _merge=False) == [7, 7]
-    assert ctrl.world() == 2
+    assert ctrl.custom_function_call("world") == 2
     assert ctrl.custom_function_call("config", _merge=False) == [{"lr": 1.0}] * 2
     assert ctrl.custom_function_call("init_kwargs") == {"extra_flag": True}
 
 
 def test_custom_call_remote_exception_names_worker_and_method(ctrl):
     with pytest.raises(RemoteCallError, match=r"actor/\d: no_such_method raised AttributeError"):
+        ctrl.custom_function_call("no_such_method")
+    # a misspelt method is an error here, not a call to the workers
+    with pytest.raises(AttributeError):
         ctrl.no_such_method()
+
+
+def test_every_public_host_method_is_an_explicit_controller_method():
+    """The algorithm hosts' public methods (FSDP and Archon) are all reachable on the
+    controller by name: written out there or listed in ENGINE_CALLS (no __getattr__)."""
+    import inspect
+
+    from areal.infra.controller.engine_calls import ENGINE_CALLS
+    from areal.trainer import archon_hosts
+    from areal.trainer.dpo.dpo_engine import FSDPDPOEngine
+    from areal.trainer.ppo.actor import FSDPPPOActor
+    from areal.trainer.ppo.critic import FSDPPPOCritic
+    from areal.trainer.rw.rw_engine import FSDPRWEngine
+    from areal.trainer.sft.lm_engine import FSDPLMEngine
+
+    assert "__getattr__" not in vars(TrainController)
+    hosts = [FSDPPPOActor, FSDPPPOCritic, FSDPLMEngine, FSDPRWEngine, FSDPDPOEngine]
+    hosts += [getattr(archon_hosts, n) for n in archon_hosts.__all__]
+    public = {
+        name
+        for cls in hosts
+        for name, value in inspect.getmembers(cls, callable)
+        if not name.startswith("_") and not isinstance(value, type)
+    }
+    missing = sorted(n for n in public if not hasattr(TrainController, n))
+    assert missing == [], missing
+    # ENGINE_CALLS holds engine methods only (no stale names)
+    assert set(ENGINE_CALLS) <= public, sorted(set(ENGINE_CALLS) - public)
 
 
 class _FakeInferenceEngine:
@@ -277,7 +308,9 @@ def test_custom_call_rank_killed_raises_worker_died_fast(tmp_path):
         pid = sched.worker_pids("victim")[1]
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(WorkerDiedError, match=r"victim/1 .*exit code -9"):
-            c.world()  # rank 0 would wait in all_reduce; the dead rank is reported at once
+            c.custom_function_call(
+                "world"
+            )  # rank 0 would wait in all_reduce; the dead rank is reported at once
         c.destroy()
     _assert_no_children()
 

@@ -49,7 +49,6 @@ Reserved keyword arguments (consumed here, never forwarded): ``_group_size`` (ov
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 import uuid
 from concurrent.futures import FIRST_EXCEPTION, Future
@@ -63,6 +62,7 @@ from areal.api.engine_config import TrainEngineConfig
 from areal.api.io_struct import FinetuneSpec, ParamSpec, SaveLoadMeta, WeightUpdateMeta
 from areal.api.scheduler_api import Job, Scheduler, SchedulingSpec, Worker, WorkerDiedError
 from areal.infra.controller.batch_ref import BatchRef
+from areal.infra.controller.engine_calls import add_engine_calls
 from areal.infra.daemon_threads import spawn_daemon
 from areal.infra.rpc.batch_store import STORE_ENGINE, StoredBatch
 from areal.infra.wait_log import WaitLog
@@ -560,12 +560,6 @@ class TrainController:
         merged = self.merge_results(results, ref.indices)
         return ref if isinstance(merged, StoredBatch) else merged
 
-    def __getattr__(self, name: str):
-        # Only called for attributes that do not exist: forward public names as engine methods.
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return functools.partial(self.custom_function_call, name)
-
     # ------------------------------------------------------------------ engine API
     def train(self, mode: bool = True) -> TrainController:
         self.custom_function_call("train", mode)
@@ -770,3 +764,6 @@ def start_train_controller(
         role=role, alloc_mode=alloc_mode, ft_spec=ft_spec, wait=wait, after=after, **init_kwargs
     )
     return controller
+
+
+add_engine_calls(TrainController)
