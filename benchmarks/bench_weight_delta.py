@@ -107,8 +107,8 @@ def _fingerprints_equal(eng, engine, seed: int) -> bool:
     bf16 (exact sample, row sums within the fingerprint's tolerance)."""
     import requests
 
+    from areal.infra.weights.fingerprint import compare_fingerprints
     from areal.utils.auth import auth_headers, get_run_secret
-    from areal.utils.weight_fingerprint import compare_fingerprints
 
     r = requests.post(
         f"http://{engine.addresses[0]}/weights_fingerprint",

@@ -279,7 +279,7 @@ def test_hf_save_and_sharded_export_hold_every_tensor_once(t2_qwen2, base_qwen2)
 def test_weight_fingerprints_of_the_export_match_the_saved_files(t2_qwen2):
     from safetensors.torch import load_file
 
-    from areal.utils.weight_fingerprint import (
+    from areal.infra.weights.fingerprint import (
         REFERENCE_FILE,
         compare_fingerprints,
         fingerprint_named,
@@ -464,7 +464,7 @@ def test_pp2_weight_fingerprints_cover_every_stage_after_save_and_xccl_push(p2_q
     # verified weight sync at p2: asked after the HF save, every stage fingerprints its
     # own tensors (same answer on both ranks); after the xccl push, rank 0's digests of
     # what it broadcast (its stages and the relayed ones) answer alone
-    from areal.utils.weight_fingerprint import compare_fingerprints, fingerprint_named
+    from areal.infra.weights.fingerprint import compare_fingerprints, fingerprint_named
 
     r0, r1 = p2_qwen2["ranks"]
     received = p2_qwen2["received"]["tensors"]

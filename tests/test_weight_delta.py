@@ -1,4 +1,4 @@
-"""Delta weight transfer's encoding (``areal.utils.weight_delta``) on hand-built tensors:
+"""Delta weight transfer's encoding (``areal.infra.weights.delta``) on hand-built tensors:
 sparse / mask / dense / unchanged choice, int32 indices, bf16 values bit-exact, the round trip
 through the files, the refusals (base version, dtype, names, shapes), the config fields."""
 
@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from areal.utils.weight_delta import (
+from areal.infra.weights.delta import (
     DeltaRefused,
     apply_delta,
     apply_entries,

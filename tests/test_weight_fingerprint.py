@@ -1,4 +1,4 @@
-"""Weight fingerprints (areal.utils.weight_fingerprint) and the verifying sync hook
+"""Weight fingerprints (areal.infra.weights.fingerprint) and the verifying sync hook
 (areal.infra.weight_verify) against a real built-in server app on 127.0.0.1."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import torch
 
 from areal.infra.weight_sync import WeightSyncContext
 from areal.infra.weight_verify import WeightFingerprintHook, WeightFingerprintMismatch
-from areal.utils.auth import auth_headers, get_run_secret
-from areal.utils.weight_fingerprint import (
+from areal.infra.weights.fingerprint import (
     FULL_SAMPLE_MAX,
     LiveFingerprints,
     Packed,
@@ -29,6 +28,7 @@ from areal.utils.weight_fingerprint import (
     write_reference,
     write_request,
 )
+from areal.utils.auth import auth_headers, get_run_secret
 
 
 def test_fingerprint_same_weights_match_any_layout_and_dtype_exactly():

@@ -374,7 +374,7 @@ class _SkipInLoad(WeightSyncHook):
         import dataclasses
         import shutil
 
-        from areal.utils.weight_fingerprint import REFERENCE_FILE
+        from areal.infra.weights.fingerprint import REFERENCE_FILE
 
         engine, hook = ctx.rollout, self
         real = engine.update_weights_from_disk
@@ -405,7 +405,7 @@ def test_weight_sync_fingerprint_in_update_response_catches_tensor_skipped_by_lo
     digests its export after the sync (``fingerprint_reference``, a checkpoint saved
     meanwhile changes nothing) and the check waits for it before the commit."""
     from areal.infra.weight_verify import WeightFingerprintHook, WeightFingerprintMismatch
-    from areal.utils.weight_fingerprint import FULL_SAMPLE_MAX, read_reference
+    from areal.infra.weights.fingerprint import FULL_SAMPLE_MAX, read_reference
 
     actor, engine, meta = stack
     log: list[str] = []

@@ -119,7 +119,7 @@ class BackendAdapter:
         raise NotImplementedError(f"backend {self.name!r} cannot reload weights from disk")
 
     def update_delta_call(self, path: str, version: int) -> HttpCall | None:
-        """Apply the weight delta in ``path`` (``areal.utils.weight_delta``) as pending
+        """Apply the weight delta in ``path`` (``areal.infra.weights.delta``) as pending
         ``version``; None: this server has no delta route (full updates only)."""
         return None
 

@@ -26,7 +26,7 @@ transport              trainer-side calls
                        since the last full sync, whether the next must be full);
                        a delta: ``export_weight_delta(path, base_version, version,
                        dtype)`` writes the changed elements against the kept base
-                       (``path/delta/``, ``areal.utils.weight_delta``) + the
+                       (``path/delta/``, ``areal.infra.weights.delta``) + the
                        fingerprint reference; a full sync: ``save`` as ``disk``, then
                        ``export_weight_delta(None, None, version, dtype)`` stages the
                        cast copy; ``commit_weight_delta(version, committed)`` at commit

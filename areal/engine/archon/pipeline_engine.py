@@ -207,7 +207,7 @@ class ArchonPipelineMixin:
         """Rank 0, at the start of an xccl push with verified weight sync: digests of the
         whole model (every stage's names and sizes for the rotation share), fed with each
         bucket as it is broadcast. None when verification is off."""
-        from areal.utils.weight_fingerprint import WeightDigests, rotation_share
+        from areal.infra.weights.fingerprint import WeightDigests, rotation_share
 
         every = getattr(self, "_fingerprint_every", 0)
         if not every:

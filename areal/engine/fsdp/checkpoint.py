@@ -109,7 +109,7 @@ class FSDPCheckpointMixin:
         import json
         from concurrent.futures import ThreadPoolExecutor
 
-        from areal.utils.weight_fingerprint import REFERENCE_FILE
+        from areal.infra.weights.fingerprint import REFERENCE_FILE
 
         rank0 = dist.get_rank() == 0
         t0 = time.perf_counter()

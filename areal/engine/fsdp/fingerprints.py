@@ -87,7 +87,7 @@ class FSDPFingerprintMixin:
         ``enable_weight_fingerprints``: write the export's fingerprints for a fresh random
         seed into ``path`` (``weight_fingerprint.write_reference``), for the servers that
         load it and the verifying hook; the rotation moves on to the next share."""
-        from areal.utils.weight_fingerprint import FULL_SAMPLE_MAX, write_reference, write_request
+        from areal.infra.weights.fingerprint import FULL_SAMPLE_MAX, write_reference, write_request
 
         digests = getattr(self, "_export_digests", None)
         if digests is None or not digests.enabled or not self._is_weight_update_path(path):
@@ -136,7 +136,7 @@ class FSDPFingerprintMixin:
         """Deferred digests (a thread of rank 0, started after the weight-update save):
         digest the kept tensors and replace the request in ``path`` by the complete
         reference; on failure the file says why (``"error"``)."""
-        from areal.utils.weight_fingerprint import write_error, write_reference
+        from areal.infra.weights.fingerprint import write_error, write_reference
 
         try:
             with torch.no_grad():
@@ -157,7 +157,7 @@ class FSDPFingerprintMixin:
     def weights_fingerprint(
         self, seed: int = 0, dtypes: dict[str, str] | None = None, full: list[str] | None = None
     ) -> dict[str, list[float]]:
-        """Fingerprints (``areal.utils.weight_fingerprint``) of the exported weights by HF
+        """Fingerprints (``areal.infra.weights.fingerprint``) of the exported weights by HF
         name: in full for the names in ``full`` (``None``: all), else sampled, each in the
         export dtype or in ``dtypes[name]`` (the dtype a server holds).
 
@@ -166,7 +166,7 @@ class FSDPFingerprintMixin:
         servers were sent), on rank 0 (other ranks answer ``{}``), and the next export
         takes the next rotation share in full. Otherwise collective: every rank
         all-gathers each tensor; same result on every rank."""
-        from areal.utils.weight_fingerprint import fingerprint_tensor
+        from areal.infra.weights.fingerprint import fingerprint_tensor
 
         cached = getattr(self, "_export_digests", None)
         if cached is not None and cached.complete and dtypes is None and full is None:

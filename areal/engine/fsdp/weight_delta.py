@@ -5,7 +5,7 @@ Rank 0 keeps, on the CPU, a copy of the weights the servers committed last, cast
 servers' dtype (the *base*: its version, its dtype, the deltas committed since the last
 full sync). A delta export gathers the current weights (as an HF save does, with the
 verified-sync digests), casts them to that dtype and writes only the elements that
-differ from the base, bit for bit (``areal.utils.weight_delta``), plus the fingerprint
+differ from the base, bit for bit (``areal.infra.weights.delta``), plus the fingerprint
 reference next to them. What was exported is held as *pending*; the synchronizer's commit
 (``commit_weight_delta(version)``) makes it the base, a rollback drops it: the base then
 stays where the servers are, and the next sync is a full one
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from areal.infra.weights.delta import DELTA_DIR, DeltaWriter, apply_entries, dtype_of
 from areal.utils import logging
-from areal.utils.weight_delta import DELTA_DIR, DeltaWriter, apply_entries, dtype_of
 
 logger = logging.getLogger("FSDPEngine")
 
@@ -58,7 +58,7 @@ class FSDPWeightDeltaMixin:
         (verified sync) into ``path``; returns the manifest on rank 0 (``{}`` elsewhere).
         ``path=None``: a full sync was sent: stage the cast weights as the next base.
         Either way the export is pending until ``commit_weight_delta(version)``."""
-        from areal.utils.weight_fingerprint import REFERENCE_FILE
+        from areal.infra.weights.fingerprint import REFERENCE_FILE
 
         dt = dtype_of(dtype)
         rank0 = dist.get_rank() == 0

@@ -70,7 +70,7 @@ class FSDPWeightExportMixin:
         (e.g. writing it), and are waited for at the end. ``defer``: they are not taken;
         the tensors are kept (``self._export_held``) for ``_finish_reference``.
         """
-        from areal.utils.weight_fingerprint import WeightDigests, rotation_share
+        from areal.infra.weights.fingerprint import WeightDigests, rotation_share
 
         self._join_deferred_digests()  # the last export's digests read those tensors
         dt = self._export_dtype()

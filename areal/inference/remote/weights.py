@@ -73,7 +73,7 @@ class WeightUpdateRPCMixin:
 
     def update_weights_from_delta(self, meta: WeightUpdateMeta) -> Future:
         """Every server in rotation applies the delta written under ``meta.path``
-        (``areal.utils.weight_delta``) as pending ``meta.version``; a server whose current
+        (``areal.infra.weights.delta``) as pending ``meta.version``; a server whose current
         version is not the delta's base answers HTTP 400 (the push fails)."""
         if meta.type != "disk" or not meta.path or meta.version is None:
             raise ValueError(

@@ -19,7 +19,7 @@ generation goes on while it loads, and no token is ever produced from pending we
 3. ``/rollback_weights``: the staged weights are dropped; nothing live changed.
 
 ``/update_weights_from_delta {"model_path": dir, "version": v}`` is step 1 for a delta
-(``areal.utils.weight_delta``: ``dir/delta/`` holds the changed elements since the
+(``areal.infra.weights.delta``: ``dir/delta/`` holds the changed elements since the
 server's current version): staged the same way, from a copy of the live weights with the
 delta applied, fingerprinted and answered as a disk update is; then commit or rollback as
 above. A delta whose base version is not the server's current version, or whose dtype is
@@ -140,7 +140,7 @@ class WeightRoutes:
 
     async def weights_fingerprint(self, request):
         """``{"seed": int, "full"?: [name]}`` -> fingerprints of every tensor the model
-        holds (``areal.utils.weight_fingerprint``: row sums + sample for the names in
+        holds (``areal.infra.weights.fingerprint``: row sums + sample for the names in
         ``full``, every tensor when it is absent; the sample only for the others), their
         dtypes, the version and ``seconds`` (the digests); computed from the live tensors
         on the core's thread, between generation steps."""
@@ -165,7 +165,7 @@ class WeightRoutes:
         while an in-flight update is pending, else the model's; their dtypes), looked up
         once per set of tensors: every loader of this server updates them in place."""
         from areal.inference.server.weights import checkpoint_tensors, tied_names
-        from areal.utils.weight_fingerprint import LiveFingerprints
+        from areal.infra.weights.fingerprint import LiveFingerprints
 
         model = self.core.model
         staged = self.staged.active
@@ -204,7 +204,7 @@ class WeightRoutes:
         tensor's) or ``"dtypes"`` (by name), ``"version", "seconds"}``; ``None`` without
         (or with an unreadable) reference: the client falls back to
         ``/weights_fingerprint``."""
-        from areal.utils.weight_fingerprint import read_request
+        from areal.infra.weights.fingerprint import read_request
 
         try:
             req = read_request(path)
@@ -280,7 +280,7 @@ class WeightRoutes:
         ``dir/delta/`` as pending version ``v`` (module docstring); HTTP 400 when its base
         version or dtype does not match, or another update of another version is
         pending."""
-        from areal.utils.weight_delta import (
+        from areal.infra.weights.delta import (
             DELTA_DIR,
             DeltaRefused,
             apply_delta,

@@ -24,7 +24,7 @@ synchronizer. What the trainer side must offer is ``areal.api.weights_api.Weight
   (``actor.export_weight_shards``), servers load the directory (the parallel engine's
   export, where no rank holds the whole model).
 - ``DeltaTransport`` (``meta.delta``): only the elements that changed since the servers'
-  committed version (``actor.export_weight_delta``, ``areal.utils.weight_delta``), applied
+  committed version (``actor.export_weight_delta``, ``areal.infra.weights.delta``), applied
   by built-in servers as a pending update; a full disk sync (the anchor) first, every
   ``meta.delta_anchor_interval`` committed deltas, after a rolled-back delta, and always
   when a server has no delta route (vLLM, SGLang).

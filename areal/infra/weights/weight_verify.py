@@ -8,7 +8,7 @@ on by ``enable_weight_fingerprints(..., reference_root=...)``). A built-in serve
 loads the directory digests its live tensors right after the load and returns its
 fingerprints, with that seed, in the update response
 (``RemoteInfEngine.disk_update_responses``), so the check only reads the reference and
-compares, tensor by tensor (``areal.utils.weight_fingerprint``): no request to the trainer
+compares, tensor by tensor (``areal.infra.weights.fingerprint``): no request to the trainer
 or the servers, no thread. A mismatch raises ``WeightFingerprintMismatch`` naming the
 server and the tensors.
 
@@ -55,16 +55,16 @@ import time
 from typing import Any
 
 from areal.infra.wait_log import fan_out
-from areal.infra.weights.weight_sync import WeightSyncContext, WeightSyncHook
-from areal.utils import logging
-from areal.utils.auth import auth_headers, get_run_secret
-from areal.utils.weight_fingerprint import (
+from areal.infra.weights.fingerprint import (
     REFERENCE_FILE,
     RTOL,
     Packed,
     compare_fingerprints,
     read_reference,
 )
+from areal.infra.weights.weight_sync import WeightSyncContext, WeightSyncHook
+from areal.utils import logging
+from areal.utils.auth import auth_headers, get_run_secret
 
 logger = logging.getLogger("WeightFingerprint")
 
