@@ -159,14 +159,7 @@ def ppo_actor_loss_fn(
         dual_clip_mask=dual_clip_mask,
     )
     if rs is not None:
-        behave_mask = active & (rs.behave_imp_weight > 0)
-        stats.update(
-            behave_imp_weight=torch.where(active, rs.behave_imp_weight, 0.0),
-            behave_approx_kl=torch.where(behave_mask, prox - old, 0.0),
-            behave_mask=behave_mask,
-            rs_affected=rs.affected,
-            filtered_fraction=rs.filtered_fraction,
-        )
+        stats.update(_behave_stats(rs, active, prox, old))
     return loss, stats
 
 
@@ -277,16 +270,20 @@ def cispo_loss_fn(
         dual_clip_mask=torch.zeros_like(mask),
     )
     if rs is not None:
-        old = old_logprobs.detach().float()
-        behave_mask = active & (rs.behave_imp_weight > 0)
-        stats.update(
-            behave_imp_weight=torch.where(active, rs.behave_imp_weight, 0.0),
-            behave_approx_kl=torch.where(behave_mask, prox - old, 0.0),
-            behave_mask=behave_mask,
-            rs_affected=rs.affected,
-            filtered_fraction=rs.filtered_fraction,
-        )
+        stats.update(_behave_stats(rs, active, prox, old_logprobs.detach().float()))
     return loss, stats
+
+
+def _behave_stats(rs, active, prox, old) -> dict[str, torch.Tensor]:
+    """The decoupled loss's behaviour-policy statistics (rejection sampling's weights)."""
+    behave_mask = active & (rs.behave_imp_weight > 0)
+    return dict(
+        behave_imp_weight=torch.where(active, rs.behave_imp_weight, 0.0),
+        behave_approx_kl=torch.where(behave_mask, prox - old, 0.0),
+        behave_mask=behave_mask,
+        rs_affected=rs.affected,
+        filtered_fraction=rs.filtered_fraction,
+    )
 
 
 def ppo_critic_loss_fn(
